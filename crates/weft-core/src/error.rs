@@ -1,0 +1,109 @@
+//! The one error type of the engine core.
+
+use std::path::PathBuf;
+
+use crate::gguf::GgmlType;
+
+/// Everything that can go wrong in the engine core: reading a model file, dequantizing a
+/// tensor, tokenizing. Messages are written for the user who passed the file or the text.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The file could not be opened or mapped.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file does not start with the GGUF magic.
+    #[error("not a GGUF file (magic bytes {found:02x?}, expected \"GGUF\")")]
+    BadMagic { found: [u8; 4] },
+    /// A GGUF version this reader does not handle.
+    #[error("unsupported GGUF version {version} (weft reads versions 2 and 3)")]
+    UnsupportedVersion { version: u32 },
+    /// The file ends before the structure it announces.
+    #[error("truncated GGUF file: {what} at byte {offset} needs {needed} bytes, {available} left")]
+    Truncated {
+        what: &'static str,
+        offset: u64,
+        needed: u64,
+        available: u64,
+    },
+    /// A count or length larger than the file could possibly hold.
+    #[error("corrupt GGUF file: {what} of {count} at byte {offset} cannot fit in the file")]
+    ImplausibleCount {
+        what: &'static str,
+        count: u64,
+        offset: u64,
+    },
+    /// A metadata value type id that GGUF does not define.
+    #[error("corrupt GGUF file: unknown metadata value type {type_id} for key {key:?}")]
+    UnknownValueType { key: String, type_id: u32 },
+    /// Arrays nested deeper than any real file does.
+    #[error("corrupt GGUF file: arrays nested more than {max} deep under key {key:?}")]
+    NestingTooDeep { key: String, max: usize },
+    /// A string that is not valid UTF-8.
+    #[error("corrupt GGUF file: {what} at byte {offset} is not valid UTF-8")]
+    InvalidUtf8 { what: &'static str, offset: u64 },
+    /// The same metadata key or tensor name appears twice.
+    #[error("corrupt GGUF file: duplicate {what} {name:?}")]
+    Duplicate { what: &'static str, name: String },
+    /// A tensor whose element type id is not a known ggml type.
+    #[error("tensor {name:?} has unknown ggml type id {type_id}")]
+    UnknownTensorType { name: String, type_id: u32 },
+    /// A tensor shape that is empty, too large or not a whole number of blocks.
+    #[error("tensor {name:?} has an invalid shape {shape:?} for type {dtype}: {reason}")]
+    BadShape {
+        name: String,
+        shape: Vec<u64>,
+        dtype: GgmlType,
+        reason: &'static str,
+    },
+    /// `general.alignment` is not a power of two, or a tensor offset is not aligned to it.
+    #[error("corrupt GGUF file: {what} (alignment {alignment})")]
+    BadAlignment { what: String, alignment: u64 },
+    /// A tensor's bytes reach past the end of the file.
+    #[error("tensor {name:?} (bytes {start}..{end} of the data section) lies past the end of the file ({data_len} data bytes)")]
+    TensorOutOfBounds {
+        name: String,
+        start: u64,
+        end: u64,
+        data_len: u64,
+    },
+    /// A metadata key the caller needs is missing.
+    #[error("model file has no metadata key {key:?}")]
+    MissingKey { key: String },
+    /// A metadata key holds a value of another type than expected.
+    #[error("metadata key {key:?} holds {found}, expected {expected}")]
+    WrongValueType {
+        key: String,
+        expected: &'static str,
+        found: &'static str,
+    },
+    /// A tensor the caller asked for is not in the file.
+    #[error("model file has no tensor {name:?}")]
+    MissingTensor { name: String },
+    /// Dequantization of a type weft has no dequantizer for.
+    #[error("dequantizing {dtype} is not supported")]
+    UnsupportedType { dtype: GgmlType },
+    /// A byte buffer whose length is not a whole number of blocks of its type.
+    #[error("{len} bytes are not a whole number of {dtype} blocks ({block_bytes} bytes each)")]
+    PartialBlock {
+        dtype: GgmlType,
+        len: usize,
+        block_bytes: usize,
+    },
+    /// The tokenizer metadata is missing or inconsistent.
+    #[error("invalid tokenizer in model file: {reason}")]
+    BadTokenizer { reason: String },
+    /// A tokenizer model (`tokenizer.ggml.model`) weft does not implement.
+    #[error("unsupported tokenizer model {model:?} (weft supports \"gpt2\" BPE and \"llama\" SentencePiece)")]
+    UnsupportedTokenizer { model: String },
+    /// A token id past the end of the vocabulary.
+    #[error("token id {id} is out of the vocabulary (size {vocab_size})")]
+    TokenOutOfRange { id: u32, vocab_size: usize },
+}
+
+/// Result with the engine core's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,200 @@
+//! The vocabulary as a GGUF file stores it: token texts, scores, types and special ids.
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+use crate::gguf::{Array, GgufFile};
+
+/// A token's type (`tokenizer.ggml.token_type`), as in SentencePiece and llama.cpp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenType {
+    /// An ordinary piece of text.
+    Normal,
+    /// The unknown token.
+    Unknown,
+    /// A control token (`<bos>`, `<|im_start|>`): never produced from plain text.
+    Control,
+    /// A user-defined token: always matched as a whole in the input.
+    UserDefined,
+    /// A reserved, unused slot.
+    Unused,
+    /// A byte-fallback token `<0xXX>`.
+    Byte,
+}
+
+impl TokenType {
+    fn from_gguf(t: i64) -> TokenType {
+        match t {
+            2 => TokenType::Unknown,
+            3 => TokenType::Control,
+            4 => TokenType::UserDefined,
+            5 => TokenType::Unused,
+            6 => TokenType::Byte,
+            _ => TokenType::Normal,
+        }
+    }
+}
+
+/// Special token ids and flags read from `tokenizer.ggml.*`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecialTokens {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub unk: Option<u32>,
+    pub pad: Option<u32>,
+    /// Whether encoding with special tokens prepends BOS.
+    pub add_bos: bool,
+    /// Whether encoding with special tokens appends EOS.
+    pub add_eos: bool,
+}
+
+/// Token texts with their lookup table, scores and types.
+#[derive(Debug, Clone)]
+pub struct Vocab {
+    pub(crate) texts: Vec<String>,
+    pub(crate) scores: Vec<f32>,
+    pub(crate) types: Vec<TokenType>,
+    pub(crate) ids: HashMap<String, u32>,
+    pub(crate) special: SpecialTokens,
+    /// Control, user-defined and unknown tokens, longest text first: the order in which
+    /// they are cut out of the input before the text between them is tokenized.
+    pub(crate) specials_by_length: Vec<u32>,
+}
+
+fn bad(reason: impl Into<String>) -> Error {
+    Error::BadTokenizer {
+        reason: reason.into(),
+    }
+}
+
+impl Vocab {
+    /// Reads the vocabulary from a GGUF file's `tokenizer.ggml.*` metadata.
+    pub fn from_gguf(file: &GgufFile) -> Result<Vocab> {
+        let texts = match file.get_array("tokenizer.ggml.tokens")? {
+            Array::String(t) => t.clone(),
+            a => {
+                return Err(bad(format!(
+                    "tokenizer.ggml.tokens holds {} values, expected strings",
+                    a.element_type_name()
+                )))
+            }
+        };
+        if texts.is_empty() || texts.len() > u32::MAX as usize {
+            return Err(bad(format!("vocabulary of {} tokens", texts.len())));
+        }
+        let n = texts.len();
+        let scores = match file.get("tokenizer.ggml.scores") {
+            None => vec![0.0; n],
+            Some(_) => match file.get_array("tokenizer.ggml.scores")? {
+                Array::F32(s) if s.len() == n => s.clone(),
+                a => {
+                    return Err(bad(format!(
+                        "tokenizer.ggml.scores has {} {} values for {n} tokens",
+                        a.len(),
+                        a.element_type_name()
+                    )))
+                }
+            },
+        };
+        let types = match file.get("tokenizer.ggml.token_type") {
+            None => vec![TokenType::Normal; n],
+            Some(_) => {
+                let a = file.get_array("tokenizer.ggml.token_type")?;
+                match a.to_i64_vec() {
+                    Some(t) if t.len() == n => t.into_iter().map(TokenType::from_gguf).collect(),
+                    _ => {
+                        return Err(bad(format!(
+                            "tokenizer.ggml.token_type has {} {} values for {n} tokens",
+                            a.len(),
+                            a.element_type_name()
+                        )))
+                    }
+                }
+            }
+        };
+        let id_key = |key: &str| -> Result<Option<u32>> {
+            match file.opt_u64(key)? {
+                None => Ok(None),
+                Some(id) if (id as usize) < n => Ok(Some(id as u32)),
+                // llama.cpp treats an out-of-range special id as absent; so do we.
+                Some(_) => Ok(None),
+            }
+        };
+        let special = SpecialTokens {
+            bos: id_key("tokenizer.ggml.bos_token_id")?,
+            eos: id_key("tokenizer.ggml.eos_token_id")?,
+            unk: id_key("tokenizer.ggml.unknown_token_id")?,
+            pad: id_key("tokenizer.ggml.padding_token_id")?,
+            add_bos: file.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
+            add_eos: file.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+        };
+        Ok(Vocab::new(texts, scores, types, special))
+    }
+
+    /// Builds a vocabulary from its parts (all three vectors have one entry per token).
+    pub(crate) fn new(
+        texts: Vec<String>,
+        scores: Vec<f32>,
+        types: Vec<TokenType>,
+        special: SpecialTokens,
+    ) -> Vocab {
+        let mut ids = HashMap::with_capacity(texts.len());
+        // On duplicate texts the last id wins, as in llama.cpp's token_to_id map.
+        for (i, t) in texts.iter().enumerate() {
+            ids.insert(t.clone(), i as u32);
+        }
+        let mut specials_by_length: Vec<u32> = (0..texts.len() as u32)
+            .filter(|&i| {
+                matches!(
+                    types[i as usize],
+                    TokenType::Control | TokenType::UserDefined | TokenType::Unknown
+                ) && !texts[i as usize].is_empty()
+            })
+            .collect();
+        // Stable sort: equal lengths keep id order, like llama.cpp's std::sort on this data.
+        specials_by_length.sort_by_key(|&i| std::cmp::Reverse(texts[i as usize].len()));
+        Vocab {
+            texts,
+            scores,
+            types,
+            ids,
+            special,
+            specials_by_length,
+        }
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.texts.len()
+    }
+
+    /// True for an empty vocabulary (never the case for a loaded model).
+    pub fn is_empty(&self) -> bool {
+        self.texts.is_empty()
+    }
+
+    /// The id of the token whose text is exactly `text`.
+    pub fn id(&self, text: &str) -> Option<u32> {
+        self.ids.get(text).copied()
+    }
+
+    /// The stored text of token `id` (byte-level or `▁`-escaped, as in the file).
+    pub fn text(&self, id: u32) -> Option<&str> {
+        self.texts.get(id as usize).map(String::as_str)
+    }
+
+    /// The type of token `id`.
+    pub fn token_type(&self, id: u32) -> Option<TokenType> {
+        self.types.get(id as usize).copied()
+    }
+
+    /// The score of token `id` (SentencePiece log-probability; 0 when the file has none).
+    pub fn score(&self, id: u32) -> Option<f32> {
+        self.scores.get(id as usize).copied()
+    }
+
+    /// Special token ids and flags.
+    pub fn special(&self) -> &SpecialTokens {
+        &self.special
+    }
+}

@@ -1,0 +1,43 @@
+//! Shared by the integration tests: the real models (fetched on first use) and llama.cpp's
+//! reference outputs in `../shared/reference/`.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use weft_core::gguf::GgufFile;
+
+/// The two real models, by registry name and by the key the reference files use.
+pub const MODELS: [(&str, &str); 2] = [("smollm2-135m", "smollm2"), ("gemma3-270m", "gemma3")];
+
+/// Opens a known model, fetching it into the cache first if needed.
+pub fn open_model(name: &str) -> GgufFile {
+    let hub = weft_hub::Hub::from_env().expect("WEFT_HOME or HOME must be set");
+    let path = hub
+        .resolve(name, &mut weft_hub::NoProgress)
+        .unwrap_or_else(|e| panic!("cannot fetch model {name}: {e}"));
+    GgufFile::open(&path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
+}
+
+/// `../shared/reference` beside the checkout (or `$WEFT_REFERENCE_DIR`). Tests that use it
+/// fail, rather than skip, when it is missing: it is the independent truth they check against.
+pub fn reference_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("WEFT_REFERENCE_DIR") {
+        return dir.into();
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference");
+    assert!(
+        dir.is_dir(),
+        "reference outputs not found at {} (set WEFT_REFERENCE_DIR)",
+        dir.display()
+    );
+    dir
+}
+
+/// Parses one JSON file of the reference directory.
+pub fn reference_json(file: &str) -> serde_json::Value {
+    let path = reference_dir().join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad JSON in {}: {e}", path.display()))
+}
