@@ -94,6 +94,13 @@ pub enum Error {
         len: usize,
         block_bytes: usize,
     },
+    /// An output buffer whose length differs from the element count of the input.
+    #[error("output buffer holds {found} values, the {dtype} input has {expected}")]
+    OutputLength {
+        dtype: GgmlType,
+        expected: usize,
+        found: usize,
+    },
     /// The tokenizer metadata is missing or inconsistent.
     #[error("invalid tokenizer in model file: {reason}")]
     BadTokenizer { reason: String },
