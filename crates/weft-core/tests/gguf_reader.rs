@@ -65,17 +65,29 @@ fn round_trips_every_value_type_and_tensor() {
             Array::Array(vec![Array::String(vec!["deep".into()])]),
         ])
     );
-    assert!(matches!(file.get_u64("str"), Err(Error::WrongValueType { .. })));
-    assert!(matches!(file.get_u64("nope"), Err(Error::MissingKey { .. })));
+    assert!(matches!(
+        file.get_u64("str"),
+        Err(Error::WrongValueType { .. })
+    ));
+    assert!(matches!(
+        file.get_u64("nope"),
+        Err(Error::MissingKey { .. })
+    ));
 
     let a = file.tensor("a").unwrap();
     assert_eq!(file.tensor_data(a), f32_bytes(&[1.0, 2.0, 3.0]).as_slice());
     let b = file.tensor("b").unwrap();
-    assert_eq!((b.dtype, b.shape.clone(), b.n_bytes), (GgmlType::Q8_0, vec![32, 2], 68));
+    assert_eq!(
+        (b.dtype, b.shape.clone(), b.n_bytes),
+        (GgmlType::Q8_0, vec![32, 2], 68)
+    );
     assert_eq!(b.offset % 32, 0);
     assert_eq!(file.tensor_data(b), &[0x11; 68][..]);
     assert_eq!(file.tensor_data(file.tensor("c").unwrap()), &[0x22; 10][..]);
-    assert!(matches!(file.tensor("zz"), Err(Error::MissingTensor { .. })));
+    assert!(matches!(
+        file.tensor("zz"),
+        Err(Error::MissingTensor { .. })
+    ));
 }
 
 #[test]
@@ -97,7 +109,11 @@ fn every_truncation_is_an_error() {
     let bytes = sample().to_bytes();
     for len in 0..bytes.len() {
         let r = GgufFile::from_bytes(bytes[..len].to_vec());
-        assert!(r.is_err(), "file cut at {len} of {} bytes parsed", bytes.len());
+        assert!(
+            r.is_err(),
+            "file cut at {len} of {} bytes parsed",
+            bytes.len()
+        );
     }
 }
 
@@ -151,7 +167,9 @@ fn bad_magic_and_versions() {
     for v in [0u32, 1, 4, 0x0300_0000] {
         let mut w = sample();
         w.version(v);
-        assert!(matches!(parse(w.to_bytes()), Error::UnsupportedVersion { version } if version == v));
+        assert!(
+            matches!(parse(w.to_bytes()), Error::UnsupportedVersion { version } if version == v)
+        );
     }
 }
 
@@ -159,7 +177,11 @@ fn bad_magic_and_versions() {
 fn huge_counts_and_lengths_are_rejected_before_allocating() {
     let base = sample().to_bytes();
     // tensor count, metadata count, first key's length
-    for (at, what) in [(8, "tensor count"), (16, "metadata count"), (24, "key length")] {
+    for (at, what) in [
+        (8, "tensor count"),
+        (16, "metadata count"),
+        (24, "key length"),
+    ] {
         for huge in [u64::MAX, u64::MAX / 2, 1 << 40] {
             let mut b = base.clone();
             b[at..at + 8].copy_from_slice(&huge.to_le_bytes());
@@ -185,7 +207,10 @@ fn unknown_types_are_rejected() {
     w.metadata("k", Value::U8(1));
     let mut b = w.to_bytes();
     b[24 + 8 + 1..24 + 8 + 1 + 4].copy_from_slice(&13u32.to_le_bytes());
-    assert!(matches!(parse(b), Error::UnknownValueType { type_id: 13, .. }));
+    assert!(matches!(
+        parse(b),
+        Error::UnknownValueType { type_id: 13, .. }
+    ));
 
     let (mut b, _, type_at, _) = one_tensor();
     for bad in [4u32, 31, 40, u32::MAX] {
@@ -225,10 +250,19 @@ fn tensors_past_the_end_or_misaligned_are_rejected() {
 
 #[test]
 fn bad_alignment_values_and_partial_blocks_are_rejected() {
-    for bad in [Value::U32(0), Value::U32(3), Value::U32(48), Value::U64(32), Value::String("32".into())] {
+    for bad in [
+        Value::U32(0),
+        Value::U32(3),
+        Value::U32(48),
+        Value::U64(32),
+        Value::String("32".into()),
+    ] {
         let mut w = sample();
         w.metadata("general.alignment", bad.clone());
-        assert!(matches!(parse(w.to_bytes()), Error::BadAlignment { .. }), "{bad:?}");
+        assert!(
+            matches!(parse(w.to_bytes()), Error::BadAlignment { .. }),
+            "{bad:?}"
+        );
     }
     let mut w = GgufWriter::new();
     w.tensor("q", GgmlType::Q4_0, &[16], vec![0; 18]);
@@ -242,7 +276,8 @@ fn duplicates_deep_nesting_bad_utf8_and_bad_bools_are_rejected() {
     assert!(matches!(parse(w.to_bytes()), Error::Duplicate { .. }));
 
     let mut w = GgufWriter::new();
-    w.tensor("t", GgmlType::F32, &[1], vec![0; 4]).tensor("t", GgmlType::F32, &[1], vec![0; 4]);
+    w.tensor("t", GgmlType::F32, &[1], vec![0; 4])
+        .tensor("t", GgmlType::F32, &[1], vec![0; 4]);
     assert!(matches!(parse(w.to_bytes()), Error::Duplicate { .. }));
 
     let mut deep = Array::U8(vec![1]);
@@ -277,12 +312,17 @@ fn opening_a_missing_file_is_an_io_error() {
 /// Tensor counts by type and data offsets as the `gguf` Python package reads these files.
 #[test]
 fn real_models_parse_as_gguf_py_reads_them() {
-    let expect: [(&str, usize, u64, &[(GgmlType, usize)]); 2] = [
+    type Expected<'a> = (&'a str, usize, u64, &'a [(GgmlType, usize)]);
+    let expect: [Expected; 2] = [
         (
             "smollm2-135m",
             272,
             1_785_664,
-            &[(GgmlType::Q4_1, 210), (GgmlType::F32, 61), (GgmlType::Q8_0, 1)],
+            &[
+                (GgmlType::Q4_1, 210),
+                (GgmlType::F32, 61),
+                (GgmlType::Q8_0, 1),
+            ],
         ),
         (
             "gemma3-270m",

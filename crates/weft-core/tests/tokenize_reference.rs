@@ -22,7 +22,10 @@ fn check_model(name: &str, key: &str) {
     let mut failures = Vec::new();
     for case in cases {
         let text = case["text"].as_str().expect("text");
-        for (parse_special, field) in [(true, format!("{key}_ids")), (false, format!("{key}_ids_no_special"))] {
+        for (parse_special, field) in [
+            (true, format!("{key}_ids")),
+            (false, format!("{key}_ids_no_special")),
+        ] {
             let expected = ids(&case[field.as_str()]);
             let got = tok.encode(text, true, parse_special);
             if got != expected {
@@ -37,7 +40,12 @@ fn check_model(name: &str, key: &str) {
             }
         }
     }
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -67,8 +75,15 @@ fn stream_decoder_matches_decode_and_never_splits_characters() {
                 joined.push_str(&stream.push(id).expect("push"));
             }
             joined.push_str(&stream.finish());
-            assert_eq!(joined, tok.decode(&ids).expect("decode"), "{name}: {text:?}");
-            assert!(!joined.contains('\u{FFFD}'), "{name}: {text:?} split a character");
+            assert_eq!(
+                joined,
+                tok.decode(&ids).expect("decode"),
+                "{name}: {text:?}"
+            );
+            assert!(
+                !joined.contains('\u{FFFD}'),
+                "{name}: {text:?} split a character"
+            );
         }
     }
 }

@@ -124,9 +124,7 @@ impl GgufFile {
 
     /// The metadata value under `key`, if present.
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.key_index
-            .get(key)
-            .map(|&i| &self.header.metadata[i].1)
+        self.key_index.get(key).map(|&i| &self.header.metadata[i].1)
     }
 
     fn require(&self, key: &str) -> Result<&Value> {
@@ -146,7 +144,8 @@ impl GgufFile {
     /// The unsigned integer under `key` (any integer width).
     pub fn get_u64(&self, key: &str) -> Result<u64> {
         let v = self.require(key)?;
-        v.as_u64().ok_or_else(|| Self::wrong(key, "an unsigned integer", v))
+        v.as_u64()
+            .ok_or_else(|| Self::wrong(key, "an unsigned integer", v))
     }
 
     /// The number under `key` (any float or integer type).

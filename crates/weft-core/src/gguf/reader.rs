@@ -241,11 +241,10 @@ impl<'a> Cursor<'a> {
             .map(|_| self.u64("tensor dimension"))
             .collect::<Result<Vec<u64>>>()?;
         let type_id = self.u32("tensor type")?;
-        let dtype =
-            GgmlType::from_id(type_id).ok_or_else(|| Error::UnknownTensorType {
-                name: name.clone(),
-                type_id,
-            })?;
+        let dtype = GgmlType::from_id(type_id).ok_or_else(|| Error::UnknownTensorType {
+            name: name.clone(),
+            type_id,
+        })?;
         let offset = self.u64("tensor offset")?;
         let bad_shape = |reason| Error::BadShape {
             name: name.clone(),

@@ -195,7 +195,10 @@ impl Array {
             Array::U32(v) => conv(v),
             Array::I32(v) => conv(v),
             Array::I64(v) => v.clone(),
-            Array::U64(v) => v.iter().map(|&x| i64::try_from(x).ok()).collect::<Option<_>>()?,
+            Array::U64(v) => v
+                .iter()
+                .map(|&x| i64::try_from(x).ok())
+                .collect::<Option<_>>()?,
             _ => return None,
         })
     }

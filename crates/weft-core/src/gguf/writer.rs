@@ -62,7 +62,13 @@ impl GgufWriter {
     }
 
     /// Adds a tensor. `shape` is in ggml order (innermost first); `data` holds its raw bytes.
-    pub fn tensor(&mut self, name: &str, dtype: GgmlType, shape: &[u64], data: Vec<u8>) -> &mut Self {
+    pub fn tensor(
+        &mut self,
+        name: &str,
+        dtype: GgmlType,
+        shape: &[u64],
+        data: Vec<u8>,
+    ) -> &mut Self {
         self.tensors
             .push((name.to_string(), dtype, shape.to_vec(), data));
         self

@@ -34,7 +34,7 @@ use crate::gguf::{Array, GgufFile};
 /// The tokenization algorithm of a vocabulary.
 #[derive(Debug, Clone)]
 enum Model {
-    Bpe(bpe::Bpe),
+    Bpe(Box<bpe::Bpe>),
     Spm { add_space_prefix: bool },
 }
 
@@ -75,7 +75,7 @@ impl Tokenizer {
                         model: format!("gpt2 with pre-tokenizer {pre_name:?}"),
                     }
                 })?;
-                Model::Bpe(bpe::Bpe::new(merges, pre))
+                Model::Bpe(Box::new(bpe::Bpe::new(merges, pre)))
             }
             "llama" => Model::Spm {
                 add_space_prefix: file

@@ -34,7 +34,7 @@ impl PreTokenizer {
     }
 
     /// Splits `text` into words; every byte of `text` lands in exactly one word.
-    pub fn split<'t>(self, text: &'t str) -> Vec<&'t str> {
+    pub fn split(self, text: &str) -> Vec<&str> {
         let chars: Vec<(usize, char)> = text.char_indices().collect();
         let mut bounds = Vec::new(); // char-index end of each word
         match self {
@@ -234,7 +234,11 @@ fn llama3(chars: &[(usize, char)], start: usize, end: usize, out: &mut Vec<usize
             continue;
         }
         // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-        let next = if p.cpt(pos) == Some(' ') { pos + 1 } else { pos };
+        let next = if p.cpt(pos) == Some(' ') {
+            pos + 1
+        } else {
+            pos
+        };
         if p.is_other(next) {
             pos = next;
             while p.is_other(pos) {

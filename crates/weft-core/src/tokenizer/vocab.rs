@@ -125,8 +125,12 @@ impl Vocab {
             eos: id_key("tokenizer.ggml.eos_token_id")?,
             unk: id_key("tokenizer.ggml.unknown_token_id")?,
             pad: id_key("tokenizer.ggml.padding_token_id")?,
-            add_bos: file.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
-            add_eos: file.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+            add_bos: file
+                .opt_bool("tokenizer.ggml.add_bos_token")?
+                .unwrap_or(false),
+            add_eos: file
+                .opt_bool("tokenizer.ggml.add_eos_token")?
+                .unwrap_or(false),
         };
         Ok(Vocab::new(texts, scores, types, special))
     }

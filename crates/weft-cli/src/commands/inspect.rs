@@ -1,0 +1,135 @@
+//! `weft inspect -m MODEL`: what a GGUF file holds.
+
+use std::fmt::Write as _;
+
+use weft::gguf::{Array, Value};
+use weft::{GgufFile, Tokenizer};
+
+use crate::model_arg::ModelArg;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArg,
+    /// Print every metadata key, not only the architecture's.
+    #[arg(long)]
+    all: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let path = args.model.path()?;
+    let file = args.model.open_path(&path)?;
+    print!("{}", report(&file, &path.display().to_string(), args.all));
+    Ok(())
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+fn report(file: &GgufFile, path: &str, all: bool) -> String {
+    let mut out = String::new();
+    let arch = file.architecture().unwrap_or("(none)");
+    let _ = writeln!(
+        out,
+        "file: {path} ({}, GGUF v{}, alignment {})",
+        mib(file.file_size()),
+        file.version(),
+        file.alignment()
+    );
+    let name = file.opt_str("general.name").ok().flatten().unwrap_or("-");
+    let _ = writeln!(out, "architecture: {arch}   name: {name}");
+
+    let _ = writeln!(out, "\nhyper-parameters:");
+    let prefix = format!("{arch}.");
+    for (key, value) in file.metadata() {
+        let show = key.starts_with(&prefix)
+            || (all
+                && !key.starts_with("tokenizer.ggml.tokens")
+                && key != "tokenizer.chat_template");
+        if show {
+            let _ = writeln!(out, "  {key} = {value}");
+        }
+    }
+
+    let _ = writeln!(out, "\ntokenizer:");
+    let model = file
+        .opt_str("tokenizer.ggml.model")
+        .ok()
+        .flatten()
+        .unwrap_or("(none)");
+    let pre = file
+        .opt_str("tokenizer.ggml.pre")
+        .ok()
+        .flatten()
+        .unwrap_or("default");
+    let merges = match file.get("tokenizer.ggml.merges") {
+        Some(Value::Array(a)) => format!(", {} merges", a.len()),
+        _ => String::new(),
+    };
+    match Tokenizer::from_gguf(file) {
+        Ok(tok) => {
+            let _ = writeln!(
+                out,
+                "  model {model}, pre-tokenizer {pre}, {} tokens{merges}",
+                tok.vocab_size()
+            );
+            let s = tok.vocab().special();
+            let show = |id: Option<u32>| match id {
+                Some(id) => format!("{id} {:?}", tok.vocab().text(id).unwrap_or("?")),
+                None => "-".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "  bos {}, eos {}, unk {}, pad {}; add_bos {}, add_eos {}",
+                show(s.bos),
+                show(s.eos),
+                show(s.unk),
+                show(s.pad),
+                s.add_bos,
+                s.add_eos
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(out, "  model {model}: cannot build tokenizer: {e}");
+        }
+    }
+    let template = match file.get("tokenizer.chat_template") {
+        Some(Value::String(t)) => format!("present ({} chars)", t.len()),
+        _ => "absent (weft uses the architecture's built-in format)".to_string(),
+    };
+    let _ = writeln!(out, "  chat template: {template}");
+    if !matches!(
+        file.get("tokenizer.ggml.tokens"),
+        Some(Value::Array(Array::String(_)))
+    ) {
+        let _ = writeln!(out, "  (no vocabulary in file)");
+    }
+
+    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    let _ = writeln!(out, "\ntensors: {} ({})", file.tensors().len(), mib(total));
+    let width = file
+        .tensors()
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(
+        out,
+        "  {:<width$}  {:<6}  {:<18}  {:>12}",
+        "name", "type", "shape", "bytes"
+    );
+    for t in file.tensors() {
+        let shape = format!("{:?}", t.shape);
+        let _ = writeln!(
+            out,
+            "  {:<width$}  {:<6}  {:<18}  {:>12}",
+            t.name,
+            t.dtype.name(),
+            shape,
+            t.n_bytes
+        );
+    }
+    out
+}

@@ -1,0 +1,5 @@
+//! One module per subcommand.
+
+pub mod inspect;
+pub mod pull;
+pub mod tokenize;

@@ -1,0 +1,56 @@
+//! The `weft` command line. It only parses arguments and prints: every capability lives in the
+//! `weft` library.
+
+mod commands;
+mod model_arg;
+mod progress;
+
+use clap::{Parser, Subcommand};
+
+/// weft: a fast, CPU-first, programmable LLM inference engine.
+#[derive(Debug, Parser)]
+#[command(name = "weft", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Fetch a known model into the cache (`$WEFT_HOME`, default ~/.cache/weft).
+    Pull(commands::pull::Args),
+    /// List the known models and whether they are cached.
+    Models,
+    /// Print a model file's architecture, hyper-parameters, tokenizer and tensors.
+    Inspect(commands::inspect::Args),
+    /// Tokenize text read from stdin; print the ids as one JSON array.
+    Tokenize(commands::tokenize::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the whole cause chain on one line, without a backtrace.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Pull(args) => commands::pull::run(args),
+        Command::Models => commands::pull::list(),
+        Command::Inspect(args) => commands::inspect::run(args),
+        Command::Tokenize(args) => commands::tokenize::run(args),
+    }
+}

@@ -1,0 +1,34 @@
+//! `-m MODEL`: a known model name (fetched on first use) or a path to a GGUF file.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use weft::{GgufFile, Hub};
+
+use crate::progress::Bar;
+
+/// The `-m/--model` option shared by every command that needs a model.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArg {
+    /// A known model name (see `weft models`) or the path of a GGUF file.
+    #[arg(short = 'm', long = "model", default_value = weft::hub::DEFAULT_MODEL)]
+    pub model: String,
+}
+
+impl ModelArg {
+    /// The model's local path, fetching a known model if it is not cached yet.
+    pub fn path(&self) -> anyhow::Result<PathBuf> {
+        let hub = Hub::from_env()?;
+        Ok(hub.resolve(&self.model, &mut Bar::default())?)
+    }
+
+    /// Opens the model file.
+    pub fn open(&self) -> anyhow::Result<GgufFile> {
+        self.open_path(&self.path()?)
+    }
+
+    /// Opens the model file at an already resolved `path`.
+    pub fn open_path(&self, path: &Path) -> anyhow::Result<GgufFile> {
+        GgufFile::open(path).with_context(|| format!("cannot load model {}", path.display()))
+    }
+}

@@ -1,0 +1,104 @@
+//! The `weft` binary end to end: tokenize and inspect on the real default model, and clear
+//! errors (no panic) for bad input.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn weft(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run weft");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("wait for weft")
+}
+
+fn reference_case(text: &str) -> serde_json::Value {
+    let dir = std::env::var_os("WEFT_REFERENCE_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference")
+    });
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("tokenize.json")).expect("shared/reference/tokenize.json"),
+    )
+    .expect("json");
+    json["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["text"] == text)
+        .cloned()
+        .expect("case present in tokenize.json")
+}
+
+#[test]
+fn tokenize_prints_llama_cpp_ids_as_json() {
+    let text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+    let case = reference_case(text);
+    for (flags, field) in [(&[][..], "smollm2_ids"), (&["--no-parse-special"][..], "smollm2_ids_no_special")] {
+        let mut args = vec!["tokenize", "-m", "smollm2-135m"];
+        args.extend_from_slice(flags);
+        let out = weft(&args, text);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8(out.stdout).expect("utf8");
+        assert_eq!(stdout.lines().count(), 1, "one line of output: {stdout:?}");
+        let ids: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON array");
+        assert_eq!(ids, case[field], "{flags:?}");
+    }
+}
+
+#[test]
+fn inspect_describes_the_model() {
+    let out = weft(&["inspect", "-m", "smollm2-135m"], "");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = String::from_utf8(out.stdout).expect("utf8");
+    for needle in [
+        "architecture: llama",
+        "llama.block_count = 30",
+        "llama.embedding_length = 576",
+        "model gpt2, pre-tokenizer smollm, 49152 tokens, 48900 merges",
+        "chat template: present",
+        "tensors: 272",
+        "token_embd.weight",
+        "Q8_0",
+        "[576, 49152]",
+    ] {
+        assert!(s.contains(needle), "inspect output lacks {needle:?}:\n{s}");
+    }
+}
+
+#[test]
+fn bad_models_are_clear_errors_not_panics() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let corrupt = dir.path().join("corrupt.gguf");
+    // A valid start, then a metadata count no file could hold.
+    let mut bytes = b"GGUF".to_vec();
+    bytes.extend_from_slice(&3u32.to_le_bytes());
+    bytes.extend_from_slice(&0u64.to_le_bytes());
+    bytes.extend_from_slice(&u64::MAX.to_le_bytes());
+    std::fs::write(&corrupt, &bytes).expect("write");
+    let not_gguf = dir.path().join("notes.gguf");
+    std::fs::write(&not_gguf, b"hello there, not a model").expect("write");
+
+    let cases = [
+        (corrupt.to_str().expect("path").to_string(), "cannot fit in the file"),
+        (not_gguf.to_str().expect("path").to_string(), "not a GGUF file"),
+        ("no-such-model".to_string(), "unknown model"),
+    ];
+    for (model, needle) in cases {
+        let out = weft(&["inspect", "-m", &model], "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{model}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{model}: {stderr}");
+        assert!(stderr.contains(needle), "{model}: {stderr}");
+        assert!(stderr.starts_with("error: "), "{model}: {stderr}");
+    }
+}
