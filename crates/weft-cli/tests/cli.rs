@@ -23,11 +23,14 @@ fn weft(args: &[&str], stdin: &str) -> Output {
 }
 
 fn reference_case(text: &str) -> serde_json::Value {
-    let dir = std::env::var_os("WEFT_REFERENCE_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference")
-    });
+    let dir = std::env::var_os("WEFT_REFERENCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference")
+        });
     let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("tokenize.json")).expect("shared/reference/tokenize.json"),
+        &std::fs::read_to_string(dir.join("tokenize.json"))
+            .expect("shared/reference/tokenize.json"),
     )
     .expect("json");
     json["cases"]
@@ -43,11 +46,18 @@ fn reference_case(text: &str) -> serde_json::Value {
 fn tokenize_prints_llama_cpp_ids_as_json() {
     let text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
     let case = reference_case(text);
-    for (flags, field) in [(&[][..], "smollm2_ids"), (&["--no-parse-special"][..], "smollm2_ids_no_special")] {
+    for (flags, field) in [
+        (&[][..], "smollm2_ids"),
+        (&["--no-parse-special"][..], "smollm2_ids_no_special"),
+    ] {
         let mut args = vec!["tokenize", "-m", "smollm2-135m"];
         args.extend_from_slice(flags);
         let out = weft(&args, text);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8(out.stdout).expect("utf8");
         assert_eq!(stdout.lines().count(), 1, "one line of output: {stdout:?}");
         let ids: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON array");
@@ -58,7 +68,11 @@ fn tokenize_prints_llama_cpp_ids_as_json() {
 #[test]
 fn inspect_describes_the_model() {
     let out = weft(&["inspect", "-m", "smollm2-135m"], "");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s = String::from_utf8(out.stdout).expect("utf8");
     for needle in [
         "architecture: llama",
@@ -89,8 +103,14 @@ fn bad_models_are_clear_errors_not_panics() {
     std::fs::write(&not_gguf, b"hello there, not a model").expect("write");
 
     let cases = [
-        (corrupt.to_str().expect("path").to_string(), "cannot fit in the file"),
-        (not_gguf.to_str().expect("path").to_string(), "not a GGUF file"),
+        (
+            corrupt.to_str().expect("path").to_string(),
+            "cannot fit in the file",
+        ),
+        (
+            not_gguf.to_str().expect("path").to_string(),
+            "not a GGUF file",
+        ),
         ("no-such-model".to_string(), "unknown model"),
     ];
     for (model, needle) in cases {

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use weft_core::gguf::GgufFile;
 
@@ -12,10 +13,15 @@ pub const MODELS: [(&str, &str); 2] = [("smollm2-135m", "smollm2"), ("gemma3-270
 
 /// Opens a known model, fetching it into the cache first if needed.
 pub fn open_model(name: &str) -> GgufFile {
+    // Tests run in parallel threads: fetch one model at a time so a fresh machine downloads
+    // each file once.
+    static FETCH: Mutex<()> = Mutex::new(());
     let hub = weft_hub::Hub::from_env().expect("WEFT_HOME or HOME must be set");
-    let path = hub
-        .resolve(name, &mut weft_hub::NoProgress)
-        .unwrap_or_else(|e| panic!("cannot fetch model {name}: {e}"));
+    let path = {
+        let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+        hub.resolve(name, &mut weft_hub::NoProgress)
+            .unwrap_or_else(|e| panic!("cannot fetch model {name}: {e}"))
+    };
     GgufFile::open(&path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
 }
 
