@@ -107,6 +107,33 @@ pub enum Error {
     /// A tokenizer model (`tokenizer.ggml.model`) weft does not implement.
     #[error("unsupported tokenizer model {model:?} (weft supports \"gpt2\" BPE and \"llama\" SentencePiece)")]
     UnsupportedTokenizer { model: String },
+    /// The KV cache has no free page left for a write.
+    #[error("KV cache is full: {needed_pages} more pages needed, {free_pages} free (free some sequences or raise the cache size)")]
+    KvCacheFull {
+        needed_pages: usize,
+        free_pages: usize,
+    },
+    /// A sequence id that is not (or no longer) in the KV cache.
+    #[error("sequence {seq} is not in the KV cache")]
+    UnknownSequence { seq: u32 },
+    /// A rewind to a point whose sliding-window keys were already released.
+    #[error("cannot rewind sequence {seq} to {to} tokens: the sliding-window keys it needs were already released")]
+    RewindPastWindow { seq: u32, to: usize },
+    /// A model file of an architecture weft does not implement.
+    #[error("unsupported model architecture {arch:?} (weft runs: {supported})")]
+    UnknownArchitecture {
+        arch: String,
+        supported: &'static str,
+    },
+    /// A model hyper-parameter that is missing, zero or inconsistent.
+    #[error("invalid model: {reason}")]
+    BadModel { reason: String },
+    /// A forward batch that cannot run.
+    #[error("invalid batch: {reason}")]
+    BadBatch { reason: String },
+    /// A sequence would grow past the model's context length.
+    #[error("sequence of {len} tokens exceeds the context length {n_ctx}")]
+    ContextOverflow { len: usize, n_ctx: usize },
     /// A token id past the end of the vocabulary.
     #[error("token id {id} is out of the vocabulary (size {vocab_size})")]
     TokenOutOfRange { id: u32, vocab_size: usize },

@@ -12,7 +12,13 @@
 
 pub mod error;
 pub mod gguf;
+pub mod kernels;
+pub mod kv;
+pub mod models;
 pub mod quant;
+pub mod runner;
+pub mod sampling;
+pub mod threadpool;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

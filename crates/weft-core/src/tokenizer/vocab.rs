@@ -56,6 +56,8 @@ pub struct Vocab {
     pub(crate) types: Vec<TokenType>,
     pub(crate) ids: HashMap<String, u32>,
     pub(crate) special: SpecialTokens,
+    /// Tokens that end a generation: EOS and the end-of-turn tokens of known chat formats.
+    pub(crate) eog: Vec<u32>,
     /// Control, user-defined and unknown tokens, longest text first: the order in which
     /// they are cut out of the input before the text between them is tokenized.
     pub(crate) specials_by_length: Vec<u32>,
@@ -157,7 +159,27 @@ impl Vocab {
             .collect();
         // Stable sort: equal lengths keep id order, like llama.cpp's std::sort on this data.
         specials_by_length.sort_by_key(|&i| std::cmp::Reverse(texts[i as usize].len()));
+        // As llama.cpp: EOS plus the end-of-turn tokens it recognizes by their text.
+        const EOG_TEXTS: [&str; 8] = [
+            "<|im_end|>",
+            "<end_of_turn>",
+            "<|eot_id|>",
+            "<|eom_id|>",
+            "<|endoftext|>",
+            "<|end|>",
+            "<EOT>",
+            "<|end_of_text|>",
+        ];
+        let mut eog: Vec<u32> = special.eos.into_iter().collect();
+        for t in EOG_TEXTS {
+            if let Some(&id) = ids.get(t) {
+                if types[id as usize] == TokenType::Control && !eog.contains(&id) {
+                    eog.push(id);
+                }
+            }
+        }
         Vocab {
+            eog,
             texts,
             scores,
             types,
@@ -195,6 +217,16 @@ impl Vocab {
     /// The score of token `id` (SentencePiece log-probability; 0 when the file has none).
     pub fn score(&self, id: u32) -> Option<f32> {
         self.scores.get(id as usize).copied()
+    }
+
+    /// Tokens that end a generation (EOS and end-of-turn tokens).
+    pub fn eog(&self) -> &[u32] {
+        &self.eog
+    }
+
+    /// Whether `id` ends a generation.
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.contains(&id)
     }
 
     /// Special token ids and flags.

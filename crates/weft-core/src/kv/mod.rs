@@ -1,0 +1,509 @@
+//! The paged KV cache: keys and values of every live sequence, in fixed-size pages.
+//!
+//! Layers are gathered in *groups* that share a page table: a Llama model has one group; Gemma 3
+//! has a full-attention group (its global layers) and a sliding-window group (its local layers),
+//! whose pages are released once they fall far enough behind the window. Each sequence holds one
+//! page table per group mapping its slots (tokens in the order they were written) to pages.
+//!
+//! Key design decision (after vLLM's block pool): the cache is passed into the model, never
+//! owned by a layer, and pages are reference-counted so a fork shares every full page with its
+//! parent and copies only the partial last one; a write to a shared page copies it first.
+//!
+//! Storage is f16, as llama.cpp's default KV cache. Within a page a head's slots are contiguous
+//! (`[kv_head][slot][head_dim]`), so attention streams one head's keys page by page.
+
+mod page_pool;
+
+use std::collections::HashMap;
+
+use half::f16;
+
+use crate::error::{Error, Result};
+pub use page_pool::{PageId, PagePool};
+
+/// Tokens per page.
+pub const PAGE_SIZE: usize = 32;
+
+/// Identifies a sequence in a [`KvCache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u32);
+
+/// Which layers share a page table, and how far back they look.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSpec {
+    /// The model layers stored in this group.
+    pub layers: Vec<usize>,
+    /// Sliding window in positions (`None`: full attention).
+    pub window: Option<usize>,
+}
+
+/// The shape of a model's KV cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvLayout {
+    pub n_layers: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub groups: Vec<GroupSpec>,
+}
+
+/// One group's pages: a pool and, per layer, the key and value storage.
+#[derive(Debug)]
+struct Group {
+    window: Option<usize>,
+    pool: PagePool,
+    keys: Vec<Vec<f16>>,
+    values: Vec<Vec<f16>>,
+}
+
+/// One sequence: the position of each slot and one page table per group.
+#[derive(Debug, Clone, Default)]
+struct Sequence {
+    positions: Vec<u32>,
+    /// `tables[g][i]`: page of slots `i*PAGE_SIZE..(i+1)*PAGE_SIZE` in group `g`; `None` once
+    /// a sliding-window group has released it.
+    tables: Vec<Vec<Option<PageId>>>,
+    max_pos: Option<u32>,
+}
+
+/// Page usage of one group, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageUsage {
+    pub total: usize,
+    pub free: usize,
+}
+
+/// The KV cache of one model.
+#[derive(Debug)]
+pub struct KvCache {
+    layout: KvLayout,
+    groups: Vec<Group>,
+    /// For each model layer: (group, index of the layer within the group).
+    layer_slot: Vec<(usize, usize)>,
+    seqs: HashMap<SeqId, Sequence>,
+    next_id: u32,
+}
+
+impl KvCache {
+    /// A cache with room for `max_tokens` tokens in each group. Storage is zero-initialized
+    /// lazily by the OS, so unused capacity costs address space, not memory.
+    pub fn new(layout: KvLayout, max_tokens: usize) -> KvCache {
+        let n_pages = max_tokens.div_ceil(PAGE_SIZE).max(1);
+        let page_elems = PAGE_SIZE * layout.n_kv_heads * layout.head_dim;
+        let mut layer_slot = vec![(0, 0); layout.n_layers];
+        let groups = layout
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, spec)| {
+                for (i, &l) in spec.layers.iter().enumerate() {
+                    layer_slot[l] = (g, i);
+                }
+                let storage = || vec![vec![f16::ZERO; n_pages * page_elems]; spec.layers.len()];
+                Group {
+                    window: spec.window,
+                    pool: PagePool::new(n_pages),
+                    keys: storage(),
+                    values: storage(),
+                }
+            })
+            .collect();
+        KvCache {
+            layout,
+            groups,
+            layer_slot,
+            seqs: HashMap::new(),
+            next_id: 0,
+        }
+    }
+
+    /// The cache's shape.
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    /// Starts an empty sequence.
+    pub fn new_sequence(&mut self) -> SeqId {
+        let id = SeqId(self.next_id);
+        self.next_id = self.next_id.wrapping_add(1);
+        let seq = Sequence {
+            tables: vec![Vec::new(); self.groups.len()],
+            ..Sequence::default()
+        };
+        self.seqs.insert(id, seq);
+        id
+    }
+
+    /// Whether `seq` is live.
+    pub fn contains(&self, seq: SeqId) -> bool {
+        self.seqs.contains_key(&seq)
+    }
+
+    fn seq(&self, seq: SeqId) -> Result<&Sequence> {
+        self.seqs
+            .get(&seq)
+            .ok_or(Error::UnknownSequence { seq: seq.0 })
+    }
+
+    /// Number of slots (tokens) written for `seq`.
+    pub fn len(&self, seq: SeqId) -> Result<usize> {
+        Ok(self.seq(seq)?.positions.len())
+    }
+
+    /// The position of every slot of `seq`.
+    pub fn positions(&self, seq: SeqId) -> Result<&[u32]> {
+        Ok(&self.seq(seq)?.positions)
+    }
+
+    /// Drops a sequence and releases its pages.
+    pub fn free_sequence(&mut self, seq: SeqId) {
+        if let Some(s) = self.seqs.remove(&seq) {
+            for (g, table) in s.tables.iter().enumerate() {
+                for page in table.iter().flatten() {
+                    self.groups[g].pool.release(*page);
+                }
+            }
+        }
+    }
+
+    /// Page usage per group.
+    pub fn usage(&self) -> Vec<PageUsage> {
+        self.groups
+            .iter()
+            .map(|g| PageUsage {
+                total: g.pool.n_pages(),
+                free: g.pool.n_free(),
+            })
+            .collect()
+    }
+
+    /// Appends slots for `positions` to `seq`, allocating pages (and copying a shared last page
+    /// before it is written). Returns the index of the first new slot. On error nothing changes.
+    pub fn append(&mut self, seq: SeqId, positions: &[u32]) -> Result<usize> {
+        let s = self
+            .seqs
+            .get(&seq)
+            .ok_or(Error::UnknownSequence { seq: seq.0 })?;
+        let start = s.positions.len();
+        let end = start + positions.len();
+        // Pages needed in each group: new pages plus a copy of a shared partial last page.
+        for (g, group) in self.groups.iter().enumerate() {
+            let table = &s.tables[g];
+            let new_pages = end.div_ceil(PAGE_SIZE).saturating_sub(table.len());
+            let cow = start % PAGE_SIZE != 0
+                && table
+                    .last()
+                    .and_then(|p| *p)
+                    .is_some_and(|p| group.pool.refcount(p) > 1);
+            let needed = new_pages + usize::from(cow);
+            if needed > group.pool.n_free() {
+                return Err(Error::KvCacheFull {
+                    needed_pages: needed,
+                    free_pages: group.pool.n_free(),
+                });
+            }
+        }
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(Error::UnknownSequence { seq: seq.0 })?;
+        for (g, group) in self.groups.iter_mut().enumerate() {
+            let table = &mut s.tables[g];
+            if start % PAGE_SIZE != 0 {
+                if let Some(Some(last)) = table.last_mut() {
+                    if group.pool.refcount(*last) > 1 {
+                        *last = group.copy_page(*last)?;
+                    }
+                }
+            }
+            while table.len() < end.div_ceil(PAGE_SIZE) {
+                let page = group.pool.allocate().ok_or(Error::KvCacheFull {
+                    needed_pages: 1,
+                    free_pages: 0,
+                })?;
+                table.push(Some(page));
+            }
+        }
+        s.positions.extend_from_slice(positions);
+        let top = positions.iter().copied().max();
+        s.max_pos = s.max_pos.max(top);
+        self.evict_behind_window(seq);
+        Ok(start)
+    }
+
+    /// Releases sliding-window pages that lie more than two windows behind the highest position
+    /// of `seq`. The extra window of slack lets a sequence rewind (speculative decoding, retries)
+    /// by up to one window without losing keys it still needs.
+    fn evict_behind_window(&mut self, seq: SeqId) {
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        let Some(max_pos) = s.max_pos else { return };
+        for (g, group) in self.groups.iter_mut().enumerate() {
+            let Some(window) = group.window else { continue };
+            let horizon = u64::from(max_pos).saturating_sub(2 * window as u64);
+            for (i, slot) in s.tables[g].iter_mut().enumerate() {
+                let Some(page) = *slot else { continue };
+                let end = ((i + 1) * PAGE_SIZE).min(s.positions.len());
+                if end == (i + 1) * PAGE_SIZE
+                    && s.positions[i * PAGE_SIZE..end]
+                        .iter()
+                        .all(|&p| u64::from(p) < horizon)
+                {
+                    group.pool.release(page);
+                    *slot = None;
+                }
+            }
+        }
+    }
+
+    /// Shortens `seq` to its first `n` slots, releasing the pages past them.
+    pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(Error::UnknownSequence { seq: seq.0 })?;
+        if n >= s.positions.len() {
+            return Ok(());
+        }
+        // Every slot a query at the new end could see must still be there.
+        for (g, group) in self.groups.iter().enumerate() {
+            if let (Some(window), Some(&last)) = (group.window, s.positions[..n].last()) {
+                let first_needed = (0..n)
+                    .find(|&j| u64::from(s.positions[j]) + window as u64 > u64::from(last))
+                    .unwrap_or(n);
+                let evicted = (first_needed / PAGE_SIZE..n.div_ceil(PAGE_SIZE))
+                    .any(|i| s.tables[g].get(i).is_some_and(|p| p.is_none()));
+                if evicted {
+                    return Err(Error::RewindPastWindow { seq: seq.0, to: n });
+                }
+            }
+        }
+        for (g, group) in self.groups.iter_mut().enumerate() {
+            let keep = n.div_ceil(PAGE_SIZE);
+            for page in s.tables[g].drain(keep..).flatten() {
+                group.pool.release(page);
+            }
+        }
+        s.positions.truncate(n);
+        s.max_pos = s.positions.iter().copied().max();
+        Ok(())
+    }
+
+    /// A new sequence with the same contents as `seq`: full pages are shared, the partial last
+    /// page is copied (a later write to a shared page copies it too).
+    pub fn fork(&mut self, seq: SeqId) -> Result<SeqId> {
+        let parent = self.seq(seq)?.clone();
+        let partial = parent.positions.len() % PAGE_SIZE != 0;
+        for (g, group) in self.groups.iter().enumerate() {
+            let needed =
+                usize::from(partial && parent.tables[g].last().is_some_and(|p| p.is_some()));
+            if needed > group.pool.n_free() {
+                return Err(Error::KvCacheFull {
+                    needed_pages: needed,
+                    free_pages: group.pool.n_free(),
+                });
+            }
+        }
+        let mut child = parent;
+        for (g, group) in self.groups.iter_mut().enumerate() {
+            let n = child.tables[g].len();
+            for (i, slot) in child.tables[g].iter_mut().enumerate() {
+                let Some(page) = *slot else { continue };
+                if partial && i + 1 == n {
+                    *slot = Some(group.copy_page(page)?);
+                } else {
+                    group.pool.retain(page);
+                }
+            }
+        }
+        let id = SeqId(self.next_id);
+        self.next_id = self.next_id.wrapping_add(1);
+        self.seqs.insert(id, child);
+        Ok(id)
+    }
+
+    /// Where slot `slot` of `seq` lives in `layer`'s storage: (page, offset in page).
+    fn locate(&self, layer: usize, seq: &Sequence, slot: usize) -> Option<(usize, PageId, usize)> {
+        let (g, _) = self.layer_slot[layer];
+        let page = (*seq.tables[g].get(slot / PAGE_SIZE)?)?;
+        Some((g, page, slot % PAGE_SIZE))
+    }
+
+    /// Stores the key and value of one slot for every KV head (`k`, `v`: `n_kv_heads × head_dim`).
+    pub fn write(
+        &mut self,
+        layer: usize,
+        seq: SeqId,
+        slot: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<()> {
+        let (hd, nh) = (self.layout.head_dim, self.layout.n_kv_heads);
+        let s = self.seq(seq)?;
+        let (g, page, off) = self
+            .locate(layer, s, slot)
+            .ok_or(Error::UnknownSequence { seq: seq.0 })?;
+        let li = self.layer_slot[layer].1;
+        let group = &mut self.groups[g];
+        for h in 0..nh {
+            let at = ((page as usize * nh + h) * PAGE_SIZE + off) * hd;
+            for (dst, src) in [(&mut group.keys[li], k), (&mut group.values[li], v)] {
+                for (d, &x) in dst[at..at + hd].iter_mut().zip(&src[h * hd..(h + 1) * hd]) {
+                    *d = f16::from_f32(x);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A read-only view of `seq` in `layer`, for attention.
+    pub fn view(&self, layer: usize, seq: SeqId) -> Result<SeqView<'_>> {
+        let s = self.seq(seq)?;
+        let (g, li) = self.layer_slot[layer];
+        let group = &self.groups[g];
+        Ok(SeqView {
+            positions: &s.positions,
+            table: &s.tables[g],
+            keys: &group.keys[li],
+            values: &group.values[li],
+            n_kv_heads: self.layout.n_kv_heads,
+            head_dim: self.layout.head_dim,
+            window: group.window,
+        })
+    }
+}
+
+impl Group {
+    /// Copies `page` (in every layer) to a fresh page and drops one holder of the original.
+    fn copy_page(&mut self, page: PageId) -> Result<PageId> {
+        let fresh = self.pool.allocate().ok_or(Error::KvCacheFull {
+            needed_pages: 1,
+            free_pages: 0,
+        })?;
+        for store in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            let n = store.len() / self.pool.n_pages();
+            let (src, dst) = (page as usize * n, fresh as usize * n);
+            store.copy_within(src..src + n, dst);
+        }
+        self.pool.release(page);
+        Ok(fresh)
+    }
+}
+
+/// One sequence's keys and values in one layer.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqView<'a> {
+    /// Position of each slot.
+    pub positions: &'a [u32],
+    table: &'a [Option<PageId>],
+    keys: &'a [f16],
+    values: &'a [f16],
+    n_kv_heads: usize,
+    head_dim: usize,
+    /// The layer's sliding window, if any.
+    pub window: Option<usize>,
+}
+
+impl<'a> SeqView<'a> {
+    /// The keys and values of KV head `head` for the slots of page `i` of the table
+    /// (`PAGE_SIZE × head_dim` each), or `None` for a released page.
+    pub fn page(&self, i: usize, head: usize) -> Option<(&'a [f16], &'a [f16])> {
+        let page = (*self.table.get(i)?)? as usize;
+        let n = PAGE_SIZE * self.head_dim;
+        let at = (page * self.n_kv_heads + head) * n;
+        Some((self.keys.get(at..at + n)?, self.values.get(at..at + n)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(window: Option<usize>) -> KvLayout {
+        KvLayout {
+            n_layers: 2,
+            n_kv_heads: 1,
+            head_dim: 2,
+            groups: vec![
+                GroupSpec {
+                    layers: vec![0],
+                    window: None,
+                },
+                GroupSpec {
+                    layers: vec![1],
+                    window,
+                },
+            ],
+        }
+    }
+
+    fn positions(r: std::ops::Range<u32>) -> Vec<u32> {
+        r.collect()
+    }
+
+    #[test]
+    fn append_truncate_free_returns_every_page() {
+        let mut kv = KvCache::new(layout(None), 4 * PAGE_SIZE);
+        let s = kv.new_sequence();
+        assert_eq!(kv.append(s, &positions(0..40)).unwrap(), 0);
+        assert_eq!(kv.usage()[0].free, 2);
+        kv.truncate(s, 10).unwrap();
+        assert_eq!(kv.usage()[0].free, 3);
+        assert_eq!(kv.len(s).unwrap(), 10);
+        let e = kv.append(s, &positions(10..200)).unwrap_err();
+        assert!(matches!(e, Error::KvCacheFull { .. }));
+        assert_eq!(kv.len(s).unwrap(), 10, "a failed append changes nothing");
+        kv.free_sequence(s);
+        assert!(kv.usage().iter().all(|u| u.free == u.total));
+    }
+
+    #[test]
+    fn fork_shares_full_pages_and_copies_on_write() {
+        let mut kv = KvCache::new(layout(None), 8 * PAGE_SIZE);
+        let a = kv.new_sequence();
+        kv.append(a, &positions(0..40)).unwrap();
+        for slot in 0..40 {
+            let x = slot as f32;
+            kv.write(0, a, slot, &[x, x], &[-x, -x]).unwrap();
+        }
+        let b = kv.fork(a).unwrap();
+        // One shared full page, one copied partial page: 3 pages used in group 0.
+        assert_eq!(kv.usage()[0].free, 5);
+        let (ka, _) = kv.view(0, a).unwrap().page(1, 0).unwrap();
+        let (kb, _) = kv.view(0, b).unwrap().page(1, 0).unwrap();
+        assert_eq!(ka[..16], kb[..16]);
+        // Rewinding b into the shared page and writing there copies the page first.
+        kv.truncate(b, 20).unwrap();
+        kv.append(b, &[20]).unwrap();
+        kv.write(0, b, 20, &[99.0, 99.0], &[0.0, 0.0]).unwrap();
+        let (ka, _) = kv.view(0, a).unwrap().page(0, 0).unwrap();
+        let (kb, _) = kv.view(0, b).unwrap().page(0, 0).unwrap();
+        assert_eq!(ka[40].to_f32(), 20.0, "parent untouched");
+        assert_eq!(kb[40].to_f32(), 99.0);
+        assert_eq!(kb[38].to_f32(), 19.0, "copy kept the earlier slots");
+        kv.free_sequence(a);
+        kv.free_sequence(b);
+        assert!(kv.usage().iter().all(|u| u.free == u.total));
+    }
+
+    #[test]
+    fn sliding_window_pages_are_released_and_rewinds_checked() {
+        let mut kv = KvCache::new(layout(Some(PAGE_SIZE)), 16 * PAGE_SIZE);
+        let s = kv.new_sequence();
+        kv.append(s, &positions(0..(6 * PAGE_SIZE) as u32)).unwrap();
+        let usage = kv.usage();
+        assert_eq!(
+            usage[0].total - usage[0].free,
+            6,
+            "full-attention group keeps all"
+        );
+        // Highest position 191, horizon 191 - 64 = 127: pages 0..=2 (positions < 96) go,
+        // page 3 holds position 127 and stays.
+        assert_eq!(usage[1].total - usage[1].free, 3);
+        assert!(kv.truncate(s, 5 * PAGE_SIZE).is_ok());
+        let e = kv.truncate(s, 3 * PAGE_SIZE).unwrap_err();
+        assert!(matches!(e, Error::RewindPastWindow { .. }));
+        kv.free_sequence(s);
+        assert!(kv.usage().iter().all(|u| u.free == u.total));
+    }
+}

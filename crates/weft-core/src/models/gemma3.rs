@@ -1,0 +1,296 @@
+//! Gemma 3 (Gemma Team 2025).
+//!
+//! ```text
+//! x = embed(token) · √d
+//! for each block:
+//!     q, k = rmsnorm_per_head(Wq · norm(x)), rmsnorm_per_head(Wk · norm(x))
+//!     a = Wo · attention(rope(q) / √d_head, rope(k), Wv · norm(x))    (local or global)
+//!     x = x + post_attention_norm(a)
+//!     x = x + post_ffw_norm(Wdown · (gelu_tanh(Wgate · norm(x)) ⊙ Wup · norm(x)))
+//! logits = Wembed · norm(x)
+//! ```
+//! Five local (sliding-window) layers for each global one: layers 5, 11, 17… attend to the whole
+//! context with RoPE base `rope.freq_base` (10⁶); the others see the last `sliding_window`
+//! positions with RoPE base 10⁴. RoPE rotates NeoX-style halves. The norm weights in the GGUF
+//! already include Gemma's `1 + w` offset.
+
+use std::sync::Arc;
+
+use super::layers::{self, add_assign, gelu_tanh_mul, rms_norm, rms_norm_inplace, Query, Rope};
+use super::{buf, embed, output_logits, BatchToken, Linear, Loader, Model, ModelInfo, Workspace};
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::kernels::matmul;
+use crate::kv::{GroupSpec, KvCache, KvLayout};
+use crate::threadpool::ThreadPool;
+
+/// RoPE base of the local layers (not stored in the file).
+const LOCAL_ROPE_BASE: f32 = 10_000.0;
+/// One global layer in this many (not stored in the file).
+const GLOBAL_EVERY: usize = 6;
+
+/// Hyper-parameters read from `gemma3.*` keys.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub n_embd: usize,
+    pub n_layers: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub eps: f32,
+    pub window: usize,
+    /// Query scale (`attention.scale`, default 1/√head_dim).
+    pub attn_scale: f32,
+}
+
+impl Config {
+    /// Whether layer `il` attends to the whole context.
+    pub fn is_global(&self, il: usize) -> bool {
+        il % GLOBAL_EVERY == GLOBAL_EVERY - 1
+    }
+}
+
+struct Block {
+    attn_norm: Vec<f32>,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    wo: Linear,
+    post_attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    post_ffw_norm: Vec<f32>,
+}
+
+/// A loaded Gemma 3 model.
+pub struct Gemma3 {
+    file: Arc<GgufFile>,
+    info: ModelInfo,
+    cfg: Config,
+    rope_local: Rope,
+    rope_global: Rope,
+    token_embd: Linear,
+    output_norm: Vec<f32>,
+    blocks: Vec<Block>,
+}
+
+impl Gemma3 {
+    /// Reads the configuration and checks every tensor's shape.
+    pub fn load(l: &Loader) -> Result<Gemma3> {
+        let n_embd = l.usize("embedding_length")?;
+        let n_head = l.usize("attention.head_count")?;
+        let n_head_kv = l.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
+        let head_dim = l
+            .opt_usize("attention.key_length")?
+            .unwrap_or(n_embd / n_head);
+        let value_dim = l.opt_usize("attention.value_length")?.unwrap_or(head_dim);
+        if n_head % n_head_kv != 0 || head_dim > layers::MAX_HEAD_DIM || value_dim != head_dim {
+            return Err(Error::BadModel {
+                reason: format!(
+                    "{n_head} heads, {n_head_kv} KV heads, key/value size {head_dim}/{value_dim}"
+                ),
+            });
+        }
+        let cfg = Config {
+            n_embd,
+            n_layers: l.usize("block_count")?,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff: l.usize("feed_forward_length")?,
+            eps: l
+                .opt_f32("attention.layer_norm_rms_epsilon")?
+                .unwrap_or(1e-6),
+            window: l.opt_usize("attention.sliding_window")?.unwrap_or(512),
+            attn_scale: l
+                .opt_f32("attention.scale")?
+                .unwrap_or(1.0 / (head_dim as f32).sqrt()),
+        };
+        let embd_info = l.file.tensor("token_embd.weight")?;
+        let vocab = embd_info.shape.get(1).copied().unwrap_or(0) as usize;
+        let token_embd = l.linear("token_embd.weight", vocab, n_embd)?;
+        let base = l.opt_f32("rope.freq_base")?.unwrap_or(1_000_000.0);
+        let scale = l
+            .opt_f32("rope.scaling.factor")?
+            .filter(|&f| f > 0.0)
+            .unwrap_or(1.0);
+        let (qd, kvd) = (n_head * head_dim, n_head_kv * head_dim);
+        let blocks = (0..cfg.n_layers)
+            .map(|i| {
+                let t = |n: &str| format!("blk.{i}.{n}.weight");
+                Ok(Block {
+                    attn_norm: l.vector(&t("attn_norm"), n_embd)?,
+                    wq: l.linear(&t("attn_q"), qd, n_embd)?,
+                    wk: l.linear(&t("attn_k"), kvd, n_embd)?,
+                    wv: l.linear(&t("attn_v"), kvd, n_embd)?,
+                    q_norm: l.vector(&t("attn_q_norm"), head_dim)?,
+                    k_norm: l.vector(&t("attn_k_norm"), head_dim)?,
+                    wo: l.linear(&t("attn_output"), n_embd, qd)?,
+                    post_attn_norm: l.vector(&t("post_attention_norm"), n_embd)?,
+                    ffn_norm: l.vector(&t("ffn_norm"), n_embd)?,
+                    gate: l.linear(&t("ffn_gate"), cfg.n_ff, n_embd)?,
+                    up: l.linear(&t("ffn_up"), cfg.n_ff, n_embd)?,
+                    down: l.linear(&t("ffn_down"), n_embd, cfg.n_ff)?,
+                    post_ffw_norm: l.vector(&t("post_ffw_norm"), n_embd)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let info = ModelInfo {
+            arch: l.arch.clone(),
+            vocab_size: vocab,
+            n_ctx_train: l.opt_usize("context_length")?.unwrap_or(32768),
+            n_embd,
+            n_layers: cfg.n_layers,
+        };
+        Ok(Gemma3 {
+            file: l.file.clone(),
+            info,
+            rope_local: Rope::new(head_dim, LOCAL_ROPE_BASE, 1.0, true, None),
+            rope_global: Rope::new(head_dim, base, 1.0 / scale, true, None),
+            output_norm: l.vector("output_norm.weight", n_embd)?,
+            token_embd,
+            blocks,
+            cfg,
+        })
+    }
+}
+
+impl Model for Gemma3 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        let (global, local): (Vec<usize>, Vec<usize>) =
+            (0..self.cfg.n_layers).partition(|&il| self.cfg.is_global(il));
+        KvLayout {
+            n_layers: self.cfg.n_layers,
+            n_kv_heads: self.cfg.n_head_kv,
+            head_dim: self.cfg.head_dim,
+            groups: vec![
+                GroupSpec {
+                    layers: global,
+                    window: None,
+                },
+                GroupSpec {
+                    layers: local,
+                    window: Some(self.cfg.window),
+                },
+            ],
+        }
+    }
+
+    fn forward(
+        &self,
+        tokens: &[BatchToken],
+        kv: &mut KvCache,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let f = &*self.file;
+        let n = tokens.len();
+        let (d, hd, ff) = (c.n_embd, c.head_dim, c.n_ff);
+        let (qd, kvd) = (c.n_head * hd, c.n_head_kv * hd);
+        let Workspace {
+            x,
+            h,
+            q,
+            k,
+            v,
+            att,
+            gate,
+            up,
+            out_rows,
+            queries,
+            rope,
+            matmul: mm,
+        } = ws;
+        let x = buf(x, n * d);
+        embed(&self.token_embd.matrix(f)?, tokens, x)?;
+        let embd_scale = (d as f32).sqrt();
+        x.iter_mut().for_each(|v| *v *= embd_scale);
+        queries.clear();
+        queries.extend(tokens.iter().map(|t| Query {
+            seq: t.seq,
+            pos: t.pos,
+        }));
+        // Angles of each token for local and global layers, computed once.
+        let half = hd / 2;
+        rope.resize(2 * n * half, (0.0, 0.0));
+        let (local_cs, global_cs) = rope.split_at_mut(n * half);
+        for (i, t) in tokens.iter().enumerate() {
+            self.rope_local
+                .angles(t.pos, &mut local_cs[i * half..(i + 1) * half]);
+            self.rope_global
+                .angles(t.pos, &mut global_cs[i * half..(i + 1) * half]);
+        }
+        let (h, q, k, v, att) = (
+            buf(h, n * d),
+            buf(q, n * qd),
+            buf(k, n * kvd),
+            buf(v, n * kvd),
+            buf(att, n * qd),
+        );
+        let (gate, up) = (buf(gate, n * ff), buf(up, n * ff));
+        for (il, b) in self.blocks.iter().enumerate() {
+            let (rope_l, cs_all) = if c.is_global(il) {
+                (&self.rope_global, &*global_cs)
+            } else {
+                (&self.rope_local, &*local_cs)
+            };
+            // Attention with per-head QK norms.
+            rms_norm(x, &b.attn_norm, c.eps, h);
+            matmul(pool, &b.wq.matrix(f)?, h, n, q, mm);
+            matmul(pool, &b.wk.matrix(f)?, h, n, k, mm);
+            matmul(pool, &b.wv.matrix(f)?, h, n, v, mm);
+            rms_norm_inplace(q, &b.q_norm, c.eps);
+            rms_norm_inplace(k, &b.k_norm, c.eps);
+            for (i, t) in tokens.iter().enumerate() {
+                let cs = &cs_all[i * half..(i + 1) * half];
+                let qi = &mut q[i * qd..(i + 1) * qd];
+                rope_l.rotate(qi, hd, cs);
+                qi.iter_mut().for_each(|v| *v *= c.attn_scale);
+                rope_l.rotate(&mut k[i * kvd..(i + 1) * kvd], hd, cs);
+                kv.write(
+                    il,
+                    t.seq,
+                    t.slot,
+                    &k[i * kvd..(i + 1) * kvd],
+                    &v[i * kvd..(i + 1) * kvd],
+                )?;
+            }
+            layers::attention(pool, kv, il, queries, q, c.n_head, hd, 1.0, att)?;
+            matmul(pool, &b.wo.matrix(f)?, att, n, h, mm);
+            rms_norm_inplace(h, &b.post_attn_norm, c.eps);
+            add_assign(x, h);
+            // Feed-forward (GeGLU), normalized before and after.
+            rms_norm(x, &b.ffn_norm, c.eps, h);
+            matmul(pool, &b.gate.matrix(f)?, h, n, gate, mm);
+            matmul(pool, &b.up.matrix(f)?, h, n, up, mm);
+            gelu_tanh_mul(gate, up);
+            matmul(pool, &b.down.matrix(f)?, gate, n, h, mm);
+            rms_norm_inplace(h, &b.post_ffw_norm, c.eps);
+            add_assign(x, h);
+        }
+        let output = self.token_embd.matrix(f)?;
+        output_logits(
+            pool,
+            tokens,
+            x,
+            &self.output_norm,
+            c.eps,
+            &output,
+            out_rows,
+            mm,
+            logits,
+        );
+        Ok(())
+    }
+}

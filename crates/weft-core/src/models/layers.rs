@@ -1,0 +1,246 @@
+//! Layers shared by the model files: RMSNorm, rotary embeddings, gated activations and
+//! attention over the paged KV cache. Numerics follow ggml's CPU backend where it matters for
+//! matching llama.cpp (f64 sum of squares in RMSNorm, RoPE angles by repeated multiplication).
+
+use crate::kernels;
+use crate::kv::{KvCache, SeqId, PAGE_SIZE};
+use crate::threadpool::ThreadPool;
+
+/// Largest head dimension attention supports (its accumulator lives on the stack).
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// `out = x / sqrt(mean(x²) + eps) * w`, row by row (`x` and `out` hold rows of `w.len()`).
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        // ggml sums the squares in double precision.
+        let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
+        let scale = 1.0 / ((sum / d as f64) as f32 + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * scale * g;
+        }
+    }
+}
+
+/// [`rms_norm`] in place.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    for xr in x.chunks_exact_mut(d) {
+        let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
+        let scale = 1.0 / ((sum / d as f64) as f32 + eps).sqrt();
+        for (v, &g) in xr.iter_mut().zip(w) {
+            *v = *v * scale * g;
+        }
+    }
+}
+
+/// Rotary position embedding over the first `dims` values of each head.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    /// Rotated dimensions per head.
+    pub dims: usize,
+    /// `base^(-2/dims)`: the ratio between successive pair frequencies.
+    theta_scale: f32,
+    /// Position scale (1 / linear scaling factor).
+    freq_scale: f32,
+    /// NeoX layout (pairs `i`, `i + dims/2`) instead of adjacent pairs `2i`, `2i + 1`.
+    neox: bool,
+    /// Optional per-pair frequency divisors (Llama 3's `rope_freqs.weight`).
+    freq_factors: Option<Vec<f32>>,
+}
+
+impl Rope {
+    pub fn new(
+        dims: usize,
+        base: f32,
+        freq_scale: f32,
+        neox: bool,
+        freq_factors: Option<Vec<f32>>,
+    ) -> Rope {
+        Rope {
+            dims,
+            theta_scale: base.powf(-2.0 / dims as f32),
+            freq_scale,
+            neox,
+            freq_factors,
+        }
+    }
+
+    /// Fills `cs` with (cos, sin) of each pair's angle at `pos`. ggml advances the angle by
+    /// repeated multiplication in f32, and so do we, to land on the same values.
+    pub fn angles(&self, pos: u32, cs: &mut [(f32, f32)]) {
+        let mut theta = pos as f32;
+        for (i, c) in cs.iter_mut().take(self.dims / 2).enumerate() {
+            let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
+            let t = self.freq_scale * theta / ff;
+            *c = (t.cos(), t.sin());
+            theta *= self.theta_scale;
+        }
+    }
+
+    /// Rotates every head of `x` (`n_heads × head_dim`) by the angles from [`Rope::angles`].
+    pub fn rotate(&self, x: &mut [f32], head_dim: usize, cs: &[(f32, f32)]) {
+        let half = self.dims / 2;
+        for head in x.chunks_exact_mut(head_dim) {
+            for (i, &(cos, sin)) in cs.iter().take(half).enumerate() {
+                let (a, b) = if self.neox {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+/// `gate = silu(gate) * up` (SwiGLU).
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// `gate = gelu_tanh(gate) * up` (GeGLU with the tanh approximation).
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh()) * u;
+    }
+}
+
+/// `a += b`.
+pub fn add_assign(a: &mut [f32], b: &[f32]) {
+    for (x, &y) in a.iter_mut().zip(b) {
+        *x += y;
+    }
+}
+
+/// One query of an attention call: its sequence and position.
+#[derive(Debug, Clone, Copy)]
+pub struct Query {
+    pub seq: SeqId,
+    pub pos: u32,
+}
+
+/// A raw pointer the attention workers write disjoint rows through.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: every (query, head) pair is handled by exactly one thread, and each pair owns a
+// disjoint `head_dim` slice of the output, so no two threads write the same element.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+/// Attention of every query over its sequence's keys in `layer`.
+///
+/// `q` holds `queries.len() × n_head × head_dim` values (already scaled as the model wants;
+/// scores are multiplied by `scale`). A key at position `p` is visible to a query at position
+/// `t` when `p <= t` and, on a sliding-window layer, `t - p < window` — llama.cpp's rule.
+/// Heads share KV heads in groups (GQA). Softmax is computed online (flash-attention style),
+/// so no score buffer is needed whatever the context length.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    pool: &ThreadPool,
+    kv: &KvCache,
+    layer: usize,
+    queries: &[Query],
+    q: &[f32],
+    n_head: usize,
+    head_dim: usize,
+    scale: f32,
+    out: &mut [f32],
+) -> crate::Result<()> {
+    let n_kv_head = kv.layout().n_kv_heads;
+    let group = n_head / n_kv_head;
+    // Resolve every query's view up front so workers cannot fail.
+    let views = queries
+        .iter()
+        .map(|qr| kv.view(layer, qr.seq))
+        .collect::<crate::Result<Vec<_>>>()?;
+    let items = queries.len() * n_head;
+    let shared = SharedOut(out.as_mut_ptr());
+    pool.run(&|ti, nt| {
+        let shared = &shared;
+        let per = items.div_ceil(nt);
+        let mut acc = [0f32; MAX_HEAD_DIM];
+        for item in ti * per..((ti + 1) * per).min(items) {
+            let (qi, h) = (item / n_head, item % n_head);
+            let (qr, view) = (queries[qi], &views[qi]);
+            let qv = &q[item * head_dim..(item + 1) * head_dim];
+            let acc = &mut acc[..head_dim];
+            acc.fill(0.0);
+            let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+            let n_slots = view.positions.len();
+            for page in 0..n_slots.div_ceil(PAGE_SIZE) {
+                let Some((keys, values)) = view.page(page, h / group) else {
+                    continue; // released sliding-window page: nothing visible there
+                };
+                let first = page * PAGE_SIZE;
+                for s in 0..PAGE_SIZE.min(n_slots - first) {
+                    let p = view.positions[first + s];
+                    let visible =
+                        p <= qr.pos && view.window.is_none_or(|w| ((qr.pos - p) as usize) < w);
+                    if !visible {
+                        continue;
+                    }
+                    let k = &keys[s * head_dim..(s + 1) * head_dim];
+                    let score = kernels::dot_f32_f16(qv, k) * scale;
+                    // Online softmax: rescale what was accumulated when the max grows.
+                    if score > max {
+                        let c = (max - score).exp();
+                        sum *= c;
+                        for a in acc.iter_mut() {
+                            *a *= c;
+                        }
+                        max = score;
+                    }
+                    let w = (score - max).exp();
+                    sum += w;
+                    kernels::axpy_f16(acc, w, &values[s * head_dim..(s + 1) * head_dim]);
+                }
+            }
+            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            // SAFETY: see `SharedOut`; `item * head_dim + head_dim <= out.len()` because
+            // out holds queries × n_head × head_dim values.
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(shared.0.add(item * head_dim), head_dim) };
+            for (d, &a) in dst.iter_mut().zip(acc.iter()) {
+                *d = a * inv;
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_normalizes() {
+        let x = [3.0f32, 4.0];
+        let mut out = [0.0; 2];
+        rms_norm(&x, &[1.0, 2.0], 0.0, &mut out);
+        let rms = (12.5f32).sqrt();
+        assert!((out[0] - 3.0 / rms).abs() < 1e-6 && (out[1] - 8.0 / rms).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm() {
+        for neox in [false, true] {
+            let rope = Rope::new(4, 10000.0, 1.0, neox, None);
+            let mut cs = [(0.0, 0.0); 2];
+            rope.angles(0, &mut cs);
+            let mut x = [1.0f32, 2.0, 3.0, 4.0];
+            rope.rotate(&mut x, 4, &cs);
+            assert_eq!(x, [1.0, 2.0, 3.0, 4.0]);
+            rope.angles(7, &mut cs);
+            rope.rotate(&mut x, 4, &cs);
+            let norm: f32 = x.iter().map(|v| v * v).sum();
+            assert!((norm - 30.0).abs() < 1e-4);
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Llama (Touvron et al. 2023) and the many models that share its shape: SmolLM2, Llama 2/3,
+//! Mistral-style GQA models.
+//!
+//! ```text
+//! x = embed(token)
+//! for each block:
+//!     h = x + Wo · attention(rope(Wq · norm(x)), rope(Wk · norm(x)), Wv · norm(x))
+//!     x = h + Wdown · (silu(Wgate · norm(h)) ⊙ Wup · norm(h))
+//! logits = Wout · norm(x)            (Wout = embedding when the file ties them)
+//! ```
+//! RMSNorm everywhere, rotary embeddings on adjacent pairs, grouped-query attention.
+
+use std::sync::Arc;
+
+use super::layers::{self, add_assign, rms_norm, silu_mul, Query, Rope};
+use super::{buf, embed, output_logits, BatchToken, Linear, Loader, Model, ModelInfo, Workspace};
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::kernels::matmul;
+use crate::kv::{GroupSpec, KvCache, KvLayout};
+use crate::threadpool::ThreadPool;
+
+/// Hyper-parameters read from `llama.*` keys.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub n_embd: usize,
+    pub n_layers: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub eps: f32,
+}
+
+/// One transformer block's weights.
+struct Block {
+    attn_norm: Vec<f32>,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    wo: Linear,
+    ffn_norm: Vec<f32>,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// A loaded Llama-family model.
+pub struct Llama {
+    file: Arc<GgufFile>,
+    info: ModelInfo,
+    cfg: Config,
+    rope: Rope,
+    token_embd: Linear,
+    output_norm: Vec<f32>,
+    output: Linear,
+    blocks: Vec<Block>,
+}
+
+impl Llama {
+    /// Reads the configuration and checks every tensor's shape.
+    pub fn load(l: &Loader) -> Result<Llama> {
+        let n_embd = l.usize("embedding_length")?;
+        let n_head = l.usize("attention.head_count")?;
+        let n_head_kv = l.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
+        let head_dim = l
+            .opt_usize("attention.key_length")?
+            .unwrap_or(n_embd / n_head);
+        if n_head % n_head_kv != 0 || head_dim > layers::MAX_HEAD_DIM || head_dim % 2 != 0 {
+            return Err(Error::BadModel {
+                reason: format!("{n_head} heads, {n_head_kv} KV heads, head size {head_dim}"),
+            });
+        }
+        let cfg = Config {
+            n_embd,
+            n_layers: l.usize("block_count")?,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff: l.usize("feed_forward_length")?,
+            eps: l
+                .opt_f32("attention.layer_norm_rms_epsilon")?
+                .unwrap_or(1e-5),
+        };
+        let embd_info = l.file.tensor("token_embd.weight")?;
+        let vocab = embd_info.shape.get(1).copied().unwrap_or(0) as usize;
+        let token_embd = l.linear("token_embd.weight", vocab, n_embd)?;
+        let output = if l.has("output.weight") {
+            l.linear("output.weight", vocab, n_embd)?
+        } else {
+            token_embd.clone()
+        };
+        let rope_dims = l
+            .opt_usize("rope.dimension_count")?
+            .unwrap_or(head_dim)
+            .min(head_dim);
+        let freq_factors = if l.has("rope_freqs.weight") {
+            Some(l.vector("rope_freqs.weight", rope_dims / 2)?)
+        } else {
+            None
+        };
+        let base = l.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
+        let scale = l
+            .opt_f32("rope.scaling.factor")?
+            .filter(|&f| f > 0.0)
+            .unwrap_or(1.0);
+        let rope = Rope::new(rope_dims, base, 1.0 / scale, false, freq_factors);
+        let (qd, kvd) = (n_head * head_dim, n_head_kv * head_dim);
+        let blocks = (0..cfg.n_layers)
+            .map(|i| {
+                let t = |n: &str| format!("blk.{i}.{n}.weight");
+                Ok(Block {
+                    attn_norm: l.vector(&t("attn_norm"), n_embd)?,
+                    wq: l.linear(&t("attn_q"), qd, n_embd)?,
+                    wk: l.linear(&t("attn_k"), kvd, n_embd)?,
+                    wv: l.linear(&t("attn_v"), kvd, n_embd)?,
+                    wo: l.linear(&t("attn_output"), n_embd, qd)?,
+                    ffn_norm: l.vector(&t("ffn_norm"), n_embd)?,
+                    gate: l.linear(&t("ffn_gate"), cfg.n_ff, n_embd)?,
+                    up: l.linear(&t("ffn_up"), cfg.n_ff, n_embd)?,
+                    down: l.linear(&t("ffn_down"), n_embd, cfg.n_ff)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let info = ModelInfo {
+            arch: l.arch.clone(),
+            vocab_size: vocab,
+            n_ctx_train: l.opt_usize("context_length")?.unwrap_or(4096),
+            n_embd,
+            n_layers: cfg.n_layers,
+        };
+        Ok(Llama {
+            file: l.file.clone(),
+            info,
+            rope,
+            output_norm: l.vector("output_norm.weight", n_embd)?,
+            token_embd,
+            output,
+            blocks,
+            cfg,
+        })
+    }
+}
+
+impl Model for Llama {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        KvLayout {
+            n_layers: self.cfg.n_layers,
+            n_kv_heads: self.cfg.n_head_kv,
+            head_dim: self.cfg.head_dim,
+            groups: vec![GroupSpec {
+                layers: (0..self.cfg.n_layers).collect(),
+                window: None,
+            }],
+        }
+    }
+
+    fn forward(
+        &self,
+        tokens: &[BatchToken],
+        kv: &mut KvCache,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let f = &*self.file;
+        let n = tokens.len();
+        let (d, hd, ff) = (c.n_embd, c.head_dim, c.n_ff);
+        let (qd, kvd) = (c.n_head * hd, c.n_head_kv * hd);
+        let Workspace {
+            x,
+            h,
+            q,
+            k,
+            v,
+            att,
+            gate,
+            up,
+            out_rows,
+            queries,
+            rope,
+            matmul: mm,
+        } = ws;
+        let x = buf(x, n * d);
+        embed(&self.token_embd.matrix(f)?, tokens, x)?;
+        queries.clear();
+        queries.extend(tokens.iter().map(|t| Query {
+            seq: t.seq,
+            pos: t.pos,
+        }));
+        // The rotation angles of each token, computed once for all layers.
+        let half = self.rope.dims / 2;
+        rope.resize(n * half, (0.0, 0.0));
+        for (t, cs) in tokens.iter().zip(rope.chunks_exact_mut(half.max(1))) {
+            self.rope.angles(t.pos, cs);
+        }
+        let (h, q, k, v, att) = (
+            buf(h, n * d),
+            buf(q, n * qd),
+            buf(k, n * kvd),
+            buf(v, n * kvd),
+            buf(att, n * qd),
+        );
+        let (gate, up) = (buf(gate, n * ff), buf(up, n * ff));
+        for (il, b) in self.blocks.iter().enumerate() {
+            // Attention.
+            rms_norm(x, &b.attn_norm, c.eps, h);
+            matmul(pool, &b.wq.matrix(f)?, h, n, q, mm);
+            matmul(pool, &b.wk.matrix(f)?, h, n, k, mm);
+            matmul(pool, &b.wv.matrix(f)?, h, n, v, mm);
+            for (i, t) in tokens.iter().enumerate() {
+                let cs = &rope[i * half..(i + 1) * half];
+                self.rope.rotate(&mut q[i * qd..(i + 1) * qd], hd, cs);
+                self.rope.rotate(&mut k[i * kvd..(i + 1) * kvd], hd, cs);
+                kv.write(
+                    il,
+                    t.seq,
+                    t.slot,
+                    &k[i * kvd..(i + 1) * kvd],
+                    &v[i * kvd..(i + 1) * kvd],
+                )?;
+            }
+            let scale = 1.0 / (hd as f32).sqrt();
+            layers::attention(pool, kv, il, queries, q, c.n_head, hd, scale, att)?;
+            matmul(pool, &b.wo.matrix(f)?, att, n, h, mm);
+            add_assign(x, h);
+            // Feed-forward (SwiGLU).
+            rms_norm(x, &b.ffn_norm, c.eps, h);
+            matmul(pool, &b.gate.matrix(f)?, h, n, gate, mm);
+            matmul(pool, &b.up.matrix(f)?, h, n, up, mm);
+            silu_mul(gate, up);
+            matmul(pool, &b.down.matrix(f)?, gate, n, h, mm);
+            add_assign(x, h);
+        }
+        let output = self.output.matrix(f)?;
+        output_logits(
+            pool,
+            tokens,
+            x,
+            &self.output_norm,
+            c.eps,
+            &output,
+            out_rows,
+            mm,
+            logits,
+        );
+        Ok(())
+    }
+}

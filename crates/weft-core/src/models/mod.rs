@@ -1,0 +1,160 @@
+//! Model architectures: one file per architecture, sharing the layers in [`layers`].
+//!
+//! A model is a pure function of its weights: [`Model::forward`] takes a batch of tokens that
+//! may belong to many sequences, at any positions, whose KV slots were already appended to the
+//! cache, writes their keys and values into it and returns logits for the rows asked for.
+
+pub mod gemma3;
+pub mod layers;
+pub mod llama;
+mod weights;
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::kernels::{self, MatmulScratch, Matrix};
+use crate::kv::{KvCache, KvLayout, SeqId};
+use crate::threadpool::ThreadPool;
+pub use weights::{Linear, Loader};
+
+/// Architectures weft runs, as `general.architecture` names them.
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, gemma3";
+
+/// What callers need to know about a loaded model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    /// `general.architecture`.
+    pub arch: String,
+    /// Vocabulary size (rows of the output projection).
+    pub vocab_size: usize,
+    /// Context length the model was trained for.
+    pub n_ctx_train: usize,
+    /// Hidden size.
+    pub n_embd: usize,
+    /// Number of transformer blocks.
+    pub n_layers: usize,
+}
+
+/// One token of a forward batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchToken {
+    pub token: u32,
+    /// Position id (RoPE angle and causal order).
+    pub pos: u32,
+    pub seq: SeqId,
+    /// KV slot the token's key and value go to (already appended to `seq`).
+    pub slot: usize,
+    /// Whether logits are wanted for this token.
+    pub logits: bool,
+}
+
+/// A transformer that runs batched forward passes over a paged KV cache.
+pub trait Model: Send + Sync {
+    /// Shape and vocabulary.
+    fn info(&self) -> &ModelInfo;
+    /// The KV cache this model needs.
+    fn kv_layout(&self) -> KvLayout;
+    /// Runs `tokens`, writing their KV entries, and fills `logits` with one row of
+    /// `vocab_size` values per token whose `logits` flag is set, in batch order.
+    fn forward(
+        &self,
+        tokens: &[BatchToken],
+        kv: &mut KvCache,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        logits: &mut [f32],
+    ) -> Result<()>;
+}
+
+/// Loads the model a GGUF file describes.
+pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>> {
+    let arch = file.architecture()?.to_string();
+    let loader = Loader { file, arch };
+    match loader.arch.as_str() {
+        "llama" => Ok(Box::new(llama::Llama::load(&loader)?)),
+        "gemma3" => Ok(Box::new(gemma3::Gemma3::load(&loader)?)),
+        other => Err(Error::UnknownArchitecture {
+            arch: other.to_string(),
+            supported: SUPPORTED_ARCHITECTURES,
+        }),
+    }
+}
+
+/// Activation buffers reused across forward passes: they grow to the largest batch seen and
+/// are never freed, so a steady-state forward pass allocates nothing.
+#[derive(Default)]
+pub struct Workspace {
+    pub x: Vec<f32>,
+    pub h: Vec<f32>,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub att: Vec<f32>,
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub out_rows: Vec<f32>,
+    pub queries: Vec<layers::Query>,
+    pub rope: Vec<(f32, f32)>,
+    pub matmul: MatmulScratch,
+}
+
+/// `v[..n]`, growing `v` if it is shorter.
+pub fn buf(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+/// Embeds `tokens` into rows of `x` (`tokens.len() × n_embd`) from the embedding matrix.
+pub fn embed(emb: &Matrix, tokens: &[BatchToken], x: &mut [f32]) -> Result<()> {
+    for (t, row) in tokens.iter().zip(x.chunks_exact_mut(emb.cols)) {
+        if t.token as usize >= emb.rows {
+            return Err(Error::TokenOutOfRange {
+                id: t.token,
+                vocab_size: emb.rows,
+            });
+        }
+        kernels::dequantize_row(emb, t.token as usize, row);
+    }
+    Ok(())
+}
+
+/// The last step of every model: final norm and output projection for the rows that want
+/// logits (only those are computed: the projection is the largest matmul of a decode step).
+#[allow(clippy::too_many_arguments)]
+pub fn output_logits(
+    pool: &ThreadPool,
+    tokens: &[BatchToken],
+    x: &[f32],
+    norm: &[f32],
+    eps: f32,
+    output: &Matrix,
+    ws_rows: &mut Vec<f32>,
+    scratch: &mut MatmulScratch,
+    logits: &mut [f32],
+) {
+    let d = norm.len();
+    let n_out = tokens.iter().filter(|t| t.logits).count();
+    if n_out == 0 {
+        return;
+    }
+    let rows = buf(ws_rows, n_out * d);
+    let picked = tokens
+        .iter()
+        .zip(x.chunks_exact(d))
+        .filter(|(t, _)| t.logits)
+        .map(|(_, r)| r);
+    for (dst, src) in rows.chunks_exact_mut(d).zip(picked) {
+        layers::rms_norm(src, norm, eps, dst);
+    }
+    kernels::matmul(
+        pool,
+        output,
+        rows,
+        n_out,
+        &mut logits[..n_out * output.rows],
+        scratch,
+    );
+}

@@ -1,0 +1,207 @@
+//! The forward primitive: a model, its KV cache, a thread pool and reusable buffers.
+//!
+//! [`ModelRunner::forward`] takes a batch of tokens from any number of sequences at arbitrary
+//! positions (a prefill is many tokens of one sequence, a decode step one token of each of many)
+//! and returns logits only for the tokens that ask for them. Large batches run in micro-batches
+//! of at most `max_ubatch` tokens (chunked prefill); KV slots are appended micro-batch by
+//! micro-batch, and on any error every sequence is rewound to where it was, so a failed call
+//! leaks no page and leaves no half-written state.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::kv::{KvCache, PageUsage, SeqId};
+use crate::models::{self, BatchToken, Model, ModelInfo, Workspace};
+use crate::threadpool::ThreadPool;
+
+/// One token of a [`ModelRunner::forward`] batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchEntry {
+    pub token: u32,
+    pub pos: u32,
+    pub seq: SeqId,
+    /// Return logits for this token.
+    pub logits: bool,
+}
+
+/// How a [`ModelRunner`] is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunnerConfig {
+    /// Threads for the forward pass, counting the caller (default: available cores).
+    pub n_threads: usize,
+    /// KV cache capacity in tokens, over all sequences (default 16384).
+    pub kv_tokens: usize,
+    /// Longest sequence allowed (default: the model's training context, at most `kv_tokens`).
+    pub n_ctx: Option<usize>,
+    /// Tokens per model call; longer batches are split (default 512).
+    pub max_ubatch: usize,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            n_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kv_tokens: 16384,
+            n_ctx: None,
+            max_ubatch: 512,
+        }
+    }
+}
+
+/// A loaded model ready to run batches.
+pub struct ModelRunner {
+    model: Box<dyn Model>,
+    kv: KvCache,
+    pool: ThreadPool,
+    ws: Workspace,
+    logits: Vec<f32>,
+    batch: Vec<BatchToken>,
+    n_ctx: usize,
+    max_ubatch: usize,
+}
+
+impl ModelRunner {
+    /// Loads the model in `file` and sets up its cache and threads.
+    pub fn new(file: Arc<GgufFile>, cfg: &RunnerConfig) -> Result<ModelRunner> {
+        let model = models::load(file)?;
+        let kv = KvCache::new(model.kv_layout(), cfg.kv_tokens);
+        let n_ctx = cfg
+            .n_ctx
+            .unwrap_or(model.info().n_ctx_train)
+            .min(cfg.kv_tokens)
+            .max(1);
+        Ok(ModelRunner {
+            model,
+            kv,
+            pool: ThreadPool::new(cfg.n_threads.max(1)),
+            ws: Workspace::default(),
+            logits: Vec::new(),
+            batch: Vec::new(),
+            n_ctx,
+            max_ubatch: cfg.max_ubatch.max(1),
+        })
+    }
+
+    /// The model's shape and vocabulary.
+    pub fn info(&self) -> &ModelInfo {
+        self.model.info()
+    }
+
+    /// Longest sequence allowed.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Threads used by the forward pass.
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// The KV cache (sequences, page usage).
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Starts an empty sequence.
+    pub fn new_sequence(&mut self) -> SeqId {
+        self.kv.new_sequence()
+    }
+
+    /// Drops a sequence and frees its pages.
+    pub fn free_sequence(&mut self, seq: SeqId) {
+        self.kv.free_sequence(seq);
+    }
+
+    /// Rewinds a sequence to its first `n` tokens.
+    pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        self.kv.truncate(seq, n)
+    }
+
+    /// A copy of `seq` sharing its full pages.
+    pub fn fork(&mut self, seq: SeqId) -> Result<SeqId> {
+        self.kv.fork(seq)
+    }
+
+    /// Page usage per KV group.
+    pub fn kv_usage(&self) -> Vec<PageUsage> {
+        self.kv.usage()
+    }
+
+    /// Runs `batch` and returns the logits of the entries whose `logits` flag is set, one row of
+    /// `vocab_size` values each, in batch order.
+    pub fn forward(&mut self, batch: &[BatchEntry]) -> Result<&[f32]> {
+        let vocab = self.model.info().vocab_size;
+        // Validate everything before touching the cache.
+        let mut growth: HashMap<SeqId, usize> = HashMap::new();
+        for e in batch {
+            if e.token as usize >= vocab {
+                return Err(Error::TokenOutOfRange {
+                    id: e.token,
+                    vocab_size: vocab,
+                });
+            }
+            *growth.entry(e.seq).or_default() += 1;
+        }
+        let mut start_len = HashMap::with_capacity(growth.len());
+        for (&seq, &extra) in &growth {
+            let len = self.kv.len(seq)?;
+            if len + extra > self.n_ctx {
+                return Err(Error::ContextOverflow {
+                    len: len + extra,
+                    n_ctx: self.n_ctx,
+                });
+            }
+            start_len.insert(seq, len);
+        }
+        let n_out = batch.iter().filter(|e| e.logits).count();
+        if self.logits.len() < n_out * vocab {
+            self.logits.resize(n_out * vocab, 0.0);
+        }
+        let result = self.run_ubatches(batch, vocab);
+        if result.is_err() {
+            for (&seq, &len) in &start_len {
+                // Rewinding to a length the sequence had is always possible.
+                let _ = self.kv.truncate(seq, len);
+            }
+        }
+        result?;
+        Ok(&self.logits[..n_out * vocab])
+    }
+
+    fn run_ubatches(&mut self, batch: &[BatchEntry], vocab: usize) -> Result<()> {
+        let mut row = 0;
+        for chunk in batch.chunks(self.max_ubatch) {
+            // Append this micro-batch's slots: each sequence's tokens in batch order.
+            let mut per_seq: HashMap<SeqId, Vec<u32>> = HashMap::new();
+            for e in chunk {
+                per_seq.entry(e.seq).or_default().push(e.pos);
+            }
+            let mut next_slot = HashMap::with_capacity(per_seq.len());
+            for (seq, positions) in &per_seq {
+                next_slot.insert(*seq, self.kv.append(*seq, positions)?);
+            }
+            self.batch.clear();
+            for e in chunk {
+                let slot = next_slot
+                    .get_mut(&e.seq)
+                    .ok_or(Error::UnknownSequence { seq: e.seq.0 })?;
+                self.batch.push(BatchToken {
+                    token: e.token,
+                    pos: e.pos,
+                    seq: e.seq,
+                    slot: *slot,
+                    logits: e.logits,
+                });
+                *slot += 1;
+            }
+            let n_out = chunk.iter().filter(|e| e.logits).count();
+            let out = &mut self.logits[row * vocab..(row + n_out) * vocab];
+            self.model
+                .forward(&self.batch, &mut self.kv, &self.pool, &mut self.ws, out)?;
+            row += n_out;
+        }
+        Ok(())
+    }
+}
