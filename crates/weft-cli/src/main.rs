@@ -17,6 +17,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Complete a prompt (raw, no chat template), streaming the text.
+    Run(commands::run::Args),
+    /// Measure prefill and decode speed (like llama-bench and llama-batched-bench).
+    Bench(commands::bench::Args),
+    /// Perplexity of a text file (as llama-perplexity computes it).
+    Perplexity(commands::perplexity::Args),
     /// Fetch a known model into the cache (`$WEFT_HOME`, default ~/.cache/weft).
     Pull(commands::pull::Args),
     /// List the known models and whether they are cached.
@@ -48,6 +54,9 @@ fn run() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Run(args) => commands::run::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Perplexity(args) => commands::perplexity::run(args),
         Command::Pull(args) => commands::pull::run(args),
         Command::Models => commands::pull::list(),
         Command::Inspect(args) => commands::inspect::run(args),

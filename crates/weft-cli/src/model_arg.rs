@@ -32,3 +32,23 @@ impl ModelArg {
         GgufFile::open(path).with_context(|| format!("cannot load model {}", path.display()))
     }
 }
+
+/// The `-t/--threads` option of the commands that run a model.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ThreadsArg {
+    /// Threads for the forward pass (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+}
+
+impl ThreadsArg {
+    /// A runner for `file` with these threads and default settings otherwise.
+    pub fn runner(&self, file: std::sync::Arc<GgufFile>) -> anyhow::Result<weft::ModelRunner> {
+        let mut cfg = weft::RunnerConfig::default();
+        if let Some(t) = self.threads {
+            anyhow::ensure!(t > 0, "--threads must be at least 1");
+            cfg.n_threads = t;
+        }
+        Ok(weft::ModelRunner::new(file, &cfg)?)
+    }
+}

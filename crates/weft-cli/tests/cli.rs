@@ -22,12 +22,18 @@ fn weft(args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().expect("wait for weft")
 }
 
-fn reference_case(text: &str) -> serde_json::Value {
-    let dir = std::env::var_os("WEFT_REFERENCE_DIR")
+/// llama.cpp's reference outputs: `../shared/reference` beside the checkout, or
+/// `$WEFT_REFERENCE_DIR`.
+fn reference_dir() -> PathBuf {
+    std::env::var_os("WEFT_REFERENCE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference")
-        });
+        })
+}
+
+fn reference_case(text: &str) -> serde_json::Value {
+    let dir = reference_dir();
     let json: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join("tokenize.json"))
             .expect("shared/reference/tokenize.json"),
@@ -120,5 +126,39 @@ fn bad_models_are_clear_errors_not_panics() {
         assert!(!stderr.contains("panicked"), "{model}: {stderr}");
         assert!(stderr.contains(needle), "{model}: {stderr}");
         assert!(stderr.starts_with("error: "), "{model}: {stderr}");
+    }
+}
+
+/// llama-perplexity's figures for `shared/reference/perplexity-text.txt` at context 512.
+const LLAMA_CPP_PERPLEXITY: [(&str, f64); 2] =
+    [("smollm2-135m", 19.8777), ("gemma3-270m", 17.7719)];
+
+#[test]
+fn perplexity_is_within_two_percent_of_llama_cpp() {
+    let text = reference_dir().join("perplexity-text.txt");
+    let text = text.to_str().expect("utf-8 path");
+    for (model, reference) in LLAMA_CPP_PERPLEXITY {
+        let out = weft(&["perplexity", "-m", model, "-f", text, "-c", "512"], "");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ppl: f64 = stdout
+            .split("PPL = ")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{model}: no estimate in {stdout:?}"));
+        let rel = (ppl - reference).abs() / reference;
+        eprintln!(
+            "{model}: perplexity {ppl:.4}, llama.cpp {reference}, {:.2}% apart",
+            rel * 100.0
+        );
+        assert!(
+            rel < 0.02,
+            "{model}: perplexity {ppl} is not within 2% of llama.cpp's {reference}"
+        );
     }
 }

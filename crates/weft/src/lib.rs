@@ -17,6 +17,7 @@
 //! ```
 
 pub use weft_core::gguf::{self, GgmlType, GgufFile};
+pub use weft_core::runner::{BatchEntry, ModelRunner, RunnerConfig};
 pub use weft_core::tokenizer::{self, StreamDecoder, Tokenizer};
-pub use weft_core::{quant, Error};
+pub use weft_core::{kv, models, quant, runner, sampling, Error};
 pub use weft_hub::{self as hub, Hub, HubError, NoProgress, Progress};

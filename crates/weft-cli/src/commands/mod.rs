@@ -1,5 +1,8 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod inspect;
+pub mod perplexity;
 pub mod pull;
+pub mod run;
 pub mod tokenize;

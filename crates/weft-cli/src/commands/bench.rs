@@ -1,0 +1,222 @@
+//! `weft bench`: prefill and decode speed like llama-bench, aggregate decode over parallel
+//! sequences like llama-batched-bench.
+//!
+//! - `ppN`: N prompt tokens in one call from an empty sequence (logits for the last only).
+//! - `tgN`: N single-token decode steps from an empty sequence.
+//! - `pp128+tgN xP`: P sequences each prefilled with 128 tokens, then N steps that decode one
+//!   token of every sequence per call; reported as aggregate decode tokens/s (P·N / time).
+//!
+//! Prompt tokens are pseudo-random ids, as llama-bench uses. Each test runs `-r` times after
+//! one warm-up; the table shows the median and the standard deviation.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use weft::sampling::Rng;
+use weft::{BatchEntry, ModelRunner};
+
+use crate::model_arg::{ModelArg, ThreadsArg};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArg,
+    #[command(flatten)]
+    threads: ThreadsArg,
+    /// Prompt lengths to test (`ppN`).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "128,512"
+    )]
+    n_prompt: Vec<usize>,
+    /// Tokens to generate (`tgN`, and per sequence in parallel tests); 0 skips them.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Parallel sequence counts for aggregate decode (`pp128+tgN xP`).
+    #[arg(long, value_delimiter = ',')]
+    parallel: Vec<usize>,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    repetitions: usize,
+    /// Print one JSON object per test instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Prompt length of the parallel tests, as in llama-batched-bench's `-npp 128`.
+const PARALLEL_PROMPT: usize = 128;
+
+struct Bench {
+    runner: ModelRunner,
+    rng: Rng,
+    vocab: u32,
+}
+
+impl Bench {
+    fn tokens(&mut self, n: usize) -> Vec<u32> {
+        (0..n)
+            .map(|_| (self.rng.next_u64() % u64::from(self.vocab)) as u32)
+            .collect()
+    }
+
+    /// Seconds to prefill `n` tokens.
+    fn prefill(&mut self, n: usize) -> anyhow::Result<f64> {
+        let seq = self.runner.new_sequence();
+        let batch: Vec<BatchEntry> = self
+            .tokens(n)
+            .into_iter()
+            .enumerate()
+            .map(|(i, token)| BatchEntry {
+                token,
+                pos: i as u32,
+                seq,
+                logits: i + 1 == n,
+            })
+            .collect();
+        let t = Instant::now();
+        let r = self.runner.forward(&batch).map(|_| ());
+        let secs = t.elapsed().as_secs_f64();
+        self.runner.free_sequence(seq);
+        r?;
+        Ok(secs)
+    }
+
+    /// Seconds for `steps` decode calls over `n_seq` sequences prefilled with `prompt` tokens.
+    fn decode(&mut self, n_seq: usize, prompt: usize, steps: usize) -> anyhow::Result<f64> {
+        let seqs: Vec<_> = (0..n_seq).map(|_| self.runner.new_sequence()).collect();
+        let result = self.decode_seqs(&seqs, prompt, steps);
+        for &s in &seqs {
+            self.runner.free_sequence(s);
+        }
+        result
+    }
+
+    fn decode_seqs(
+        &mut self,
+        seqs: &[weft::kv::SeqId],
+        prompt: usize,
+        steps: usize,
+    ) -> anyhow::Result<f64> {
+        if prompt > 0 {
+            let mut batch = Vec::with_capacity(seqs.len() * prompt);
+            for &seq in seqs {
+                for (i, token) in self.tokens(prompt).into_iter().enumerate() {
+                    batch.push(BatchEntry {
+                        token,
+                        pos: i as u32,
+                        seq,
+                        logits: i + 1 == prompt,
+                    });
+                }
+            }
+            self.runner.forward(&batch)?;
+        }
+        let t = Instant::now();
+        for step in 0..steps {
+            let tokens = self.tokens(seqs.len());
+            let batch: Vec<BatchEntry> = seqs
+                .iter()
+                .zip(tokens)
+                .map(|(&seq, token)| BatchEntry {
+                    token,
+                    pos: (prompt + step) as u32,
+                    seq,
+                    logits: true,
+                })
+                .collect();
+            self.runner.forward(&batch)?;
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+}
+
+fn median_and_sd(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let median = if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len().max(2) - 1) as f64;
+    (median, var.sqrt())
+}
+
+/// Peak resident memory of this process, from /proc (Linux), in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(args.repetitions > 0, "--repetitions must be at least 1");
+    let file = Arc::new(args.model.open()?);
+    let size: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+    let runner = args.threads.runner(file)?;
+    let threads = runner.n_threads();
+    let vocab = runner.info().vocab_size as u32;
+    let mut bench = Bench {
+        runner,
+        rng: Rng::new(1234),
+        vocab,
+    };
+    // Warm-up: touch the weights and size the buffers.
+    bench.prefill(16)?;
+    bench.decode(1, 0, 4)?;
+
+    let mut tests: Vec<(String, usize, usize, usize)> = Vec::new(); // name, prompt, gen, parallel
+    for &p in &args.n_prompt {
+        tests.push((format!("pp{p}"), p, 0, 1));
+    }
+    if args.n_gen > 0 {
+        tests.push((format!("tg{}", args.n_gen), 0, args.n_gen, 1));
+        for &p in &args.parallel {
+            tests.push((
+                format!("pp{PARALLEL_PROMPT}+tg{} x{p}", args.n_gen),
+                PARALLEL_PROMPT,
+                args.n_gen,
+                p,
+            ));
+        }
+    }
+    let model = &args.model.model;
+    if !args.json {
+        println!("| model | size | params | threads | test | t/s |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    }
+    for (name, prompt, gen, parallel) in tests {
+        let mut samples = Vec::with_capacity(args.repetitions);
+        for _ in 0..args.repetitions {
+            let tps = if gen == 0 {
+                prompt as f64 / bench.prefill(prompt)?
+            } else {
+                (parallel * gen) as f64 / bench.decode(parallel, prompt, gen)?
+            };
+            samples.push(tps);
+        }
+        let (median, sd) = median_and_sd(samples.clone());
+        if args.json {
+            let json = serde_json::json!({
+                "model": model, "test": name, "threads": threads, "n_prompt": prompt,
+                "n_gen": gen, "parallel": parallel, "tps_median": median, "tps_stddev": sd,
+                "samples": samples,
+            });
+            println!("{json}");
+        } else {
+            println!(
+                "| {model} | {:.2} MiB | {:.2} M | {threads} | {name} | {median:.2} ± {sd:.2} |",
+                size as f64 / (1 << 20) as f64,
+                params as f64 / 1e6
+            );
+        }
+    }
+    if let Some(rss) = peak_rss_mib() {
+        eprintln!("peak RSS: {rss:.1} MiB");
+    }
+    Ok(())
+}

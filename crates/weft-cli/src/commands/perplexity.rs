@@ -1,0 +1,107 @@
+//! `weft perplexity -m MODEL -f FILE [-c 512]`: perplexity as llama-perplexity computes it.
+//!
+//! The text is tokenized once (with BOS when the model adds one) and cut into chunks of `c`
+//! tokens. Each chunk is evaluated from an empty cache, with its first token replaced by BOS
+//! when the model uses one; only the second half of each chunk is scored (the first half is
+//! context), each token by the log-probability the model gave it at the previous position.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use weft::{BatchEntry, Tokenizer};
+
+use crate::model_arg::{ModelArg, ThreadsArg};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArg,
+    #[command(flatten)]
+    threads: ThreadsArg,
+    /// The text file to score.
+    #[arg(short = 'f', long = "file")]
+    file: std::path::PathBuf,
+    /// Tokens per chunk.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+    ctx: usize,
+}
+
+/// Rows of logits computed per call (bounds memory: a Gemma 3 row is 1 MiB).
+const ROWS_PER_CALL: usize = 64;
+
+/// log softmax(logits)[target], accumulated in f64.
+fn log_prob(logits: &[f32], target: u32) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    f64::from(logits[target as usize] - max) - sum.ln()
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let file = Arc::new(args.model.open()?);
+    let tok = Tokenizer::from_gguf(&file)?;
+    let mut runner = args.threads.runner(file)?;
+    let mut tokens = tok.encode(&text, true, true);
+    let n_ctx = args.ctx;
+    anyhow::ensure!(n_ctx >= 8, "--ctx-size must be at least 8");
+    let n_chunks = tokens.len() / n_ctx;
+    anyhow::ensure!(
+        n_chunks >= 1 && tokens.len() >= 2 * n_ctx,
+        "{} tokens is too short for chunks of {n_ctx} (need at least {})",
+        tokens.len(),
+        2 * n_ctx
+    );
+    eprintln!("{} tokens, {n_chunks} chunks of {n_ctx}", tokens.len());
+    let special = tok.vocab().special().clone();
+    let bos = special.bos.filter(|_| special.add_bos);
+    let first = n_ctx / 2;
+    let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
+    for chunk in 0..n_chunks {
+        let start = chunk * n_ctx;
+        let original = tokens[start];
+        if let Some(bos) = bos {
+            tokens[start] = bos;
+        }
+        let seq = runner.new_sequence();
+        let entry = |j: usize, logits: bool| BatchEntry {
+            token: tokens[start + j],
+            pos: j as u32,
+            seq,
+            logits,
+        };
+        // Context half: no logits needed.
+        let context: Vec<BatchEntry> = (0..first).map(|j| entry(j, false)).collect();
+        runner.forward(&context)?;
+        // Scored half: row j predicts token j + 1.
+        let mut j = first;
+        while j < n_ctx - 1 {
+            let end = (j + ROWS_PER_CALL).min(n_ctx - 1);
+            // The chunk's last token is only ever a target: it is never run.
+            let batch: Vec<BatchEntry> = (j..end).map(|k| entry(k, true)).collect();
+            let logits = runner.forward(&batch)?;
+            let vocab = logits.len() / (end - j);
+            for (r, row) in logits.chunks_exact(vocab).enumerate() {
+                let lp = log_prob(row, tokens[start + j + r + 1]);
+                nll -= lp;
+                nll2 += lp * lp;
+                count += 1;
+            }
+            j = end;
+        }
+        runner.free_sequence(seq);
+        tokens[start] = original;
+        eprint!("[{}]{:.4},", chunk + 1, (nll / count as f64).exp());
+    }
+    eprintln!();
+    let mean = nll / count as f64;
+    let ppl = mean.exp();
+    let var = nll2 / count as f64 - mean * mean;
+    let err = if var > 0.0 {
+        (var / (count - 1) as f64).sqrt() * ppl
+    } else {
+        0.0
+    };
+    println!("Final estimate: PPL = {ppl:.4} +/- {err:.5}");
+    Ok(())
+}
