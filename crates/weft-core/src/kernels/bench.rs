@@ -1,0 +1,260 @@
+//! Micro-benchmarks of `matmul` (ignored by default):
+//! `cargo test --release -p weft-core --lib kernels::bench -- --ignored --nocapture`.
+//!
+//! GEMV figures are weight bytes streamed per second; with `cold`, the matrix is one of several
+//! copies totalling at least 256 MB used round-robin, so the weights come from DRAM rather than
+//! the cache (as in a real decode step). GEMM figures are GFLOP/s (2 · rows · cols · tokens).
+//! `WEFT_BENCH_THREADS=1,2` picks the thread counts, `WEFT_BENCH_FILTER=Q4_K` the cases.
+
+use std::time::{Duration, Instant};
+
+use super::testutil::{random_weights, Rng};
+use super::{matmul, MatmulScratch, Matrix};
+use crate::gguf::GgmlType;
+use crate::threadpool::ThreadPool;
+
+/// Runs `f` repeatedly for about `budget`; returns seconds per call (best of 3 rounds).
+fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let (start, mut n) = (Instant::now(), 0u32);
+        while start.elapsed() < budget / 3 || n == 0 {
+            f();
+            n += 1;
+        }
+        best = best.min(start.elapsed().as_secs_f64() / f64::from(n));
+    }
+    best
+}
+
+struct Case {
+    name: &'static str,
+    dtype: GgmlType,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    cold: bool,
+}
+
+fn bench_case(pool: &ThreadPool, c: &Case) -> String {
+    let mut rng = Rng::new(1);
+    let one = random_weights(&mut rng, c.dtype, c.rows, c.cols);
+    let copies = if c.cold {
+        (256 << 20) / one.len() + 1
+    } else {
+        1
+    };
+    let mats: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
+    let x = rng.f32s(c.tokens * c.cols, 1.0);
+    let mut y = vec![0f32; c.tokens * c.rows];
+    let mut scratch = MatmulScratch::default();
+    let mut i = 0;
+    let secs = time(Duration::from_millis(900), || {
+        let w = Matrix::new(c.dtype, &mats[i % copies], c.rows, c.cols).unwrap();
+        matmul(pool, &w, &x, c.tokens, &mut y, &mut scratch);
+        i += 1;
+    });
+    let gflops = 2.0 * (c.rows * c.cols * c.tokens) as f64 / secs / 1e9;
+    let gbs = one.len() as f64 / secs / 1e9;
+    format!(
+        "{:<36} {} thr {:>9.1} us {:>7.2} GB/s {:>7.1} GFLOP/s",
+        c.name,
+        pool.n_threads(),
+        secs * 1e6,
+        gbs,
+        gflops
+    )
+}
+
+#[test]
+#[ignore = "micro-benchmark; run with --release -- --ignored --nocapture"]
+fn bench() {
+    use GgmlType::*;
+    let case = |name, dtype, rows, cols, tokens, cold| Case {
+        name,
+        dtype,
+        rows,
+        cols,
+        tokens,
+        cold,
+    };
+    let cases = [
+        case(
+            "gemv Q4_1 576x1536 (smollm ffn_down)",
+            Q4_1,
+            576,
+            1536,
+            1,
+            true,
+        ),
+        case(
+            "gemv Q4_1 1536x576 (smollm ffn_up)",
+            Q4_1,
+            1536,
+            576,
+            1,
+            true,
+        ),
+        case(
+            "gemv Q8_0 49152x576 (smollm output)",
+            Q8_0,
+            49152,
+            576,
+            1,
+            true,
+        ),
+        case(
+            "gemv Q8_0 262144x640 (gemma output)",
+            Q8_0,
+            262144,
+            640,
+            1,
+            true,
+        ),
+        case(
+            "gemv Q5_0 640x2048 (gemma ffn_down)",
+            Q5_0,
+            640,
+            2048,
+            1,
+            true,
+        ),
+        case(
+            "gemv Q5_0 2048x640 (gemma ffn_up)",
+            Q5_0,
+            2048,
+            640,
+            1,
+            true,
+        ),
+        case("gemv Q4_K 640x2048", Q4_K, 640, 2048, 1, true),
+        case("gemv Q6_K 640x2048", Q6_K, 640, 2048, 1, true),
+        case("gemv Q4_1 1536x576 hot", Q4_1, 1536, 576, 1, false),
+        case("gemv Q8_0 4096x640 hot", Q8_0, 4096, 640, 1, false),
+        case("gemv Q4_K 640x2048 hot", Q4_K, 640, 2048, 1, false),
+        case("gemv F16 640x2048", F16, 640, 2048, 1, true),
+        case("gemv F32 640x2048 hot", F32, 640, 2048, 1, false),
+        case("gemm16 Q4_1 1536x576", Q4_1, 1536, 576, 16, false),
+        case("gemm16 Q8_0 49152x576", Q8_0, 49152, 576, 16, true),
+        case("gemm16 Q8_0 262144x640", Q8_0, 262144, 640, 16, false),
+        case("gemm16 Q5_0 2048x640", Q5_0, 2048, 640, 16, false),
+        case("gemm16 Q4_K 640x2048", Q4_K, 640, 2048, 16, false),
+        case("gemm16 Q6_K 640x2048", Q6_K, 640, 2048, 16, false),
+        case("gemm16 F16 640x2048", F16, 640, 2048, 16, false),
+        case("gemm128 Q4_1 1536x576", Q4_1, 1536, 576, 128, false),
+        case("gemm128 Q8_0 49152x576", Q8_0, 49152, 576, 128, false),
+        case("gemm128 Q5_0 2048x640", Q5_0, 2048, 640, 128, false),
+        case("gemm128 Q4_K 640x2048", Q4_K, 640, 2048, 128, false),
+        case("gemm128 Q6_K 640x2048", Q6_K, 640, 2048, 128, false),
+    ];
+    let threads: Vec<usize> = std::env::var("WEFT_BENCH_THREADS")
+        .unwrap_or_else(|_| "1,2".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let filter = std::env::var("WEFT_BENCH_FILTER").unwrap_or_default();
+    println!("kernels: {:?}", super::simd_level());
+    for c in cases.iter().filter(|c| c.name.contains(filter.as_str())) {
+        for &n in &threads {
+            let pool = ThreadPool::new(n);
+            println!("{}", bench_case(&pool, c));
+        }
+    }
+}
+
+/// Seconds per `pool.run` of an empty job.
+fn pool_latency(pool: &ThreadPool) -> f64 {
+    time(Duration::from_millis(300), || pool.run(&|_, _| {}))
+}
+
+/// The matmuls of one SmolLM2-135M decode step: 30 blocks of q, k, v, o, gate, up, down
+/// (Q4_1), then the tied Q8_0 output projection.
+struct DecodeStep {
+    layers: Vec<(Vec<u8>, usize, usize)>,
+    output: Vec<u8>,
+}
+
+impl DecodeStep {
+    fn new() -> DecodeStep {
+        let mut rng = Rng::new(3);
+        let shapes = [
+            (576, 576),
+            (192, 576),
+            (192, 576),
+            (576, 576),
+            (1536, 576),
+            (1536, 576),
+            (576, 1536),
+        ];
+        let mut layers = Vec::new();
+        for _ in 0..30 {
+            for (rows, cols) in shapes {
+                layers.push((
+                    random_weights(&mut rng, GgmlType::Q4_1, rows, cols),
+                    rows,
+                    cols,
+                ));
+            }
+        }
+        let output = random_weights(&mut rng, GgmlType::Q8_0, 49152, 576);
+        DecodeStep { layers, output }
+    }
+
+    /// Seconds per step on `pool`.
+    fn time(&self, pool: &ThreadPool) -> f64 {
+        let x = vec![0.5f32; 1536];
+        let mut y = vec![0f32; 49152];
+        let mut scratch = MatmulScratch::default();
+        time(Duration::from_millis(1500), || {
+            for (w, rows, cols) in &self.layers {
+                let m = Matrix::new(GgmlType::Q4_1, w, *rows, *cols).unwrap();
+                matmul(pool, &m, &x[..*cols], 1, &mut y[..*rows], &mut scratch);
+            }
+            let m = Matrix::new(GgmlType::Q8_0, &self.output, 49152, 576).unwrap();
+            matmul(pool, &m, &x[..576], 1, &mut y, &mut scratch);
+        })
+    }
+}
+
+#[test]
+#[ignore = "micro-benchmark; run with --release -- --ignored --nocapture"]
+fn bench_pool_and_decode() {
+    for n in [2, 3] {
+        let pool = ThreadPool::new(n);
+        println!(
+            "pool.run (empty job), {n} threads: {:.2} us",
+            pool_latency(&pool) * 1e6
+        );
+    }
+    let step = DecodeStep::new();
+    let (one, two) = (ThreadPool::new(1), ThreadPool::new(2));
+    let t1 = step.time(&one);
+    let t2 = step.time(&two);
+    println!(
+        "smollm2 decode-step matmuls, 1 thread:  {:.2} ms ({:.0} steps/s)",
+        t1 * 1e3,
+        1.0 / t1
+    );
+    println!(
+        "smollm2 decode-step matmuls, 2 threads: {:.2} ms ({:.0} steps/s)",
+        t2 * 1e3,
+        1.0 / t2
+    );
+    // A competing busy process on the 2 cores: throughput should degrade, not collapse.
+    let mut hog = std::process::Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .expect("start a busy-loop process");
+    std::thread::sleep(Duration::from_millis(200));
+    let t2h = step.time(&two);
+    let t1h = step.time(&one);
+    hog.kill().ok();
+    hog.wait().ok();
+    println!(
+        "with a busy-loop process: 2 threads {:.2} ms ({:.0}% of alone), 1 thread {:.2} ms",
+        t2h * 1e3,
+        100.0 * t2 / t2h,
+        t1h * 1e3
+    );
+}

@@ -1,0 +1,487 @@
+//! The matmul driver: quantize the activations once, then split the output rows over the
+//! pool's threads and run the GEMV or GEMM-tile kernel of the weight type on each.
+//!
+//! Loop order for several tokens, per chunk of rows a thread takes:
+//! `for block of tokens (activations fit in L2) { for group of rows (weights fit in L1) {
+//! for 4 tokens { for row in group { tile } } } }`, so each weight row comes from memory once
+//! per chunk and from L1 for every further 4 tokens, the 4 activation rows of a tile stay in
+//! L1 across the group, and the token block stays in L2 across the chunk.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::gguf::GgmlType;
+use crate::threadpool::ThreadPool;
+
+use super::quantize::{ActFormat, Q8Batch};
+use super::{kquants, legacy, Matrix, SimdLevel};
+#[cfg(target_arch = "x86_64")]
+use super::{kquants_avx2, legacy_avx2};
+
+/// The `(dot, dots)` pair of one kernel: the AVX2 twins from `$simd_mod` when `$simd`, else the
+/// scalar references from `$scalar_mod`.
+macro_rules! pick {
+    ($simd:expr; $scalar_mod:ident, $simd_mod:ident; $dot:ident, $dots:ident) => {{
+        #[cfg(target_arch = "x86_64")]
+        let pair: (DotFn<_>, DotsFn<_>) = if $simd {
+            ($simd_mod::$dot, $simd_mod::$dots)
+        } else {
+            ($scalar_mod::$dot, $scalar_mod::$dots)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let pair: (DotFn<_>, DotsFn<_>) = {
+            let _ = $simd;
+            ($scalar_mod::$dot, $scalar_mod::$dots)
+        };
+        pair
+    }};
+}
+
+/// Activation rows per GEMM tile: each weight block is unpacked once for this many tokens.
+pub const TILE_TOKENS: usize = 4;
+
+/// Weight bytes per row group: the rows a tile loop revisits for every 4 tokens stay in L1.
+const GROUP_BYTES: usize = 16 * 1024;
+
+/// Activation bytes per token block (see `run`): well inside a 512 KB L2.
+const TOKEN_BLOCK_BYTES: usize = 128 * 1024;
+
+/// Row chunks per thread: enough for a slowed-down thread to hand work to the others.
+const CHUNKS_PER_THREAD: usize = 8;
+
+/// Below this many multiply-adds a matmul runs on the calling thread alone.
+const SERIAL_WORK: usize = 32 * 1024;
+
+/// Reusable buffers for quantized activations; grows as needed, never shrinks.
+///
+/// One scratch per concurrent caller of [`matmul`]; reusing it across calls means steady-state
+/// calls allocate nothing.
+#[derive(Default)]
+pub struct MatmulScratch {
+    acts: Q8Batch,
+}
+
+impl std::fmt::Debug for MatmulScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MatmulScratch")
+    }
+}
+
+/// One weight row · one activation row. `unsafe` because the AVX2 kernels need the CPU
+/// features that [`matmul_with`] checked before picking them.
+type DotFn<R> = unsafe fn(&[u8], &R) -> f32;
+/// One weight row · 1 to 4 activation rows (same safety condition as [`DotFn`]).
+type DotsFn<R> = unsafe fn(&[u8], &[R], &mut [f32]);
+
+/// `y[t * w.rows + r] = Σ_c W[r][c] · x[t * w.cols + c]` for `t < n_tokens`, `r < w.rows`.
+///
+/// `x` is row-major `n_tokens × cols` (`f32`), `y` row-major `n_tokens × rows`. The
+/// activations are quantized once per call as ggml does for the weight type (Q8_0 for Q4_0,
+/// Q5_0 and Q8_0; Q8_1 for Q4_1 and Q5_1; Q8_K for Q4_K, Q5_K and Q6_K; F32, F16 and BF16
+/// weights use the `f32` activations), then the output rows are split over the pool's threads.
+///
+/// Determinism: `y[t][r]` is a function of weight row `r` and activation row `t` alone, bit for
+/// bit: it does not depend on `n_tokens`, on `t`'s place in the batch or on the number of
+/// threads (each activation row is quantized on its own, and the single-token kernel and the
+/// tile kernels perform the same floating-point operations for every token). Different kernel
+/// sets ([`super::simd_level`]) may give different bits.
+///
+/// # Panics
+/// If `x.len() != n_tokens * w.cols` or `y.len() != n_tokens * w.rows`.
+pub fn matmul(
+    pool: &ThreadPool,
+    w: &Matrix,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+    scratch: &mut MatmulScratch,
+) {
+    matmul_with(super::simd_level(), pool, w, x, n_tokens, y, scratch)
+}
+
+/// [`matmul`] with the kernel set `level` (the tests compare the AVX2 and scalar kernels in one
+/// process).
+///
+/// # Panics
+/// As [`matmul`]; also if `level` is [`SimdLevel::Avx2`] and the CPU lacks AVX2, FMA or F16C.
+pub(crate) fn matmul_with(
+    level: SimdLevel,
+    pool: &ThreadPool,
+    w: &Matrix,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+    scratch: &mut MatmulScratch,
+) {
+    assert_eq!(x.len(), n_tokens * w.cols, "x must be n_tokens × cols");
+    assert_eq!(y.len(), n_tokens * w.rows, "y must be n_tokens × rows");
+    // The AVX2 kernels are sound to call only when the CPU has the features: checked here,
+    // once, for the function pointers `run` calls.
+    let simd = level == SimdLevel::Avx2;
+    assert!(
+        !simd || super::detect() == SimdLevel::Avx2,
+        "AVX2 kernels requested on a CPU without AVX2/FMA/F16C"
+    );
+    if n_tokens == 0 || w.rows == 0 {
+        return;
+    }
+    use GgmlType::*;
+    let acts = &mut scratch.acts;
+    match w.dtype {
+        Q4_0 | Q5_0 | Q8_0 => {
+            acts.quantize(Some(pool), ActFormat::Q8_0, x, n_tokens, w.cols);
+            let (dot, dots) = match w.dtype {
+                Q4_0 => pick!(simd; legacy, legacy_avx2; vec_dot_q4_0_q8_0, vec_dots_q4_0_q8_0),
+                Q5_0 => pick!(simd; legacy, legacy_avx2; vec_dot_q5_0_q8_0, vec_dots_q5_0_q8_0),
+                _ => pick!(simd; legacy, legacy_avx2; vec_dot_q8_0_q8_0, vec_dots_q8_0_q8_0),
+            };
+            let acts = &*acts;
+            run(pool, w, n_tokens, y, &|t| acts.q8_0(t), dot, dots);
+        }
+        Q4_1 | Q5_1 => {
+            acts.quantize(Some(pool), ActFormat::Q8_1, x, n_tokens, w.cols);
+            let (dot, dots) = match w.dtype {
+                Q4_1 => pick!(simd; legacy, legacy_avx2; vec_dot_q4_1_q8_1, vec_dots_q4_1_q8_1),
+                _ => pick!(simd; legacy, legacy_avx2; vec_dot_q5_1_q8_1, vec_dots_q5_1_q8_1),
+            };
+            let acts = &*acts;
+            run(pool, w, n_tokens, y, &|t| acts.q8_1(t), dot, dots);
+        }
+        Q4_K | Q5_K | Q6_K => {
+            acts.quantize(Some(pool), ActFormat::Q8K, x, n_tokens, w.cols);
+            let (dot, dots) = match w.dtype {
+                Q4_K => pick!(simd; kquants, kquants_avx2; vec_dot_q4_k_q8_k, vec_dots_q4_k_q8_k),
+                Q5_K => pick!(simd; kquants, kquants_avx2; vec_dot_q5_k_q8_k, vec_dots_q5_k_q8_k),
+                _ => pick!(simd; kquants, kquants_avx2; vec_dot_q6_k_q8_k, vec_dots_q6_k_q8_k),
+            };
+            let acts = &*acts;
+            run(pool, w, n_tokens, y, &|t| acts.q8_k(t), dot, dots);
+        }
+        F32 | F16 | BF16 => {
+            let (dot, dots): (DotFn<&[f32]>, DotsFn<&[f32]>) = match w.dtype {
+                F32 => pick!(simd; float_rows, float_rows_avx2; dot_f32, dots_f32),
+                F16 => pick!(simd; float_rows, float_rows_avx2; dot_f16, dots_f16),
+                // BF16 has no AVX2 kernel (no model we run stores matmul weights in it).
+                _ => (float_rows::dot_bf16, float_rows::dots_bf16),
+            };
+            let c = w.cols;
+            run(pool, w, n_tokens, y, &|t| &x[t * c..(t + 1) * c], dot, dots);
+        }
+        // `Matrix::new` admits only the types above.
+        other => unreachable!("matmul on unsupported type {other}"),
+    }
+}
+
+/// The output pointer shared by the threads of one matmul.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+
+// SAFETY: the pointer is only written through `OutPtr::write`, at indices that the atomic
+// chunk counter hands to exactly one thread each (see `run`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// Writes `v` at index `i`.
+    ///
+    /// # Safety
+    /// `i` is in bounds of the output slice and no other thread accesses index `i`.
+    #[inline]
+    unsafe fn write(self, i: usize, v: f32) {
+        self.0.add(i).write(v)
+    }
+}
+
+/// Splits the rows of `w` into chunks handed out by an atomic counter and computes them.
+fn run<R: Copy + Sync>(
+    pool: &ThreadPool,
+    w: &Matrix,
+    n_tokens: usize,
+    y: &mut [f32],
+    row: &(dyn Fn(usize) -> R + Sync),
+    dot: DotFn<R>,
+    dots: DotsFn<R>,
+) {
+    let rows = w.rows;
+    // Rows per group: for a GEMV only the chunk granularity; for tiles, the rows whose
+    // weights stay in L1 while every group of 4 tokens passes over them.
+    let group = if n_tokens == 1 {
+        16
+    } else {
+        (GROUP_BYTES / w.row_bytes()).clamp(4, 64)
+    };
+    // Tokens per pass over a chunk: their quantized activations (about one byte per value)
+    // stay in L2 while the chunk's row groups stream past.
+    let token_block = (TOKEN_BLOCK_BYTES / w.cols)
+        .max(1)
+        .next_multiple_of(TILE_TOKENS);
+    let serial = pool.n_threads() == 1 || rows * w.cols * n_tokens < SERIAL_WORK;
+    let n_threads = if serial { 1 } else { pool.n_threads() };
+    // Chunks: a multiple of the row group, about CHUNKS_PER_THREAD per thread.
+    let chunk = rows
+        .div_ceil(n_threads * CHUNKS_PER_THREAD)
+        .div_ceil(group)
+        .max(1)
+        * group;
+    let n_chunks = rows.div_ceil(chunk);
+    let next = AtomicUsize::new(0);
+    let out = OutPtr(y.as_mut_ptr());
+    let body = |_: usize, _: usize| loop {
+        let c = next.fetch_add(1, Ordering::Relaxed);
+        if c >= n_chunks {
+            break;
+        }
+        let (r0, r1) = (c * chunk, ((c + 1) * chunk).min(rows));
+        if n_tokens == 1 {
+            let y0 = row(0);
+            for r in r0..r1 {
+                // SAFETY: `dot` may be called (see `DotFn`); r < rows = y.len() for one token;
+                // chunk c (rows r0..r1) is handed to exactly one thread by the atomic counter.
+                unsafe { out.write(r, dot(w.row(r), &y0)) };
+            }
+            continue;
+        }
+        for tb0 in (0..n_tokens).step_by(token_block) {
+            let tb1 = (tb0 + token_block).min(n_tokens);
+            for g0 in (r0..r1).step_by(group) {
+                let g1 = (g0 + group).min(r1);
+                for t0 in (tb0..tb1).step_by(TILE_TOKENS) {
+                    let nt = TILE_TOKENS.min(tb1 - t0);
+                    let ys: [R; TILE_TOKENS] = std::array::from_fn(|i| row(t0 + i.min(nt - 1)));
+                    let mut tile = [0f32; TILE_TOKENS];
+                    for r in g0..g1 {
+                        // SAFETY: `dots` may be called (see `DotsFn`).
+                        unsafe { dots(w.row(r), &ys[..nt], &mut tile[..nt]) };
+                        for (i, &v) in tile[..nt].iter().enumerate() {
+                            // SAFETY: (t0 + i) < n_tokens and r < rows, so the index is below
+                            // y.len() = n_tokens · rows; row r belongs to this thread's chunk.
+                            unsafe { out.write((t0 + i) * rows + r, v) };
+                        }
+                    }
+                }
+            }
+        }
+    };
+    if serial {
+        body(0, 1);
+    } else {
+        pool.run(&body);
+    }
+}
+
+/// The float weight rows with the signatures of [`DotFn`] and [`DotsFn`] (the scalar
+/// references).
+mod float_rows {
+    use super::super::float;
+
+    pub fn dot_f32(x: &[u8], a: &&[f32]) -> f32 {
+        float::vec_dot_f32_bytes(x, a)
+    }
+
+    pub fn dot_f16(x: &[u8], a: &&[f32]) -> f32 {
+        float::vec_dot_f16_bytes(x, a)
+    }
+
+    pub fn dot_bf16(x: &[u8], a: &&[f32]) -> f32 {
+        float::vec_dot_bf16_bytes(x, a)
+    }
+
+    pub fn dots_f32(x: &[u8], ys: &[&[f32]], out: &mut [f32]) {
+        for (o, y) in out.iter_mut().zip(ys) {
+            *o = float::vec_dot_f32_bytes(x, y);
+        }
+    }
+
+    pub fn dots_f16(x: &[u8], ys: &[&[f32]], out: &mut [f32]) {
+        for (o, y) in out.iter_mut().zip(ys) {
+            *o = float::vec_dot_f16_bytes(x, y);
+        }
+    }
+
+    pub fn dots_bf16(x: &[u8], ys: &[&[f32]], out: &mut [f32]) {
+        for (o, y) in out.iter_mut().zip(ys) {
+            *o = float::vec_dot_bf16_bytes(x, y);
+        }
+    }
+}
+
+/// The AVX2 float weight rows with the signatures of [`DotFn`] and [`DotsFn`].
+///
+/// # Safety (every function)
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+mod float_rows_avx2 {
+    use super::super::float_avx2;
+
+    pub unsafe fn dot_f32(x: &[u8], a: &&[f32]) -> f32 {
+        float_avx2::vec_dot_f32_bytes(x, a)
+    }
+
+    pub unsafe fn dot_f16(x: &[u8], a: &&[f32]) -> f32 {
+        float_avx2::vec_dot_f16_bytes(x, a)
+    }
+
+    pub unsafe fn dots_f32(x: &[u8], ys: &[&[f32]], out: &mut [f32]) {
+        float_avx2::vec_dots_float_bytes::<false>(x, ys, out)
+    }
+
+    pub unsafe fn dots_f16(x: &[u8], ys: &[&[f32]], out: &mut [f32]) {
+        float_avx2::vec_dots_float_bytes::<true>(x, ys, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testutil::{random_weights, Rng};
+    use crate::kernels::MATMUL_TYPES;
+    use crate::quant::dequantize_to_vec;
+
+    /// `matmul` against dequantize-then-f32 for every type, token count and thread count.
+    #[test]
+    fn matmul_matches_dequantized_reference() {
+        let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+        let mut scratch = MatmulScratch::default();
+        let mut rng = Rng::new(42);
+        for dtype in MATMUL_TYPES {
+            let cols = if dtype.block_size() == 256 { 512 } else { 96 };
+            for (rows, n_tokens) in [(1, 1), (37, 1), (130, 1), (37, 3), (70, 4), (130, 9)] {
+                let wb = random_weights(&mut rng, dtype, rows, cols);
+                let w = Matrix::new(dtype, &wb, rows, cols).unwrap();
+                let wd = dequantize_to_vec(dtype, &wb).unwrap();
+                let x = rng.f32s(n_tokens * cols, 1.0);
+                for pool in &pools {
+                    let mut y = vec![f32::NAN; n_tokens * rows];
+                    matmul(pool, &w, &x, n_tokens, &mut y, &mut scratch);
+                    for t in 0..n_tokens {
+                        for r in 0..rows {
+                            let (wr, xt) = (&wd[r * cols..][..cols], &x[t * cols..][..cols]);
+                            let want: f32 = wr.iter().zip(xt).map(|(a, b)| a * b).sum();
+                            let mag: f32 = wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
+                            let got = y[t * rows + r];
+                            assert!(
+                                (got - want).abs() <= 0.02 * mag + 1e-4,
+                                "{dtype} rows {rows} tokens {n_tokens} threads {}: y[{t}][{r}] = {got}, want {want}",
+                                pool.n_threads()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The kernel sets a test can use on this machine: AVX2 when the CPU has it, and scalar.
+    fn levels() -> Vec<SimdLevel> {
+        let mut levels = vec![SimdLevel::Scalar];
+        if crate::kernels::detect() == SimdLevel::Avx2 {
+            levels.insert(0, SimdLevel::Avx2);
+        }
+        levels
+    }
+
+    /// `n_act` activation rows of `cols` values: uniform, or "real-looking" (small values with
+    /// about 1% large outliers, as in a transformer's residual stream).
+    fn activations(rng: &mut Rng, n_act: usize, cols: usize, outliers: bool) -> Vec<f32> {
+        if !outliers {
+            return rng.f32s(n_act * cols, 1.0);
+        }
+        let mut x = rng.f32s(n_act * cols, 0.05);
+        for v in x.iter_mut() {
+            if rng.u64() % 100 == 0 {
+                *v = rng.f32(40.0) + 20f32.copysign(*v);
+            }
+        }
+        x
+    }
+
+    /// Checks that every token of every batch gets bit for bit the output it gets alone, for
+    /// the batch sizes of `sizes`, each batch taken at a varying offset in `x` so that a
+    /// token visits different slots of the 4-token tiles, on 1, 2 and 3 threads.
+    #[allow(clippy::too_many_arguments)]
+    fn check_batch_invariance(
+        level: SimdLevel,
+        pools: &[ThreadPool],
+        scratch: &mut MatmulScratch,
+        w: &Matrix,
+        x: &[f32],
+        sizes: &[usize],
+        what: &str,
+    ) {
+        let (rows, cols) = (w.rows, w.cols);
+        let n_act = x.len() / cols;
+        // Reference: each token alone, on one thread.
+        let mut alone = vec![f32::NAN; n_act * rows];
+        for (xt, yt) in x.chunks_exact(cols).zip(alone.chunks_exact_mut(rows)) {
+            matmul_with(level, &pools[0], w, xt, 1, yt, scratch);
+        }
+        for pool in pools {
+            for &n in sizes {
+                let start = (5 * n) % (n_act - n + 1);
+                let xs = &x[start * cols..(start + n) * cols];
+                let mut y = vec![f32::NAN; n * rows];
+                matmul_with(level, pool, w, xs, n, &mut y, scratch);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let (got, want) = (y[t * rows + r], alone[(start + t) * rows + r]);
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{level:?} {} {what}: {n} tokens from {start} on {} threads: \
+                             y[{t}][{r}] = {got:e}, alone {want:e}",
+                            w.dtype,
+                            pool.n_threads(),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A token's outputs do not depend on the batch it is in, bit for bit: the single-token
+    /// path, every tile size and slot, every thread count, for every weight type and for both
+    /// kernel sets; also for batches large enough to be quantized in parallel and split into
+    /// token blocks.
+    #[test]
+    fn batched_rows_equal_single_rows() {
+        let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+        let mut scratch = MatmulScratch::default();
+        let sizes = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33];
+        let n_act = 40;
+        for level in levels() {
+            let mut rng = Rng::new(5);
+            for dtype in MATMUL_TYPES {
+                // An odd number of blocks (the even/odd accumulators' tail); for the float
+                // types a length that leaves both vector and scalar tails. 131 rows: several
+                // chunks per thread, and enough work for one token to run in parallel.
+                let cols = match dtype.block_size() {
+                    256 => 3 * 256,
+                    32 => 9 * 32,
+                    _ => 300,
+                };
+                let rows = 131;
+                let wb = random_weights(&mut rng, dtype, rows, cols);
+                let w = Matrix::new(dtype, &wb, rows, cols).unwrap();
+                for outliers in [false, true] {
+                    let x = activations(&mut rng, n_act, cols, outliers);
+                    let what = if outliers { "outliers" } else { "uniform" };
+                    check_batch_invariance(level, &pools, &mut scratch, &w, &x, &sizes, what);
+                }
+            }
+            // Long rows: several token blocks per chunk (16 tokens of 8192 values each).
+            for dtype in [
+                GgmlType::Q5_0,
+                GgmlType::Q4_1,
+                GgmlType::Q4_K,
+                GgmlType::F16,
+            ] {
+                let (rows, cols) = (9, 8192);
+                let wb = random_weights(&mut rng, dtype, rows, cols);
+                let w = Matrix::new(dtype, &wb, rows, cols).unwrap();
+                let x = activations(&mut rng, n_act, cols, true);
+                let sizes = [1, 17, 33];
+                check_batch_invariance(level, &pools, &mut scratch, &w, &x, &sizes, "long");
+            }
+        }
+    }
+}

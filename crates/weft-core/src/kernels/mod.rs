@@ -1,0 +1,289 @@
+//! Compute kernels: quantized matrix multiplication, activation quantization and the f16 helpers
+//! of attention.
+//!
+//! [`matmul`] multiplies a weight [`Matrix`] stored as GGUF stores it (one of the ggml block
+//! types) by a batch of `f32` activation rows. As in ggml, the activations are first quantized
+//! to the 8-bit format that pairs with the weight type ([`quantize`]), then every output is an
+//! integer dot product per block scaled in `f32`. Each kernel exists as a scalar reference
+//! (always built, the test oracle, ggml-style names such as `vec_dot_q4_1_q8_1`) and, on
+//! x86-64, an AVX2 + FMA + F16C variant with the same name and contract, chosen once at run time
+//! ([`simd_level`]).
+//!
+//! Key design decision: several tokens use a tile kernel that unpacks each weight block once
+//! and multiplies it with up to [`TILE_TOKENS`] activation rows held in registers, over
+//! cache-sized groups of rows, so batched decode and prefill reuse each weight byte many times;
+//! one token (a memory-bound GEMV that streams each weight row once) is the same tile with a
+//! single row. Threads take chunks of output rows from an atomic counter, so a slow
+//! (descheduled) thread simply takes fewer chunks.
+//!
+//! Determinism: within one kernel set, an output is a function of its weight row and its
+//! activation row alone, bit for bit — not of the batch size, the token's place in the batch or
+//! a tile, or the thread count. Every kernel computes a token's result with the same sequence
+//! of floating-point operations whatever the tile size (in the AVX2 kernels, two accumulators
+//! per token taking alternate blocks, one final reduction), and activations are quantized row
+//! by row. This matters more than the size of the differences suggests: the next matmul
+//! quantizes its input to 8 bits, so a 1-ulp change can flip a rounding and the logits of a
+//! sequence would depend on what else was batched with it.
+
+mod float;
+mod kquants;
+mod legacy;
+mod matmul;
+pub mod quantize;
+
+#[cfg(target_arch = "x86_64")]
+mod float_avx2;
+#[cfg(target_arch = "x86_64")]
+mod kquants_avx2;
+#[cfg(target_arch = "x86_64")]
+mod legacy_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(test)]
+mod bench;
+#[cfg(test)]
+mod testutil;
+
+use std::sync::OnceLock;
+
+use half::f16;
+
+use crate::gguf::GgmlType;
+use crate::{Error, Result};
+
+pub use matmul::{matmul, MatmulScratch, TILE_TOKENS};
+pub use quantize::{Q8KRow, Q8_0Row, Q8_1Row};
+
+/// The instruction sets the kernels can use, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimdLevel {
+    /// x86-64 with AVX2, FMA and F16C (Haswell, Zen 1 and later).
+    Avx2,
+    /// The portable scalar reference kernels.
+    Scalar,
+}
+
+/// The kernel variant this process uses, detected once.
+///
+/// AVX2 is used when the CPU has AVX2, FMA and F16C, unless the environment variable
+/// `WEFT_KERNELS=scalar` asks for the scalar reference kernels (for comparisons).
+pub fn simd_level() -> SimdLevel {
+    static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        if std::env::var("WEFT_KERNELS").is_ok_and(|v| v.eq_ignore_ascii_case("scalar")) {
+            return SimdLevel::Scalar;
+        }
+        detect()
+    })
+}
+
+/// What the CPU supports, ignoring the environment.
+fn detect() -> SimdLevel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            return SimdLevel::Avx2;
+        }
+    }
+    SimdLevel::Scalar
+}
+
+/// Whether the AVX2 kernels are in use (cheap: one atomic load after the first call).
+#[inline]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn use_avx2() -> bool {
+    simd_level() == SimdLevel::Avx2
+}
+
+/// A weight matrix as GGUF stores it: `rows` rows of `cols` elements (ggml `ne[0] = cols`,
+/// `ne[1] = rows`), each row a whole number of `dtype` blocks.
+#[derive(Clone, Copy)]
+pub struct Matrix<'a> {
+    /// Element type of the weights.
+    pub dtype: GgmlType,
+    /// The raw bytes: `rows` rows of `dtype.row_bytes(cols)` bytes.
+    pub data: &'a [u8],
+    /// Number of rows (outputs of [`matmul`]).
+    pub rows: usize,
+    /// Number of columns (inputs of [`matmul`]).
+    pub cols: usize,
+}
+
+impl std::fmt::Debug for Matrix<'_> {
+    /// Type and shape only (the data can be hundreds of megabytes).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Matrix({} {}x{})", self.dtype, self.rows, self.cols)
+    }
+}
+
+/// The weight types [`matmul`] handles.
+pub const MATMUL_TYPES: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+impl<'a> Matrix<'a> {
+    /// A matrix view, checked once so that the kernels need no checks at run time.
+    ///
+    /// Errors: [`Error::UnsupportedType`] for a type not in [`MATMUL_TYPES`];
+    /// [`Error::BadShape`] when `cols` is not a positive multiple of the block size or
+    /// `data.len()` is not exactly `rows` rows.
+    pub fn new(dtype: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Matrix<'a>> {
+        if !MATMUL_TYPES.contains(&dtype) {
+            return Err(Error::UnsupportedType { dtype });
+        }
+        let bad = |reason: &'static str| Error::BadShape {
+            name: "matmul weight".to_string(),
+            shape: vec![cols as u64, rows as u64],
+            dtype,
+            reason,
+        };
+        if cols == 0 || cols % dtype.block_size() != 0 {
+            return Err(bad("columns must be a positive multiple of the block size"));
+        }
+        let row_bytes = cols / dtype.block_size() * dtype.type_size();
+        if rows.checked_mul(row_bytes) != Some(data.len()) {
+            return Err(bad("data length is not rows × row bytes"));
+        }
+        Ok(Matrix {
+            dtype,
+            data,
+            rows,
+            cols,
+        })
+    }
+
+    /// Bytes of one row.
+    #[inline]
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.dtype.block_size() * self.dtype.type_size()
+    }
+
+    /// The bytes of row `r`.
+    ///
+    /// # Panics
+    /// If `r >= rows`.
+    #[inline]
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+}
+
+/// Row `r` of `w` dequantized into `out` (an embedding lookup).
+///
+/// # Panics
+/// If `r >= w.rows` or `out.len() != w.cols`.
+pub fn dequantize_row(w: &Matrix, r: usize, out: &mut [f32]) {
+    assert!(r < w.rows, "row {r} out of {} rows", w.rows);
+    assert_eq!(out.len(), w.cols, "output length must equal the row length");
+    crate::quant::dequantize(w.dtype, w.row(r), out)
+        .expect("Matrix::new admits only types with a dequantizer");
+}
+
+/// `Σ a[i] · b[i]` for an `f32` vector and an `f16` vector (attention scores over an f16 KV
+/// cache). Accumulates in `f32`.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn dot_f32_f16(a: &[f32], b: &[f16]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f32_f16: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected; the lengths are equal.
+        return unsafe { float_avx2::dot_f32_f16(a, b) };
+    }
+    float::dot_f32_f16(a, b)
+}
+
+/// `y += alpha · x` for an `f16` vector `x` (attention's weighted sum of f16 values).
+///
+/// # Panics
+/// If the lengths differ.
+pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
+    assert_eq!(y.len(), x.len(), "axpy_f16: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected; the lengths are equal.
+        return unsafe { float_avx2::axpy_f16(y, alpha, x) };
+    }
+    float::axpy_f16(y, alpha, x)
+}
+
+/// Converts `src` to `f16` (round to nearest even, as F16C and ggml do) into `dst`.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
+    assert_eq!(src.len(), dst.len(), "f32_to_f16: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected; the lengths are equal.
+        return unsafe { float_avx2::f32_to_f16(src, dst) };
+    }
+    float::f32_to_f16(src, dst)
+}
+
+/// `Σ a[i] · b[i]` in `f32`.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f32: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected; the lengths are equal.
+        return unsafe { float_avx2::dot_f32(a, b) };
+    }
+    float::dot_f32(a, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matrix_new_validates() {
+        let data = vec![0u8; 2 * 20 * 3];
+        let m = Matrix::new(GgmlType::Q4_1, &data, 3, 64).unwrap();
+        assert_eq!(m.row_bytes(), 40);
+        assert_eq!(m.row(2).len(), 40);
+        assert!(matches!(
+            Matrix::new(GgmlType::Q4_1, &data, 3, 48),
+            Err(Error::BadShape { .. })
+        ));
+        assert!(matches!(
+            Matrix::new(GgmlType::Q4_1, &data, 2, 64),
+            Err(Error::BadShape { .. })
+        ));
+        assert!(matches!(
+            Matrix::new(GgmlType::Q2_K, &data, 1, 256),
+            Err(Error::UnsupportedType { .. })
+        ));
+        assert!(Matrix::new(GgmlType::F32, &data, 30, 1).is_ok());
+    }
+
+    #[test]
+    fn dequantize_row_matches_quant() {
+        let mut rng = testutil::Rng::new(3);
+        let data = testutil::random_weights(&mut rng, GgmlType::Q6_K, 3, 512);
+        let m = Matrix::new(GgmlType::Q6_K, &data, 3, 512).unwrap();
+        let all = crate::quant::dequantize_to_vec(GgmlType::Q6_K, &data).unwrap();
+        let mut out = vec![0f32; 512];
+        dequantize_row(&m, 1, &mut out);
+        assert_eq!(out, all[512..1024]);
+    }
+}

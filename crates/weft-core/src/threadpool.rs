@@ -1,0 +1,410 @@
+//! A small persistent thread pool for the compute kernels.
+//!
+//! [`ThreadPool::run`] hands one closure to every thread and returns when all have finished; it
+//! is called for every matrix multiplication (thousands of times a second), so it allocates
+//! nothing and wakes workers without a system call while they are still spinning.
+//!
+//! Key design decision: waiting degrades in three steps — spin briefly on an atomic generation
+//! counter, then `yield_now`, then park — and a thread index whose worker has not woken up by
+//! the time the caller has finished its own share is *run by the caller* instead. So when the
+//! machine is oversubscribed (another busy process on one of the cores), a descheduled worker
+//! never holds the caller up for a whole scheduler time slice: throughput degrades gracefully
+//! instead of collapsing as it does with pure spinning.
+//!
+//! Protocol (per run, generation `g`): the caller stores the job, then publishes `g`. Each
+//! index `i >= 1` is *claimed* exactly once by moving `claimed[i]` from `g - 1` to `g` — by its
+//! worker when it wakes up, or by the caller after its own index 0. `remaining` counts the
+//! claimed-by-worker indices still running plus the unclaimed ones; the caller returns once it
+//! is zero, so the job (which borrows the caller's stack) is never used after `run` returns.
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+/// How long a waiting thread spins on the atomic before it starts yielding.
+const SPIN_TIME: Duration = Duration::from_micros(50);
+/// How long (after spinning) a waiting thread calls `yield_now` before it parks.
+const YIELD_TIME: Duration = Duration::from_micros(500);
+/// Spin iterations between two clock reads.
+const SPINS_PER_CHECK: u32 = 32;
+
+/// The job of the current run: the caller's closure with its lifetime erased.
+type Job = *const (dyn Fn(usize, usize) + Sync + 'static);
+
+/// State shared by the caller and the workers.
+struct Shared {
+    n_threads: usize,
+    /// Generation of the last published job; workers wait for it to change.
+    generation: AtomicU64,
+    /// Set (before a final generation bump) when the pool is dropped.
+    shutdown: AtomicBool,
+    /// Per thread index: the generation whose job that index last claimed (index 0 unused).
+    claimed: Box<[AtomicU64]>,
+    /// Per thread index: whether that worker is parked (or about to park).
+    sleeping: Box<[AtomicBool]>,
+    /// Indices of the current run not finished yet (index 0 excluded).
+    remaining: AtomicUsize,
+    /// The job of the current run. Written only by `run` while no index of any run is claimed
+    /// and unfinished; read only by a thread that has just claimed an index of the current run.
+    job: UnsafeCell<Option<Job>>,
+    /// The caller is parked (or about to park) waiting for `remaining` to reach zero.
+    caller_sleeping: AtomicBool,
+    /// The thread to unpark when `remaining` reaches zero while `caller_sleeping`.
+    caller: Mutex<Option<Thread>>,
+    /// The first panic payload caught on a worker during the current run.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+// SAFETY: every field but `job` is Sync. `job` is only written by `run` (serialized by
+// `run_lock`) while no thread may read it (all indices of the previous run are finished and the
+// new generation is not yet published), and read only by threads that claimed an index of the
+// current run, which `run` waits for before it returns or writes again. The raw job pointer
+// points to a `Sync` closure, so sharing it between threads is sound.
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the job pointer is only dereferenced under the claim protocol.
+unsafe impl Send for Shared {}
+
+/// A fixed set of worker threads that run one closure on every thread at a time.
+///
+/// `ThreadPool` is `Send + Sync`; concurrent [`run`](ThreadPool::run) calls from several
+/// threads are serialized. Calling `run` from inside a job on the same pool deadlocks.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    /// Worker `i` (thread index `i + 1`).
+    workers: Vec<JoinHandle<()>>,
+    /// Serializes `run` calls.
+    run_lock: Mutex<()>,
+}
+
+impl ThreadPool {
+    /// A pool of `n_threads` threads in all, counting the calling thread:
+    /// `ThreadPool::new(2)` starts 1 worker. `n_threads == 0` is treated as 1.
+    ///
+    /// # Panics
+    /// If the operating system refuses to start a thread.
+    pub fn new(n_threads: usize) -> ThreadPool {
+        let n_threads = n_threads.max(1);
+        let shared = Arc::new(Shared {
+            n_threads,
+            generation: AtomicU64::new(0),
+            shutdown: AtomicBool::new(false),
+            claimed: (0..n_threads).map(|_| AtomicU64::new(0)).collect(),
+            sleeping: (0..n_threads).map(|_| AtomicBool::new(false)).collect(),
+            remaining: AtomicUsize::new(0),
+            job: UnsafeCell::new(None),
+            caller_sleeping: AtomicBool::new(false),
+            caller: Mutex::new(None),
+            panic: Mutex::new(None),
+        });
+        let workers = (1..n_threads)
+            .map(|index| {
+                let shared = Arc::clone(&shared);
+                thread::Builder::new()
+                    .name(format!("weft-worker-{index}"))
+                    .spawn(move || worker_loop(&shared, index))
+                    .expect("failed to start a thread-pool worker")
+            })
+            .collect();
+        ThreadPool {
+            shared,
+            workers,
+            run_lock: Mutex::new(()),
+        }
+    }
+
+    /// The number of threads, the calling thread included.
+    pub fn n_threads(&self) -> usize {
+        self.shared.n_threads
+    }
+
+    /// Runs `f(thread_index, n_threads)` once for every `thread_index` in `0..n_threads` and
+    /// returns when all calls have finished.
+    ///
+    /// The caller runs index 0. Each other index normally runs on its own worker; an index
+    /// whose worker has not woken up by the time the caller has finished index 0 is run by the
+    /// caller itself (so never assume which OS thread runs an index, only that each index runs
+    /// exactly once and indices may run concurrently). Allocates nothing.
+    ///
+    /// # Panics
+    /// If any call of `f` panics, the first panic is re-raised here after every index has
+    /// finished; the pool stays usable.
+    pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
+        let n = self.shared.n_threads;
+        if n == 1 {
+            f(0, 1);
+            return;
+        }
+        let _serial = self.run_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let sh = &*self.shared;
+        let gen = sh.generation.load(Ordering::Relaxed) + 1;
+        // SAFETY: the closure outlives every use of this pointer: `run` does not return before
+        // `remaining` is zero, i.e. before every index of this generation has finished, and no
+        // thread reads the slot for another generation (see `Shared::job`). Only the lifetime
+        // is erased; the pointer's type is otherwise unchanged.
+        let job: Job =
+            unsafe { std::mem::transmute::<*const (dyn Fn(usize, usize) + Sync + '_), Job>(f) };
+        // SAFETY: no thread reads the slot now (every index of the previous run has finished
+        // and this generation is not published yet), and `run_lock` excludes other writers.
+        unsafe { *sh.job.get() = Some(job) };
+        sh.remaining.store(n - 1, Ordering::Relaxed);
+        // Publish: SeqCst pairs with the workers' `sleeping` store then `generation` load.
+        sh.generation.store(gen, Ordering::SeqCst);
+        for (i, worker) in self.workers.iter().enumerate() {
+            if sh.sleeping[i + 1].load(Ordering::SeqCst) {
+                worker.thread().unpark();
+            }
+        }
+
+        let mut panic = panic::catch_unwind(AssertUnwindSafe(|| f(0, n))).err();
+        // Run the indices whose worker has not claimed them yet.
+        for i in 1..n {
+            if claim(sh, i, gen) {
+                if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| f(i, n))) {
+                    panic.get_or_insert(p);
+                }
+                sh.remaining.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        wait_for_workers(sh);
+
+        let worker_panic = sh
+            .panic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(p) = panic.or(worker_panic) {
+            panic::resume_unwind(p);
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        let sh = &*self.shared;
+        sh.shutdown.store(true, Ordering::SeqCst);
+        sh.generation.fetch_add(1, Ordering::SeqCst);
+        for worker in &self.workers {
+            worker.thread().unpark();
+        }
+        for worker in self.workers.drain(..) {
+            // A worker only ends by returning from its loop; jobs' panics are caught.
+            let _ = worker.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadPool")
+            .field("n_threads", &self.shared.n_threads)
+            .finish()
+    }
+}
+
+/// Claims thread index `i` for generation `gen`: true for exactly one claimer per generation.
+fn claim(sh: &Shared, i: usize, gen: u64) -> bool {
+    sh.claimed[i]
+        .compare_exchange(gen - 1, gen, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+}
+
+/// The body of worker `index`: wait for a new generation, claim the index, run the job.
+fn worker_loop(sh: &Shared, index: usize) {
+    let mut seen = 0u64;
+    loop {
+        let gen = wait_for_generation(sh, index, seen);
+        if sh.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        seen = gen;
+        if !claim(sh, index, gen) {
+            continue; // the caller ran this index already
+        }
+        // SAFETY: the claim succeeded, so run `gen` is still waiting for this index and the
+        // slot holds its job (written before `gen` was published, which we acquired); the
+        // closure lives until that run returns, which is after we decrement `remaining`.
+        let job = unsafe { &*(*sh.job.get()).expect("a published run has a job") };
+        if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| job(index, sh.n_threads))) {
+            let mut slot = sh.panic.lock().unwrap_or_else(PoisonError::into_inner);
+            slot.get_or_insert(p);
+        }
+        if sh.remaining.fetch_sub(1, Ordering::SeqCst) == 1
+            && sh.caller_sleeping.load(Ordering::SeqCst)
+        {
+            let caller = sh.caller.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(t) = caller.as_ref() {
+                t.unpark();
+            }
+        }
+    }
+}
+
+/// Waits (spin, then yield, then park) until the generation differs from `seen`; returns it.
+fn wait_for_generation(sh: &Shared, index: usize, seen: u64) -> u64 {
+    let mut backoff = Backoff::new();
+    loop {
+        let gen = sh.generation.load(Ordering::Acquire);
+        if gen != seen {
+            return gen;
+        }
+        if backoff.snooze() {
+            continue;
+        }
+        // Park. SeqCst store then load, against the caller's SeqCst generation store then
+        // `sleeping` load: either we see the new generation or the caller sees us asleep.
+        sh.sleeping[index].store(true, Ordering::SeqCst);
+        if sh.generation.load(Ordering::SeqCst) == seen {
+            thread::park();
+        }
+        sh.sleeping[index].store(false, Ordering::SeqCst);
+    }
+}
+
+/// Waits (spin, then yield, then park) until every worker-run index of this run has finished.
+fn wait_for_workers(sh: &Shared) {
+    let mut backoff = Backoff::new();
+    while sh.remaining.load(Ordering::Acquire) != 0 {
+        if backoff.snooze() {
+            continue;
+        }
+        *sh.caller.lock().unwrap_or_else(PoisonError::into_inner) = Some(thread::current());
+        // SeqCst store then load, against the last worker's SeqCst decrement then load.
+        sh.caller_sleeping.store(true, Ordering::SeqCst);
+        if sh.remaining.load(Ordering::SeqCst) != 0 {
+            thread::park();
+        }
+        sh.caller_sleeping.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Spin-then-yield pacing of a wait loop.
+struct Backoff {
+    start: Option<Instant>,
+    spins: u32,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff {
+            start: None,
+            spins: 0,
+        }
+    }
+
+    /// Waits a little; false once the spin and yield budgets are spent (time to park).
+    fn snooze(&mut self) -> bool {
+        self.spins = self.spins.wrapping_add(1);
+        if self.spins % SPINS_PER_CHECK != 0 {
+            std::hint::spin_loop();
+            return true;
+        }
+        let start = *self.start.get_or_insert_with(Instant::now);
+        let waited = start.elapsed();
+        if waited < SPIN_TIME {
+            std::hint::spin_loop();
+            true
+        } else if waited < SPIN_TIME + YIELD_TIME {
+            thread::yield_now();
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn every_index_runs_once_per_run() {
+        for n in [1, 2, 3, 5] {
+            let pool = ThreadPool::new(n);
+            assert_eq!(pool.n_threads(), n);
+            let counts: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+            for _ in 0..2000 {
+                pool.run(&|i, nt| {
+                    assert_eq!(nt, n);
+                    counts[i].fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            for c in &counts {
+                assert_eq!(c.load(Ordering::Relaxed), 2000);
+            }
+        }
+    }
+
+    #[test]
+    fn run_waits_for_slow_workers() {
+        let pool = ThreadPool::new(3);
+        let done = AtomicU32::new(0);
+        pool.run(&|i, _| {
+            if i != 0 {
+                thread::sleep(Duration::from_millis(20));
+            }
+            done.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(done.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn parked_workers_wake_up() {
+        let pool = ThreadPool::new(2);
+        let hits = AtomicU32::new(0);
+        for _ in 0..3 {
+            // Long enough for the worker to give up spinning and yielding and park.
+            thread::sleep(Duration::from_millis(5));
+            pool.run(&|_, _| {
+                hits.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        assert_eq!(hits.load(Ordering::SeqCst), 6);
+    }
+
+    #[test]
+    fn panics_are_reraised_and_the_pool_survives() {
+        let pool = ThreadPool::new(2);
+        for bad in [0, 1] {
+            let r = panic::catch_unwind(AssertUnwindSafe(|| {
+                pool.run(&|i, _| {
+                    if i == bad {
+                        panic!("boom {i}");
+                    }
+                })
+            }));
+            let msg = r.unwrap_err();
+            assert_eq!(
+                msg.downcast_ref::<String>().unwrap(),
+                &format!("boom {bad}")
+            );
+        }
+        let hits = AtomicU32::new(0);
+        pool.run(&|_, _| {
+            hits.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(hits.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn concurrent_callers_are_serialized() {
+        let pool = ThreadPool::new(2);
+        let total = AtomicU32::new(0);
+        thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    for _ in 0..300 {
+                        pool.run(&|_, _| {
+                            total.fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                });
+            }
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 3 * 300 * 2);
+    }
+}
