@@ -17,6 +17,7 @@ mod page_pool;
 use std::collections::HashMap;
 
 use half::f16;
+use half::slice::HalfBitsSliceExt;
 
 use crate::error::{Error, Result};
 pub use page_pool::{PageId, PagePool};
@@ -46,13 +47,15 @@ pub struct KvLayout {
     pub groups: Vec<GroupSpec>,
 }
 
-/// One group's pages: a pool and, per layer, the key and value storage.
+/// One group's pages: a pool and, per layer, the key and value storage as f16 bit patterns
+/// (`u16`, so the zero-filled allocation is lazily mapped by the OS and unused capacity costs
+/// no memory).
 #[derive(Debug)]
 struct Group {
     window: Option<usize>,
     pool: PagePool,
-    keys: Vec<Vec<f16>>,
-    values: Vec<Vec<f16>>,
+    keys: Vec<Vec<u16>>,
+    values: Vec<Vec<u16>>,
 }
 
 /// One sequence: the position of each slot and one page table per group.
@@ -98,7 +101,11 @@ impl KvCache {
                 for (i, &l) in spec.layers.iter().enumerate() {
                     layer_slot[l] = (g, i);
                 }
-                let storage = || vec![vec![f16::ZERO; n_pages * page_elems]; spec.layers.len()];
+                let storage = || {
+                    (0..spec.layers.len())
+                        .map(|_| vec![0u16; n_pages * page_elems])
+                        .collect::<Vec<_>>()
+                };
                 Group {
                     window: spec.window,
                     pool: PagePool::new(n_pages),
@@ -309,10 +316,11 @@ impl KvCache {
             let n = child.tables[g].len();
             for (i, slot) in child.tables[g].iter_mut().enumerate() {
                 let Some(page) = *slot else { continue };
+                // The child holds every page; its partial last page is then swapped for a copy
+                // (which drops the child's hold on the original).
+                group.pool.retain(page);
                 if partial && i + 1 == n {
                     *slot = Some(group.copy_page(page)?);
-                } else {
-                    group.pool.retain(page);
                 }
             }
         }
@@ -349,7 +357,7 @@ impl KvCache {
             let at = ((page as usize * nh + h) * PAGE_SIZE + off) * hd;
             for (dst, src) in [(&mut group.keys[li], k), (&mut group.values[li], v)] {
                 for (d, &x) in dst[at..at + hd].iter_mut().zip(&src[h * hd..(h + 1) * hd]) {
-                    *d = f16::from_f32(x);
+                    *d = f16::from_f32(x).to_bits();
                 }
             }
         }
@@ -364,8 +372,8 @@ impl KvCache {
         Ok(SeqView {
             positions: &s.positions,
             table: &s.tables[g],
-            keys: &group.keys[li],
-            values: &group.values[li],
+            keys: group.keys[li].reinterpret_cast(),
+            values: group.values[li].reinterpret_cast(),
             n_kv_heads: self.layout.n_kv_heads,
             head_dim: self.layout.head_dim,
             window: group.window,
