@@ -274,7 +274,7 @@ impl Model for Gemma3 {
             rms_norm(x, &b.ffn_norm, c.eps, h);
             matmul(pool, &b.gate.matrix(f)?, h, n, gate, mm);
             matmul(pool, &b.up.matrix(f)?, h, n, up, mm);
-            gelu_tanh_mul(gate, up);
+            layers::gated(pool, gate, up, gelu_tanh_mul);
             matmul(pool, &b.down.matrix(f)?, gate, n, h, mm);
             rms_norm_inplace(h, &b.post_ffw_norm, c.eps);
             add_assign(x, h);

@@ -2,6 +2,10 @@
 //! attention over the paged KV cache. Numerics follow ggml's CPU backend where it matters for
 //! matching llama.cpp (f64 sum of squares in RMSNorm, RoPE angles by repeated multiplication).
 
+use std::sync::OnceLock;
+
+use half::f16;
+
 use crate::kernels;
 use crate::kv::{KvCache, SeqId, PAGE_SIZE};
 use crate::threadpool::ThreadPool;
@@ -103,13 +107,56 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// `gate = gelu_tanh(gate) * up` (GeGLU with the tanh approximation).
+/// GELU (tanh approximation) of every f16 value, as f16 bits: ggml's `ggml_table_gelu_f16`.
+fn gelu_table() -> &'static [u16] {
+    static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = f16::from_bits(bits).to_f32();
+                let g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh());
+                f16::from_f32(g).to_bits()
+            })
+            .collect()
+    })
+}
+
+/// `gate = gelu_tanh(gate) * up` (GeGLU), as ggml computes it: GELU is read from a table
+/// indexed by the f16 rounding of the input (saturating outside ±10). The table makes it
+/// both fast and faithful to llama.cpp's numerics.
 pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let table = gelu_table();
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
-        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh()) * u;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            f16::from_bits(table[f16::from_f32(x).to_bits() as usize]).to_f32() * u
+        };
     }
+}
+
+/// Applies a gated activation `op(gate, up)` over the pool's threads when the batch is large
+/// enough to pay for it (prefill), in place on one thread otherwise (decode).
+pub fn gated(pool: &ThreadPool, gate: &mut [f32], up: &[f32], op: fn(&mut [f32], &[f32])) {
+    const MIN_PER_THREAD: usize = 16 * 1024;
+    let n = gate.len();
+    let nt = pool.n_threads().min(n / MIN_PER_THREAD).max(1);
+    if nt == 1 {
+        return op(gate, up);
+    }
+    let per = n.div_ceil(nt);
+    let shared = SharedOut(gate.as_mut_ptr());
+    pool.run(&|ti, _| {
+        let shared = &shared;
+        let (start, end) = ((ti * per).min(n), ((ti + 1) * per).min(n));
+        // SAFETY: thread `ti` alone touches gate[start..end], inside `gate`.
+        let g = unsafe { std::slice::from_raw_parts_mut(shared.0.add(start), end - start) };
+        op(g, &up[start..end]);
+    });
 }
 
 /// `a += b`.
@@ -129,8 +176,9 @@ pub struct Query {
 /// A raw pointer the attention workers write disjoint rows through.
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
-// SAFETY: every (query, head) pair is handled by exactly one thread, and each pair owns a
-// disjoint `head_dim` slice of the output, so no two threads write the same element.
+// SAFETY: every user hands each thread a disjoint part of the buffer (attention: one
+// `head_dim` slice per (query, head) pair; `gated`: one contiguous range per thread), so no two
+// threads write the same element.
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 

@@ -233,7 +233,7 @@ impl Model for Llama {
             rms_norm(x, &b.ffn_norm, c.eps, h);
             matmul(pool, &b.gate.matrix(f)?, h, n, gate, mm);
             matmul(pool, &b.up.matrix(f)?, h, n, up, mm);
-            silu_mul(gate, up);
+            layers::gated(pool, gate, up, silu_mul);
             matmul(pool, &b.down.matrix(f)?, gate, n, h, mm);
             add_assign(x, h);
         }
