@@ -26,6 +26,23 @@ pub struct BatchEntry {
     pub logits: bool,
 }
 
+impl BatchEntry {
+    /// The entries for `tokens` of `seq` at consecutive positions from `start`, asking for
+    /// logits on every token (`all_logits`) or only on the last one (a prompt).
+    pub fn run_of(tokens: &[u32], seq: SeqId, start: usize, all_logits: bool) -> Vec<BatchEntry> {
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| BatchEntry {
+                token,
+                pos: (start + i) as u32,
+                seq,
+                logits: all_logits || i + 1 == tokens.len(),
+            })
+            .collect()
+    }
+}
+
 /// How a [`ModelRunner`] is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunnerConfig {

@@ -24,15 +24,7 @@ fn runner(model: &str, cfg: &RunnerConfig) -> (ModelRunner, Tokenizer) {
 }
 
 fn entries(ids: &[u32], seq: SeqId, start: usize, all_logits: bool) -> Vec<BatchEntry> {
-    ids.iter()
-        .enumerate()
-        .map(|(i, &token)| BatchEntry {
-            token,
-            pos: (start + i) as u32,
-            seq,
-            logits: all_logits || i + 1 == ids.len(),
-        })
-        .collect()
+    BatchEntry::run_of(ids, seq, start, all_logits)
 }
 
 /// Logits of every prompt's last token plus 4 greedy steps, each sequence run alone in one

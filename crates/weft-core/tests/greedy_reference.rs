@@ -59,16 +59,7 @@ fn top5(step: &serde_json::Value) -> Vec<(u32, f32)> {
 /// returning the logits of every step.
 fn run(r: &mut ModelRunner, prompt: &[u32], feed: Option<&[u32]>, steps: usize) -> Vec<Vec<f32>> {
     let seq = r.new_sequence();
-    let mut batch: Vec<BatchEntry> = prompt
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| BatchEntry {
-            token: t,
-            pos: i as u32,
-            seq,
-            logits: i + 1 == prompt.len(),
-        })
-        .collect();
+    let mut batch = BatchEntry::run_of(prompt, seq, 0, false);
     let mut out = Vec::with_capacity(steps);
     for step in 0..steps {
         let logits = r.forward(&batch).expect("forward").to_vec();

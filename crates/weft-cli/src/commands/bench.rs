@@ -64,17 +64,7 @@ impl Bench {
     /// Seconds to prefill `n` tokens.
     fn prefill(&mut self, n: usize) -> anyhow::Result<f64> {
         let seq = self.runner.new_sequence();
-        let batch: Vec<BatchEntry> = self
-            .tokens(n)
-            .into_iter()
-            .enumerate()
-            .map(|(i, token)| BatchEntry {
-                token,
-                pos: i as u32,
-                seq,
-                logits: i + 1 == n,
-            })
-            .collect();
+        let batch = BatchEntry::run_of(&self.tokens(n), seq, 0, false);
         let t = Instant::now();
         let r = self.runner.forward(&batch).map(|_| ());
         let secs = t.elapsed().as_secs_f64();
@@ -102,14 +92,7 @@ impl Bench {
         if prompt > 0 {
             let mut batch = Vec::with_capacity(seqs.len() * prompt);
             for &seq in seqs {
-                for (i, token) in self.tokens(prompt).into_iter().enumerate() {
-                    batch.push(BatchEntry {
-                        token,
-                        pos: i as u32,
-                        seq,
-                        logits: i + 1 == prompt,
-                    });
-                }
+                batch.extend(BatchEntry::run_of(&self.tokens(prompt), seq, 0, false));
             }
             self.runner.forward(&batch)?;
         }

@@ -44,16 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     let mut rng = Rng::new(seed);
     let seq = runner.new_sequence();
-    let mut batch: Vec<BatchEntry> = prompt_ids
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| BatchEntry {
-            token: t,
-            pos: i as u32,
-            seq,
-            logits: i + 1 == prompt_ids.len(),
-        })
-        .collect();
+    let mut batch = BatchEntry::run_of(&prompt_ids, seq, 0, false);
     let mut out = std::io::stdout().lock();
     let mut stream = tok.stream_decoder(false);
     if !args.json {

@@ -252,20 +252,7 @@ impl Model for Gemma3 {
             matmul(pool, &b.wv.matrix(f)?, h, n, v, mm);
             rms_norm_inplace(q, &b.q_norm, c.eps);
             rms_norm_inplace(k, &b.k_norm, c.eps);
-            for (i, t) in tokens.iter().enumerate() {
-                let cs = &cs_all[i * half..(i + 1) * half];
-                let qi = &mut q[i * qd..(i + 1) * qd];
-                rope_l.rotate(qi, hd, cs);
-                qi.iter_mut().for_each(|v| *v *= c.attn_scale);
-                rope_l.rotate(&mut k[i * kvd..(i + 1) * kvd], hd, cs);
-                kv.write(
-                    il,
-                    t.seq,
-                    t.slot,
-                    &k[i * kvd..(i + 1) * kvd],
-                    &v[i * kvd..(i + 1) * kvd],
-                )?;
-            }
+            layers::rope_and_cache(kv, il, tokens, rope_l, cs_all, hd, c.attn_scale, (q, k, v))?;
             layers::attention(pool, kv, il, queries, q, c.n_head, hd, 1.0, att)?;
             matmul(pool, &b.wo.matrix(f)?, att, n, h, mm);
             rms_norm_inplace(h, &b.post_attn_norm, c.eps);

@@ -166,6 +166,39 @@ pub fn add_assign(a: &mut [f32], b: &[f32]) {
     }
 }
 
+/// Rotates each token's queries and keys by its RoPE angles (`angles`: `dims/2` pairs per
+/// token), scales the queries by `q_scale` and stores the keys and values in the cache.
+/// `q`, `k`, `v` hold one row per token (`n_head·head_dim`, `n_kv_head·head_dim` values).
+#[allow(clippy::too_many_arguments)]
+pub fn rope_and_cache(
+    kv: &mut KvCache,
+    layer: usize,
+    tokens: &[super::BatchToken],
+    rope: &Rope,
+    angles: &[(f32, f32)],
+    head_dim: usize,
+    q_scale: f32,
+    (q, k, v): (&mut [f32], &mut [f32], &[f32]),
+) -> crate::Result<()> {
+    let (qd, kvd, half) = (
+        q.len() / tokens.len(),
+        k.len() / tokens.len(),
+        rope.dims / 2,
+    );
+    for (i, t) in tokens.iter().enumerate() {
+        let cs = &angles[i * half..(i + 1) * half];
+        let qi = &mut q[i * qd..(i + 1) * qd];
+        rope.rotate(qi, head_dim, cs);
+        if q_scale != 1.0 {
+            qi.iter_mut().for_each(|x| *x *= q_scale);
+        }
+        let ki = &mut k[i * kvd..(i + 1) * kvd];
+        rope.rotate(ki, head_dim, cs);
+        kv.write(layer, t.seq, t.slot, ki, &v[i * kvd..(i + 1) * kvd])?;
+    }
+    Ok(())
+}
+
 /// One query of an attention call: its sequence and position.
 #[derive(Debug, Clone, Copy)]
 pub struct Query {

@@ -213,18 +213,7 @@ impl Model for Llama {
             matmul(pool, &b.wq.matrix(f)?, h, n, q, mm);
             matmul(pool, &b.wk.matrix(f)?, h, n, k, mm);
             matmul(pool, &b.wv.matrix(f)?, h, n, v, mm);
-            for (i, t) in tokens.iter().enumerate() {
-                let cs = &rope[i * half..(i + 1) * half];
-                self.rope.rotate(&mut q[i * qd..(i + 1) * qd], hd, cs);
-                self.rope.rotate(&mut k[i * kvd..(i + 1) * kvd], hd, cs);
-                kv.write(
-                    il,
-                    t.seq,
-                    t.slot,
-                    &k[i * kvd..(i + 1) * kvd],
-                    &v[i * kvd..(i + 1) * kvd],
-                )?;
-            }
+            layers::rope_and_cache(kv, il, tokens, &self.rope, rope, hd, 1.0, (q, k, v))?;
             let scale = 1.0 / (hd as f32).sqrt();
             layers::attention(pool, kv, il, queries, q, c.n_head, hd, scale, att)?;
             matmul(pool, &b.wo.matrix(f)?, att, n, h, mm);
