@@ -29,7 +29,7 @@ pub struct Args {
 /// Rows of logits computed per call (bounds memory: a Gemma 3 row is 1 MiB).
 const ROWS_PER_CALL: usize = 64;
 
-/// log softmax(logits)[target], accumulated in f64.
+/// `log_softmax(logits)[target]`, accumulated in f64.
 fn log_prob(logits: &[f32], target: u32) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
