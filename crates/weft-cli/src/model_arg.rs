@@ -46,7 +46,10 @@ impl ThreadsArg {
     pub fn runner(&self, file: std::sync::Arc<GgufFile>) -> anyhow::Result<weft::ModelRunner> {
         let mut cfg = weft::RunnerConfig::default();
         if let Some(t) = self.threads {
-            anyhow::ensure!(t > 0, "--threads must be at least 1");
+            anyhow::ensure!(
+                (1..=256).contains(&t),
+                "--threads must be between 1 and 256"
+            );
             cfg.n_threads = t;
         }
         Ok(weft::ModelRunner::new(file, &cfg)?)

@@ -113,6 +113,9 @@ pub enum Error {
         needed_pages: usize,
         free_pages: usize,
     },
+    /// The KV cache for this many tokens cannot be allocated.
+    #[error("cannot allocate a KV cache for {max_tokens} tokens with this model's shape (lower the cache size)")]
+    KvTooLarge { max_tokens: usize },
     /// A sequence id that is not (or no longer) in the KV cache.
     #[error("sequence {seq} is not in the KV cache")]
     UnknownSequence { seq: u32 },

@@ -83,7 +83,7 @@ impl ModelRunner {
     /// Loads the model in `file` and sets up its cache and threads.
     pub fn new(file: Arc<GgufFile>, cfg: &RunnerConfig) -> Result<ModelRunner> {
         let model = models::load(file)?;
-        let kv = KvCache::new(model.kv_layout(), cfg.kv_tokens);
+        let kv = KvCache::new(model.kv_layout(), cfg.kv_tokens)?;
         let n_ctx = cfg
             .n_ctx
             .unwrap_or(model.info().n_ctx_train)
@@ -177,10 +177,13 @@ impl ModelRunner {
             self.logits.resize(n_out * vocab, 0.0);
         }
         let result = self.run_ubatches(batch, vocab);
-        if result.is_err() {
-            for (&seq, &len) in &start_len {
-                // Rewinding to a length the sequence had is always possible.
+        for (&seq, &len) in &start_len {
+            if result.is_err() {
+                // Nothing was released during the call, so the sequence can always go back to
+                // the length it had.
                 let _ = self.kv.truncate(seq, len);
+            } else {
+                self.kv.release_behind_window(seq);
             }
         }
         result?;

@@ -43,6 +43,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tok = Tokenizer::from_gguf(&file)?;
     let mut runner = args.threads.runner(file)?;
     let mut tokens = tok.encode(&text, true, true);
+    let vocab = runner.info().vocab_size;
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        anyhow::bail!("the tokenizer produced id {bad}, past the model's {vocab} outputs");
+    }
     let n_ctx = args.ctx;
     anyhow::ensure!(n_ctx >= 8, "--ctx-size must be at least 8");
     let n_chunks = tokens.len() / n_ctx;
@@ -80,7 +84,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             // The chunk's last token is only ever a target: it is never run.
             let batch: Vec<BatchEntry> = (j..end).map(|k| entry(k, true)).collect();
             let logits = runner.forward(&batch)?;
-            let vocab = logits.len() / (end - j);
             for (r, row) in logits.chunks_exact(vocab).enumerate() {
                 let lp = log_prob(row, tokens[start + j + r + 1]);
                 nll -= lp;

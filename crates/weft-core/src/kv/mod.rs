@@ -89,38 +89,51 @@ pub struct KvCache {
 impl KvCache {
     /// A cache with room for `max_tokens` tokens in each group. Storage is zero-initialized
     /// lazily by the OS, so unused capacity costs address space, not memory.
-    pub fn new(layout: KvLayout, max_tokens: usize) -> KvCache {
+    ///
+    /// Errors when the storage (pages × heads × head size, per layer) cannot be allocated.
+    pub fn new(layout: KvLayout, max_tokens: usize) -> Result<KvCache> {
         let n_pages = max_tokens.div_ceil(PAGE_SIZE).max(1);
-        let page_elems = PAGE_SIZE * layout.n_kv_heads * layout.head_dim;
+        let elems = PAGE_SIZE
+            .checked_mul(layout.n_kv_heads)
+            .and_then(|e| e.checked_mul(layout.head_dim))
+            .and_then(|e| e.checked_mul(n_pages))
+            .filter(|&e| e <= isize::MAX as usize / 2)
+            .ok_or(Error::KvTooLarge { max_tokens })?;
+        let alloc = || -> Result<Vec<u16>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(elems)
+                .map_err(|_| Error::KvTooLarge { max_tokens })?;
+            // Zero-filled by the allocator: pages are mapped only when first written.
+            v.resize(elems, 0u16);
+            Ok(v)
+        };
         let mut layer_slot = vec![(0, 0); layout.n_layers];
-        let groups = layout
-            .groups
-            .iter()
-            .enumerate()
-            .map(|(g, spec)| {
-                for (i, &l) in spec.layers.iter().enumerate() {
-                    layer_slot[l] = (g, i);
+        let mut groups = Vec::with_capacity(layout.groups.len());
+        for (g, spec) in layout.groups.iter().enumerate() {
+            for (i, &l) in spec.layers.iter().enumerate() {
+                if let Some(slot) = layer_slot.get_mut(l) {
+                    *slot = (g, i);
                 }
-                let storage = || {
-                    (0..spec.layers.len())
-                        .map(|_| vec![0u16; n_pages * page_elems])
-                        .collect::<Vec<_>>()
-                };
-                Group {
-                    window: spec.window,
-                    pool: PagePool::new(n_pages),
-                    keys: storage(),
-                    values: storage(),
-                }
-            })
-            .collect();
-        KvCache {
+            }
+            let storage = || {
+                (0..spec.layers.len())
+                    .map(|_| alloc())
+                    .collect::<Result<Vec<_>>>()
+            };
+            groups.push(Group {
+                window: spec.window,
+                pool: PagePool::new(n_pages),
+                keys: storage()?,
+                values: storage()?,
+            });
+        }
+        Ok(KvCache {
             layout,
             groups,
             layer_slot,
             seqs: HashMap::new(),
             next_id: 0,
-        }
+        })
     }
 
     /// The cache's shape.
@@ -233,14 +246,14 @@ impl KvCache {
         s.positions.extend_from_slice(positions);
         let top = positions.iter().copied().max();
         s.max_pos = s.max_pos.max(top);
-        self.evict_behind_window(seq);
         Ok(start)
     }
 
     /// Releases sliding-window pages that lie more than two windows behind the highest position
     /// of `seq`. The extra window of slack lets a sequence rewind (speculative decoding, retries)
-    /// by up to one window without losing keys it still needs.
-    fn evict_behind_window(&mut self, seq: SeqId) {
+    /// by up to one window without losing keys it still needs. Call it once the slots appended
+    /// have been written (the runner does, after a successful forward pass).
+    pub fn release_behind_window(&mut self, seq: SeqId) {
         let Some(s) = self.seqs.get_mut(&seq) else {
             return;
         };
@@ -451,7 +464,7 @@ mod tests {
 
     #[test]
     fn append_truncate_free_returns_every_page() {
-        let mut kv = KvCache::new(layout(None), 4 * PAGE_SIZE);
+        let mut kv = KvCache::new(layout(None), 4 * PAGE_SIZE).unwrap();
         let s = kv.new_sequence();
         assert_eq!(kv.append(s, &positions(0..40)).unwrap(), 0);
         assert_eq!(kv.usage()[0].free, 2);
@@ -467,7 +480,7 @@ mod tests {
 
     #[test]
     fn fork_shares_full_pages_and_copies_on_write() {
-        let mut kv = KvCache::new(layout(None), 8 * PAGE_SIZE);
+        let mut kv = KvCache::new(layout(None), 8 * PAGE_SIZE).unwrap();
         let a = kv.new_sequence();
         kv.append(a, &positions(0..40)).unwrap();
         for slot in 0..40 {
@@ -496,9 +509,15 @@ mod tests {
 
     #[test]
     fn sliding_window_pages_are_released_and_rewinds_checked() {
-        let mut kv = KvCache::new(layout(Some(PAGE_SIZE)), 16 * PAGE_SIZE);
+        let mut kv = KvCache::new(layout(Some(PAGE_SIZE)), 16 * PAGE_SIZE).unwrap();
         let s = kv.new_sequence();
         kv.append(s, &positions(0..(6 * PAGE_SIZE) as u32)).unwrap();
+        assert_eq!(
+            kv.usage()[1].free,
+            10,
+            "nothing is released before the slots are written"
+        );
+        kv.release_behind_window(s);
         let usage = kv.usage();
         assert_eq!(
             usage[0].total - usage[0].free,

@@ -89,7 +89,11 @@ impl Gemma3 {
             .opt_usize("attention.key_length")?
             .unwrap_or(n_embd / n_head);
         let value_dim = l.opt_usize("attention.value_length")?.unwrap_or(head_dim);
-        if n_head % n_head_kv != 0 || head_dim > layers::MAX_HEAD_DIM || value_dim != head_dim {
+        if n_head % n_head_kv != 0
+            || head_dim > layers::MAX_HEAD_DIM
+            || head_dim % 2 != 0
+            || value_dim != head_dim
+        {
             return Err(Error::BadModel {
                 reason: format!(
                     "{n_head} heads, {n_head_kv} KV heads, key/value size {head_dim}/{value_dim}"
@@ -113,6 +117,14 @@ impl Gemma3 {
         };
         let embd_info = l.file.tensor("token_embd.weight")?;
         let vocab = embd_info.shape.get(1).copied().unwrap_or(0) as usize;
+        if vocab == 0 {
+            return Err(Error::BadModel {
+                reason: format!(
+                    "token_embd.weight has shape {:?}: no vocabulary",
+                    embd_info.shape
+                ),
+            });
+        }
         let token_embd = l.linear("token_embd.weight", vocab, n_embd)?;
         let base = l.opt_f32("rope.freq_base")?.unwrap_or(1_000_000.0);
         let scale = l

@@ -235,13 +235,23 @@ pub fn attention(
     out: &mut [f32],
 ) -> crate::Result<()> {
     let n_kv_head = kv.layout().n_kv_heads;
+    let items = queries.len() * n_head;
+    if n_kv_head == 0
+        || n_head % n_kv_head != 0
+        || head_dim > MAX_HEAD_DIM
+        || q.len() < items * head_dim
+        || out.len() < items * head_dim
+    {
+        return Err(crate::Error::BadBatch {
+            reason: format!("attention over {n_head} heads of {head_dim} with {n_kv_head} KV heads does not fit its buffers"),
+        });
+    }
     let group = n_head / n_kv_head;
     // Resolve every query's view up front so workers cannot fail.
     let views = queries
         .iter()
         .map(|qr| kv.view(layer, qr.seq))
         .collect::<crate::Result<Vec<_>>>()?;
-    let items = queries.len() * n_head;
     let shared = SharedOut(out.as_mut_ptr());
     pool.run(&|ti, nt| {
         let shared = &shared;

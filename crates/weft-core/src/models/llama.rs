@@ -84,6 +84,14 @@ impl Llama {
         };
         let embd_info = l.file.tensor("token_embd.weight")?;
         let vocab = embd_info.shape.get(1).copied().unwrap_or(0) as usize;
+        if vocab == 0 {
+            return Err(Error::BadModel {
+                reason: format!(
+                    "token_embd.weight has shape {:?}: no vocabulary",
+                    embd_info.shape
+                ),
+            });
+        }
         let token_embd = l.linear("token_embd.weight", vocab, n_embd)?;
         let output = if l.has("output.weight") {
             l.linear("output.weight", vocab, n_embd)?
