@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use super::layers::{self, add_assign, gelu_tanh_mul, rms_norm, rms_norm_inplace, Query, Rope};
+use super::layers::{self, add_assign, gelu_tanh_mul, rms_norm, rms_norm_inplace, Rope};
 use super::{buf, embed, output_logits, BatchToken, Linear, Loader, Model, ModelInfo, Workspace};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -220,7 +220,6 @@ impl Model for Gemma3 {
             gate,
             up,
             out_rows,
-            queries,
             rope,
             matmul: mm,
         } = ws;
@@ -228,11 +227,6 @@ impl Model for Gemma3 {
         embed(&self.token_embd.matrix(f)?, tokens, x)?;
         let embd_scale = (d as f32).sqrt();
         x.iter_mut().for_each(|v| *v *= embd_scale);
-        queries.clear();
-        queries.extend(tokens.iter().map(|t| Query {
-            seq: t.seq,
-            pos: t.pos,
-        }));
         // Angles of each token for local and global layers, computed once.
         let half = hd / 2;
         rope.resize(2 * n * half, (0.0, 0.0));
@@ -265,7 +259,7 @@ impl Model for Gemma3 {
             rms_norm_inplace(q, &b.q_norm, c.eps);
             rms_norm_inplace(k, &b.k_norm, c.eps);
             layers::rope_and_cache(kv, il, tokens, rope_l, cs_all, hd, c.attn_scale, (q, k, v))?;
-            layers::attention(pool, kv, il, queries, q, c.n_head, hd, 1.0, att)?;
+            layers::attention(pool, kv, il, tokens, q, c.n_head, hd, 1.0, att)?;
             matmul(pool, &b.wo.matrix(f)?, att, n, h, mm);
             rms_norm_inplace(h, &b.post_attn_norm, c.eps);
             add_assign(x, h);

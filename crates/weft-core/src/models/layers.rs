@@ -6,8 +6,9 @@ use std::sync::OnceLock;
 
 use half::f16;
 
+use super::BatchToken;
 use crate::kernels;
-use crate::kv::{KvCache, SeqId, PAGE_SIZE};
+use crate::kv::{KvCache, PAGE_SIZE};
 use crate::threadpool::ThreadPool;
 
 /// Largest head dimension attention supports (its accumulator lives on the stack).
@@ -173,7 +174,7 @@ pub fn add_assign(a: &mut [f32], b: &[f32]) {
 pub fn rope_and_cache(
     kv: &mut KvCache,
     layer: usize,
-    tokens: &[super::BatchToken],
+    tokens: &[BatchToken],
     rope: &Rope,
     angles: &[(f32, f32)],
     head_dim: usize,
@@ -199,13 +200,6 @@ pub fn rope_and_cache(
     Ok(())
 }
 
-/// One query of an attention call: its sequence and position.
-#[derive(Debug, Clone, Copy)]
-pub struct Query {
-    pub seq: SeqId,
-    pub pos: u32,
-}
-
 /// A raw pointer the attention workers write disjoint rows through.
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
@@ -215,7 +209,7 @@ struct SharedOut(*mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
-/// Attention of every query over its sequence's keys in `layer`.
+/// Attention of every token's queries over its sequence's keys in `layer`.
 ///
 /// `q` holds `queries.len() × n_head × head_dim` values (already scaled as the model wants;
 /// scores are multiplied by `scale`). A key at position `p` is visible to a query at position
@@ -227,7 +221,7 @@ pub fn attention(
     pool: &ThreadPool,
     kv: &KvCache,
     layer: usize,
-    queries: &[Query],
+    queries: &[BatchToken],
     q: &[f32],
     n_head: usize,
     head_dim: usize,

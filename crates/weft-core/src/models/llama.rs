@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use super::layers::{self, add_assign, rms_norm, silu_mul, Query, Rope};
+use super::layers::{self, add_assign, rms_norm, silu_mul, Rope};
 use super::{buf, embed, output_logits, BatchToken, Linear, Loader, Model, ModelInfo, Workspace};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -190,17 +190,11 @@ impl Model for Llama {
             gate,
             up,
             out_rows,
-            queries,
             rope,
             matmul: mm,
         } = ws;
         let x = buf(x, n * d);
         embed(&self.token_embd.matrix(f)?, tokens, x)?;
-        queries.clear();
-        queries.extend(tokens.iter().map(|t| Query {
-            seq: t.seq,
-            pos: t.pos,
-        }));
         // The rotation angles of each token, computed once for all layers.
         let half = self.rope.dims / 2;
         rope.resize(n * half, (0.0, 0.0));
@@ -223,7 +217,7 @@ impl Model for Llama {
             matmul(pool, &b.wv.matrix(f)?, h, n, v, mm);
             layers::rope_and_cache(kv, il, tokens, &self.rope, rope, hd, 1.0, (q, k, v))?;
             let scale = 1.0 / (hd as f32).sqrt();
-            layers::attention(pool, kv, il, queries, q, c.n_head, hd, scale, att)?;
+            layers::attention(pool, kv, il, tokens, q, c.n_head, hd, scale, att)?;
             matmul(pool, &b.wo.matrix(f)?, att, n, h, mm);
             add_assign(x, h);
             // Feed-forward (SwiGLU).

@@ -94,7 +94,6 @@ pub struct Workspace {
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
     pub out_rows: Vec<f32>,
-    pub queries: Vec<layers::Query>,
     pub rope: Vec<(f32, f32)>,
     pub matmul: MatmulScratch,
 }
