@@ -3,15 +3,15 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::gguf::{GgmlType, GgufFile};
+use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::Matrix;
 use crate::quant;
 
 /// A weight matrix inside the model file (no copy: it is read from the mapped file).
 #[derive(Debug, Clone)]
 pub struct Linear {
-    dtype: GgmlType,
-    name: String,
+    /// Where the tensor lies in the file, kept so the forward pass needs no lookup by name.
+    info: TensorInfo,
     /// Output features.
     pub rows: usize,
     /// Input features.
@@ -21,8 +21,12 @@ pub struct Linear {
 impl Linear {
     /// The matrix view, borrowing the file's bytes.
     pub fn matrix<'a>(&self, file: &'a GgufFile) -> Result<Matrix<'a>> {
-        let info = file.tensor(&self.name)?;
-        Matrix::new(self.dtype, file.tensor_data(info), self.rows, self.cols)
+        Matrix::new(
+            self.info.dtype,
+            file.tensor_data(&self.info),
+            self.rows,
+            self.cols,
+        )
     }
 }
 
@@ -72,8 +76,7 @@ impl Loader {
             )));
         }
         let lin = Linear {
-            dtype: info.dtype,
-            name: name.to_string(),
+            info: info.clone(),
             rows,
             cols,
         };
