@@ -192,6 +192,114 @@ pub unsafe fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
     }
 }
 
+/// AVX2 twin of [`super::float::dots_f32_f16`] for up to 8 query rows: the key is widened
+/// once per 8 elements and used by every row (the heads that share a KV head in GQA).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dots_f32_f16(qs: &[f32], k: &[f16], out: &mut [f32]) {
+    match out.len() {
+        1 => dots_g::<1>(qs, k, out),
+        2 => dots_g::<2>(qs, k, out),
+        3 => dots_g::<3>(qs, k, out),
+        4 => dots_g::<4>(qs, k, out),
+        5 => dots_g::<5>(qs, k, out),
+        6 => dots_g::<6>(qs, k, out),
+        7 => dots_g::<7>(qs, k, out),
+        8 => dots_g::<8>(qs, k, out),
+        n => panic!("dots_f32_f16 takes 1 to 8 rows, got {n}"),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_g<const G: usize>(qs: &[f32], k: &[f16], out: &mut [f32]) {
+    let n = k.len();
+    assert!(qs.len() == G * n && out.len() == G, "shape mismatch");
+    let (qp, kp) = (qs.as_ptr(), k.as_ptr() as *const u8);
+    let mut acc = [_mm256_setzero_ps(); G];
+    let mut i = 0;
+    while i + 8 <= n {
+        let kv = load8::<true>(kp, i);
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * n + i)), kv, *a);
+        }
+        i += 8;
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        let mut s = hsum_ps(acc[j]);
+        for t in i..n {
+            s += qs[j * n + t] * k[t].to_f32();
+        }
+        *o = s;
+    }
+}
+
+/// AVX2 twin of [`super::float::attend_f16`] for up to 8 heads: for each 8-wide slice of the
+/// head dimension the heads' accumulators stay in registers while every listed value row is
+/// widened once and added to all of them (one load and store of the accumulators per call,
+/// not per key).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn attend_f16(acc: &mut [f32], d: usize, w: &[f32], values: &[f16], rows: &[u32]) {
+    match acc.len() / d {
+        1 => attend_g::<1>(acc, d, w, values, rows),
+        2 => attend_g::<2>(acc, d, w, values, rows),
+        3 => attend_g::<3>(acc, d, w, values, rows),
+        4 => attend_g::<4>(acc, d, w, values, rows),
+        5 => attend_g::<5>(acc, d, w, values, rows),
+        6 => attend_g::<6>(acc, d, w, values, rows),
+        7 => attend_g::<7>(acc, d, w, values, rows),
+        8 => attend_g::<8>(acc, d, w, values, rows),
+        n => panic!("attend_f16 takes 1 to 8 heads, got {n}"),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_g<const G: usize>(
+    acc: &mut [f32],
+    d: usize,
+    w: &[f32],
+    values: &[f16],
+    rows: &[u32],
+) {
+    assert!(
+        acc.len() == G * d && w.len() >= rows.len() * G,
+        "shape mismatch"
+    );
+    for &r in rows {
+        assert!(
+            (r as usize + 1) * d <= values.len(),
+            "value row out of range"
+        );
+    }
+    let (ap, vp) = (acc.as_mut_ptr(), values.as_ptr() as *const u8);
+    let mut c = 0;
+    while c + 8 <= d {
+        let mut a: [__m256; G] = std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c)));
+        for (i, &r) in rows.iter().enumerate() {
+            let v = load8::<true>(vp, r as usize * d + c);
+            for (j, a) in a.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(_mm256_broadcast_ss(&w[i * G + j]), v, *a);
+            }
+        }
+        for (j, a) in a.iter().enumerate() {
+            _mm256_storeu_ps(ap.add(j * d + c), *a);
+        }
+        c += 8;
+    }
+    for t in c..d {
+        for (i, &r) in rows.iter().enumerate() {
+            let v = values[r as usize * d + t].to_f32();
+            for j in 0..G {
+                acc[j * d + t] += w[i * G + j] * v;
+            }
+        }
+    }
+}
+
 /// AVX2 twin of [`super::float::f32_to_f16`].
 ///
 /// # Safety
@@ -285,6 +393,36 @@ mod tests {
             scalar::f32_to_f16(&a, &mut d1);
             unsafe { f32_to_f16(&a, &mut d2) };
             assert_eq!(d1, d2);
+        }
+    }
+
+    #[test]
+    fn attention_kernels_match_scalar() {
+        if crate::kernels::detect() != crate::kernels::SimdLevel::Avx2 {
+            return;
+        }
+        let mut rng = Rng::new(5);
+        for d in [4, 8, 20, 64] {
+            let values: Vec<f16> = rng
+                .f32s(10 * d, 1.0)
+                .iter()
+                .map(|&v| f16::from_f32(v))
+                .collect();
+            let rows = [7u32, 0, 3, 9, 4];
+            for g in 1..=8 {
+                let qs = rng.f32s(g * d, 1.0);
+                let (mut o1, mut o2) = (vec![0f32; g], vec![0f32; g]);
+                scalar::dots_f32_f16(&qs, &values[2 * d..3 * d], &mut o1);
+                // SAFETY (both blocks): AVX2/FMA/F16C were detected above.
+                unsafe { dots_f32_f16(&qs, &values[2 * d..3 * d], &mut o2) };
+                o1.iter().zip(&o2).for_each(|(&a, &b)| close(b, a));
+                let w = rng.f32s(rows.len() * g, 1.0);
+                let init = rng.f32s(g * d, 1.0);
+                let (mut a1, mut a2) = (init.clone(), init);
+                scalar::attend_f16(&mut a1, d, &w, &values, &rows);
+                unsafe { attend_f16(&mut a2, d, &w, &values, &rows) };
+                a1.iter().zip(&a2).for_each(|(&a, &b)| close(b, a));
+            }
         }
     }
 }

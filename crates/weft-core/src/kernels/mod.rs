@@ -223,6 +223,55 @@ pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
     float::axpy_f16(y, alpha, x)
 }
 
+/// Most rows [`dots_f32_f16`] and heads [`attend_f16`] take per call.
+pub const MAX_ATTN_GROUP: usize = 8;
+
+/// `out[j] = Σ_i qs[j·n + i] · k[i]` (`n = k.len()`): the scores of up to
+/// [`MAX_ATTN_GROUP`] query heads against one f16 key, which is widened once for all of them.
+///
+/// # Panics
+/// If `qs.len() != out.len() · k.len()` or `out.len()` is 0 or above [`MAX_ATTN_GROUP`].
+pub fn dots_f32_f16(qs: &[f32], k: &[f16], out: &mut [f32]) {
+    assert!(
+        qs.len() == out.len() * k.len() && (1..=MAX_ATTN_GROUP).contains(&out.len()),
+        "dots_f32_f16: shape mismatch"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
+        return unsafe { float_avx2::dots_f32_f16(qs, k, out) };
+    }
+    float::dots_f32_f16(qs, k, out)
+}
+
+/// `acc[j·d..][..d] += Σ_i w[i·g + j] · values[rows[i]·d..][..d]` for the
+/// `g = acc.len() / d` heads (1 to [`MAX_ATTN_GROUP`]): attention's weighted sum of f16 value
+/// rows, for the heads sharing one KV head; `w` holds `g` weights per listed row.
+///
+/// # Panics
+/// If `d` is 0, `acc.len()` is not `g · d` with `g` in range, `w` is shorter than
+/// `rows.len() · g`, or a row is past the end of `values`.
+pub fn attend_f16(acc: &mut [f32], d: usize, w: &[f32], values: &[f16], rows: &[u32]) {
+    assert!(
+        d > 0 && acc.len() % d == 0 && (1..=MAX_ATTN_GROUP).contains(&(acc.len() / d)),
+        "attend_f16: shape mismatch"
+    );
+    assert!(
+        w.len() >= rows.len() * (acc.len() / d),
+        "attend_f16: too few weights"
+    );
+    assert!(
+        rows.iter().all(|&r| (r as usize + 1) * d <= values.len()),
+        "attend_f16: value row out of range"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
+        return unsafe { float_avx2::attend_f16(acc, d, w, values, rows) };
+    }
+    float::attend_f16(acc, d, w, values, rows)
+}
+
 /// Converts `src` to `f16` (round to nearest even, as F16C and ggml do) into `dst`.
 ///
 /// # Panics

@@ -229,18 +229,26 @@ pub fn attention(
     out: &mut [f32],
 ) -> crate::Result<()> {
     let n_kv_head = kv.layout().n_kv_heads;
-    let items = queries.len() * n_head;
     if n_kv_head == 0
+        || head_dim == 0
         || n_head % n_kv_head != 0
         || head_dim > MAX_HEAD_DIM
-        || q.len() < items * head_dim
-        || out.len() < items * head_dim
+        || q.len() < queries.len() * n_head * head_dim
+        || out.len() < queries.len() * n_head * head_dim
     {
         return Err(crate::Error::BadBatch {
             reason: format!("attention over {n_head} heads of {head_dim} with {n_kv_head} KV heads does not fit its buffers"),
         });
     }
     let group = n_head / n_kv_head;
+    // Work items: (query, KV head, sub-group of the heads sharing that KV head). The heads of
+    // a sub-group read each key and value once between them; sub-groups are made smaller
+    // when there are too few items to keep every thread busy (one-token decode).
+    let nt = pool.n_threads();
+    let want = (2 * nt).div_ceil((queries.len() * n_kv_head).max(1));
+    let sub = group.div_ceil(want).clamp(1, kernels::MAX_ATTN_GROUP);
+    let n_sub = group.div_ceil(sub);
+    let items = queries.len() * n_kv_head * n_sub;
     // Resolve every query's view up front so workers cannot fail.
     let views = queries
         .iter()
@@ -250,50 +258,79 @@ pub fn attention(
     pool.run(&|ti, nt| {
         let shared = &shared;
         let per = items.div_ceil(nt);
-        let mut acc = [0f32; MAX_HEAD_DIM];
+        let mut acc = vec![0f32; sub * head_dim];
+        // Per page: the visible slots and their scores, then softmax weights (slot-major,
+        // `gh` heads per slot).
+        let mut rows = [0u32; PAGE_SIZE];
+        let mut scores = [0f32; PAGE_SIZE * kernels::MAX_ATTN_GROUP];
         for item in ti * per..((ti + 1) * per).min(items) {
-            let (qi, h) = (item / n_head, item % n_head);
+            let (qi, rest) = (item / (n_kv_head * n_sub), item % (n_kv_head * n_sub));
+            let (kvh, sg) = (rest / n_sub, rest % n_sub);
+            let h0 = kvh * group + sg * sub;
+            let gh = sub.min(group - sg * sub);
             let (qr, view) = (queries[qi], &views[qi]);
-            let qv = &q[item * head_dim..(item + 1) * head_dim];
-            let acc = &mut acc[..head_dim];
+            let first_row = qi * n_head + h0;
+            let qv = &q[first_row * head_dim..(first_row + gh) * head_dim];
+            let acc = &mut acc[..gh * head_dim];
             acc.fill(0.0);
-            let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+            let mut max = [f32::NEG_INFINITY; kernels::MAX_ATTN_GROUP];
+            let mut sum = [0f32; kernels::MAX_ATTN_GROUP];
             let n_slots = view.positions.len();
             for page in 0..n_slots.div_ceil(PAGE_SIZE) {
-                let Some((keys, values)) = view.page(page, h / group) else {
+                let Some((keys, values)) = view.page(page, kvh) else {
                     continue; // released sliding-window page: nothing visible there
                 };
                 let first = page * PAGE_SIZE;
+                let mut n = 0;
                 for s in 0..PAGE_SIZE.min(n_slots - first) {
                     let p = view.positions[first + s];
                     let visible =
                         p <= qr.pos && view.window.is_none_or(|w| ((qr.pos - p) as usize) < w);
-                    if !visible {
-                        continue;
+                    if visible {
+                        let k = &keys[s * head_dim..(s + 1) * head_dim];
+                        let sc = &mut scores[n * gh..(n + 1) * gh];
+                        kernels::dots_f32_f16(qv, k, sc);
+                        sc.iter_mut().for_each(|x| *x *= scale);
+                        rows[n] = s as u32;
+                        n += 1;
                     }
-                    let k = &keys[s * head_dim..(s + 1) * head_dim];
-                    let score = kernels::dot_f32_f16(qv, k) * scale;
-                    // Online softmax: rescale what was accumulated when the max grows.
-                    if score > max {
-                        let c = (max - score).exp();
-                        sum *= c;
-                        for a in acc.iter_mut() {
-                            *a *= c;
-                        }
-                        max = score;
-                    }
-                    let w = (score - max).exp();
-                    sum += w;
-                    kernels::axpy_f16(acc, w, &values[s * head_dim..(s + 1) * head_dim]);
                 }
+                if n == 0 {
+                    continue;
+                }
+                // Online softmax, one page at a time: when a head's running max grows,
+                // rescale what it accumulated; then turn scores into weights.
+                for j in 0..gh {
+                    let page_max = (0..n).map(|i| scores[i * gh + j]).fold(f32::MIN, f32::max);
+                    if page_max > max[j] {
+                        let c = (max[j] - page_max).exp();
+                        sum[j] *= c;
+                        acc[j * head_dim..(j + 1) * head_dim]
+                            .iter_mut()
+                            .for_each(|a| *a *= c);
+                        max[j] = page_max;
+                    }
+                    for i in 0..n {
+                        let w = (scores[i * gh + j] - max[j]).exp();
+                        scores[i * gh + j] = w;
+                        sum[j] += w;
+                    }
+                }
+                kernels::attend_f16(acc, head_dim, &scores[..n * gh], values, &rows[..n]);
             }
-            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-            // SAFETY: see `SharedOut`; `item * head_dim + head_dim <= out.len()` because
-            // out holds queries × n_head × head_dim values.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(shared.0.add(item * head_dim), head_dim) };
-            for (d, &a) in dst.iter_mut().zip(acc.iter()) {
-                *d = a * inv;
+            for j in 0..gh {
+                let inv = if sum[j] > 0.0 { 1.0 / sum[j] } else { 0.0 };
+                // SAFETY: see `SharedOut`; rows first_row..first_row + gh of `out` (each
+                // `head_dim` long, all below queries × n_head) belong to this item alone.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        shared.0.add((first_row + j) * head_dim),
+                        head_dim,
+                    )
+                };
+                for (d, &a) in dst.iter_mut().zip(&acc[j * head_dim..(j + 1) * head_dim]) {
+                    *d = a * inv;
+                }
             }
         }
     });
