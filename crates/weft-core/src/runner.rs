@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv::{KvCache, PageUsage, SeqId};
-use crate::models::{self, BatchToken, Model, ModelInfo, Workspace};
+use crate::models::{self, BatchToken, Model, ModelInfo, SlotMask, Workspace};
 use crate::threadpool::ThreadPool;
 
 /// One token of a [`ModelRunner::forward`] batch.
@@ -24,6 +24,9 @@ pub struct BatchEntry {
     pub seq: SeqId,
     /// Return logits for this token.
     pub logits: bool,
+    /// Index of this token's attention mask in the masks given to
+    /// [`ModelRunner::forward_masked`] (`None`: causal).
+    pub mask: Option<u32>,
 }
 
 impl BatchEntry {
@@ -38,6 +41,7 @@ impl BatchEntry {
                 pos: (start + i) as u32,
                 seq,
                 logits: all_logits || i + 1 == tokens.len(),
+                mask: None,
             })
             .collect()
     }
@@ -74,6 +78,8 @@ pub struct ModelRunner {
     pool: ThreadPool,
     ws: Workspace,
     logits: Vec<f32>,
+    /// Rows of `logits` the last forward filled.
+    last_rows: usize,
     batch: Vec<BatchToken>,
     n_ctx: usize,
     max_ubatch: usize,
@@ -95,6 +101,7 @@ impl ModelRunner {
             pool: ThreadPool::new(cfg.n_threads.max(1)),
             ws: Workspace::default(),
             logits: Vec::new(),
+            last_rows: 0,
             batch: Vec::new(),
             n_ctx,
             max_ubatch: cfg.max_ubatch.max(1),
@@ -147,8 +154,16 @@ impl ModelRunner {
     }
 
     /// Runs `batch` and returns the logits of the entries whose `logits` flag is set, one row of
-    /// `vocab_size` values each, in batch order.
+    /// `vocab_size` values each, in batch order. Every token attends causally.
     pub fn forward(&mut self, batch: &[BatchEntry]) -> Result<&[f32]> {
+        self.forward_masked(batch, &[])
+    }
+
+    /// [`ModelRunner::forward`] where an entry with `mask: Some(i)` attends to the slots
+    /// `masks[i]` allows. A mask must cover exactly the slots up to and including the token's
+    /// own (the sequence's length before the batch + the token's index among its sequence's
+    /// entries + 1), so it never refers to a slot that is not written yet.
+    pub fn forward_masked(&mut self, batch: &[BatchEntry], masks: &[SlotMask]) -> Result<&[f32]> {
         let vocab = self.model.info().vocab_size;
         // Validate everything before touching the cache.
         let mut growth: HashMap<SeqId, usize> = HashMap::new();
@@ -172,11 +187,36 @@ impl ModelRunner {
             }
             start_len.insert(seq, len);
         }
+        let mut seen: HashMap<SeqId, usize> = HashMap::new();
+        for e in batch {
+            let k = seen.entry(e.seq).or_default();
+            *k += 1;
+            if let Some(i) = e.mask {
+                let want = start_len.get(&e.seq).copied().unwrap_or(0) + *k;
+                match masks.get(i as usize) {
+                    Some(m) if m.len() == want => {}
+                    Some(m) => {
+                        return Err(Error::BadBatch {
+                            reason: format!(
+                                "attention mask {i} covers {} slots; the token is slot {} so it must cover {want}",
+                                m.len(),
+                                want - 1
+                            ),
+                        })
+                    }
+                    None => {
+                        return Err(Error::BadBatch {
+                            reason: format!("attention mask {i} of {} does not exist", masks.len()),
+                        })
+                    }
+                }
+            }
+        }
         let n_out = batch.iter().filter(|e| e.logits).count();
         if self.logits.len() < n_out * vocab {
             self.logits.resize(n_out * vocab, 0.0);
         }
-        let result = self.run_ubatches(batch, vocab);
+        let result = self.run_ubatches(batch, masks, vocab);
         for (&seq, &len) in &start_len {
             if result.is_err() {
                 // Nothing was released during the call, so the sequence can always go back to
@@ -186,11 +226,23 @@ impl ModelRunner {
                 self.kv.release_behind_window(seq);
             }
         }
+        self.last_rows = 0;
         result?;
+        self.last_rows = n_out;
         Ok(&self.logits[..n_out * vocab])
     }
 
-    fn run_ubatches(&mut self, batch: &[BatchEntry], vocab: usize) -> Result<()> {
+    /// The logits the last successful [`ModelRunner::forward`] returned (empty after an error).
+    pub fn last_logits(&self) -> &[f32] {
+        &self.logits[..self.last_rows * self.model.info().vocab_size]
+    }
+
+    fn run_ubatches(
+        &mut self,
+        batch: &[BatchEntry],
+        masks: &[SlotMask],
+        vocab: usize,
+    ) -> Result<()> {
         let mut row = 0;
         for chunk in batch.chunks(self.max_ubatch) {
             // Append this micro-batch's slots: each sequence's tokens in batch order.
@@ -213,13 +265,20 @@ impl ModelRunner {
                     seq: e.seq,
                     slot: *slot,
                     logits: e.logits,
+                    mask: e.mask,
                 });
                 *slot += 1;
             }
             let n_out = chunk.iter().filter(|e| e.logits).count();
             let out = &mut self.logits[row * vocab..(row + n_out) * vocab];
-            self.model
-                .forward(&self.batch, &mut self.kv, &self.pool, &mut self.ws, out)?;
+            self.model.forward(
+                &self.batch,
+                masks,
+                &mut self.kv,
+                &self.pool,
+                &mut self.ws,
+                out,
+            )?;
             row += n_out;
         }
         Ok(())

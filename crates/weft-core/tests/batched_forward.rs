@@ -74,6 +74,7 @@ fn together(r: &mut ModelRunner, prompts: &[Vec<u32>]) -> Vec<Vec<f32>> {
                 pos: (p.len() + step) as u32,
                 seq,
                 logits: true,
+                mask: None,
             })
             .collect();
         let logits = r.forward(&batch).expect("forward").to_vec();

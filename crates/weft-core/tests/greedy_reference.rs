@@ -70,6 +70,7 @@ fn run(r: &mut ModelRunner, prompt: &[u32], feed: Option<&[u32]>, steps: usize) 
             pos: (prompt.len() + step) as u32,
             seq,
             logits: true,
+            mask: None,
         }];
     }
     r.free_sequence(seq);

@@ -89,6 +89,7 @@ fn a_tiny_synthetic_llama_runs_and_is_causal() {
             pos: i as u32,
             seq,
             logits: true,
+            mask: None,
         })
         .collect();
     let all = r.forward(&batch).expect("forward").to_vec();

@@ -73,6 +73,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             pos: j as u32,
             seq,
             logits,
+            mask: None,
         };
         // Context half: no logits needed.
         let context: Vec<BatchEntry> = (0..first).map(|j| entry(j, false)).collect();

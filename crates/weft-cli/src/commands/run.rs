@@ -72,6 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             pos,
             seq,
             logits: true,
+            mask: None,
         }];
     }
     let total = t0.elapsed();

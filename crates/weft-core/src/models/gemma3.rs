@@ -17,7 +17,9 @@
 use std::sync::Arc;
 
 use super::layers::{self, add_assign, gelu_tanh_mul, rms_norm, rms_norm_inplace, Rope};
-use super::{buf, embed, output_logits, BatchToken, Linear, Loader, Model, ModelInfo, Workspace};
+use super::{
+    buf, embed, output_logits, BatchToken, Linear, Loader, Model, ModelInfo, SlotMask, Workspace,
+};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kernels::matmul;
@@ -200,6 +202,7 @@ impl Model for Gemma3 {
     fn forward(
         &self,
         tokens: &[BatchToken],
+        masks: &[SlotMask],
         kv: &mut KvCache,
         pool: &ThreadPool,
         ws: &mut Workspace,
@@ -259,7 +262,7 @@ impl Model for Gemma3 {
             rms_norm_inplace(q, &b.q_norm, c.eps);
             rms_norm_inplace(k, &b.k_norm, c.eps);
             layers::rope_and_cache(kv, il, tokens, rope_l, cs_all, hd, c.attn_scale, (q, k, v))?;
-            layers::attention(pool, kv, il, tokens, q, c.n_head, hd, 1.0, att)?;
+            layers::attention(pool, kv, il, tokens, masks, q, c.n_head, hd, 1.0, att)?;
             matmul(pool, &b.wo.matrix(f)?, att, n, h, mm);
             rms_norm_inplace(h, &b.post_attn_norm, c.eps);
             add_assign(x, h);

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use half::f16;
 
-use super::BatchToken;
+use super::{BatchToken, SlotMask};
 use crate::kernels;
 use crate::kv::{KvCache, PAGE_SIZE};
 use crate::threadpool::ThreadPool;
@@ -213,7 +213,8 @@ unsafe impl Sync for SharedOut {}
 ///
 /// `q` holds `queries.len() × n_head × head_dim` values (already scaled as the model wants;
 /// scores are multiplied by `scale`). A key at position `p` is visible to a query at position
-/// `t` when `p <= t` and, on a sliding-window layer, `t - p < window` — llama.cpp's rule.
+/// `t` when `p <= t` and, on a sliding-window layer, `t - p < window` — llama.cpp's rule. A
+/// query with a mask (`masks[mask]`) sees the slots its mask allows instead of `p <= t`.
 /// Heads share KV heads in groups (GQA). Softmax is computed online (flash-attention style),
 /// so no score buffer is needed whatever the context length.
 #[allow(clippy::too_many_arguments)]
@@ -222,6 +223,7 @@ pub fn attention(
     kv: &KvCache,
     layer: usize,
     queries: &[BatchToken],
+    masks: &[SlotMask],
     q: &[f32],
     n_head: usize,
     head_dim: usize,
@@ -249,6 +251,18 @@ pub fn attention(
     let sub = group.div_ceil(want).clamp(1, kernels::MAX_ATTN_GROUP);
     let n_sub = group.div_ceil(sub);
     let items = queries.len() * n_kv_head * n_sub;
+    let masks: Vec<Option<&SlotMask>> = queries
+        .iter()
+        .map(|qr| match qr.mask {
+            None => Ok(None),
+            Some(i) => masks
+                .get(i as usize)
+                .map(Some)
+                .ok_or(crate::Error::BadBatch {
+                    reason: format!("attention mask {i} of {} does not exist", masks.len()),
+                }),
+        })
+        .collect::<crate::Result<_>>()?;
     // Resolve every query's view up front so workers cannot fail.
     let views = queries
         .iter()
@@ -284,8 +298,15 @@ pub fn attention(
                 let mut n = 0;
                 for s in 0..PAGE_SIZE.min(n_slots - first) {
                     let p = view.positions[first + s];
-                    let visible =
-                        p <= qr.pos && view.window.is_none_or(|w| ((qr.pos - p) as usize) < w);
+                    // Causal (or the token's own mask), and within the layer's window.
+                    let allowed = match masks[qi] {
+                        None => p <= qr.pos,
+                        Some(m) => m.allows(first + s),
+                    };
+                    let visible = allowed
+                        && view.window.is_none_or(|w| {
+                            (i64::from(qr.pos) - i64::from(p)).unsigned_abs() < w as u64
+                        });
                     if visible {
                         let k = &keys[s * head_dim..(s + 1) * head_dim];
                         let sc = &mut scores[n * gh..(n + 1) * gh];

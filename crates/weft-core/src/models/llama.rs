@@ -13,7 +13,9 @@
 use std::sync::Arc;
 
 use super::layers::{self, add_assign, rms_norm, silu_mul, Rope};
-use super::{buf, embed, output_logits, BatchToken, Linear, Loader, Model, ModelInfo, Workspace};
+use super::{
+    buf, embed, output_logits, BatchToken, Linear, Loader, Model, ModelInfo, SlotMask, Workspace,
+};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kernels::matmul;
@@ -170,6 +172,7 @@ impl Model for Llama {
     fn forward(
         &self,
         tokens: &[BatchToken],
+        masks: &[SlotMask],
         kv: &mut KvCache,
         pool: &ThreadPool,
         ws: &mut Workspace,
@@ -217,7 +220,7 @@ impl Model for Llama {
             matmul(pool, &b.wv.matrix(f)?, h, n, v, mm);
             layers::rope_and_cache(kv, il, tokens, &self.rope, rope, hd, 1.0, (q, k, v))?;
             let scale = 1.0 / (hd as f32).sqrt();
-            layers::attention(pool, kv, il, tokens, q, c.n_head, hd, scale, att)?;
+            layers::attention(pool, kv, il, tokens, masks, q, c.n_head, hd, scale, att)?;
             matmul(pool, &b.wo.matrix(f)?, att, n, h, mm);
             add_assign(x, h);
             // Feed-forward (SwiGLU).

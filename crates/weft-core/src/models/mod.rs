@@ -47,6 +47,40 @@ pub struct BatchToken {
     pub slot: usize,
     /// Whether logits are wanted for this token.
     pub logits: bool,
+    /// Index of this token's attention mask in the `masks` given to [`Model::forward`]; `None`
+    /// is the causal mask (every earlier position of the sequence).
+    pub mask: Option<u32>,
+}
+
+/// Which KV slots of its sequence a token attends to: slot `i` (the `i`-th token appended to
+/// the sequence) is visible when `visible[i]`; slots past the end are not. Replaces the causal
+/// rule for that token (a sliding-window layer still applies its window).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SlotMask {
+    visible: Vec<bool>,
+}
+
+impl SlotMask {
+    /// A mask from one flag per slot.
+    pub fn new(visible: Vec<bool>) -> SlotMask {
+        SlotMask { visible }
+    }
+
+    /// Number of slots the mask covers.
+    pub fn len(&self) -> usize {
+        self.visible.len()
+    }
+
+    /// Whether the mask covers no slot.
+    pub fn is_empty(&self) -> bool {
+        self.visible.is_empty()
+    }
+
+    /// Whether slot `i` is visible.
+    #[inline]
+    pub fn allows(&self, i: usize) -> bool {
+        self.visible.get(i).copied().unwrap_or(false)
+    }
 }
 
 /// A transformer that runs batched forward passes over a paged KV cache.
@@ -56,10 +90,13 @@ pub trait Model: Send + Sync {
     /// The KV cache this model needs.
     fn kv_layout(&self) -> KvLayout;
     /// Runs `tokens`, writing their KV entries, and fills `logits` with one row of
-    /// `vocab_size` values per token whose `logits` flag is set, in batch order.
+    /// `vocab_size` values per token whose `logits` flag is set, in batch order. A token with
+    /// `mask: Some(i)` attends as `masks[i]` says.
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         tokens: &[BatchToken],
+        masks: &[SlotMask],
         kv: &mut KvCache,
         pool: &ThreadPool,
         ws: &mut Workspace,
