@@ -1,23 +1,62 @@
 //! weft: a fast, CPU-first, programmable LLM inference engine.
 //!
-//! This crate is the public API. Today it gathers the foundation: the GGUF reader and
-//! tokenizer of [`weft_core`] and the model registry of [`weft_hub`]; the `Context`,
-//! `Forward` and `Generator` API builds on them.
+//! Load a model into an [`Engine`] (a handle to one scheduler thread), make [`Context`]s on
+//! it, and drive them with the two layers of the API:
 //!
-//! Key design decision: front ends (the CLI, the HTTP server) depend only on this crate, and
-//! this crate only on the engine core, so dependencies point one way.
+//! - [`Forward`]: one pass — inputs at positions, attention masks, logit masks, samplers and
+//!   probes ([`Logits`], [`Distribution`], [`Logprob`], [`Logprobs`], [`Entropy`]) at any
+//!   position, `execute().await`.
+//! - [`Generator`]: the loop over passes — samplers, stop rules, collectors, manual stepping.
+//!
+//! Every pass of every live context goes to the engine's scheduler, which batches them into
+//! shared model calls (continuous batching). Futures work under any executor; [`block_on`]
+//! runs one from blocking code.
 //!
 //! ```no_run
-//! use weft::{Hub, NoProgress, Tokenizer, GgufFile};
-//! let path = Hub::from_env()?.resolve("smollm2-135m", &mut NoProgress)?;
-//! let file = GgufFile::open(&path)?;
-//! let tok = Tokenizer::from_gguf(&file)?;
-//! println!("{:?}", tok.encode("Hello world", true, true));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! use weft::{Engine, Sampler};
+//! # fn main() -> weft::Result<()> {
+//! let engine = Engine::load("smollm2-135m")?; // fetched into the cache on first use
+//! let mut ctx = engine.context();
+//! ctx.fill("The capital of France is")?;
+//! let text = weft::block_on(ctx.generate(Sampler::Argmax).max_tokens(16).collect_text())?;
+//! println!("{text}");
+//! # Ok(()) }
 //! ```
+//!
+//! Dependencies point one way: front ends (CLI, HTTP server) → this crate → the engine core
+//! ([`weft_core`]) and the model registry ([`weft_hub`]).
+
+mod brle;
+pub mod chat;
+mod context;
+mod engine;
+mod error;
+mod forward;
+mod generator;
+mod probe;
+pub mod rollout;
+mod scheduler;
+
+pub use brle::Brle;
+pub use chat::{ChatTemplate, Message};
+pub use context::Context;
+pub use engine::{Engine, EngineConfig, Metrics};
+pub use error::{Error, Result};
+pub use forward::{Forward, ForwardOutput, SampleHandle};
+pub use generator::{Generator, Step, StepOutput, StopReason};
+pub use probe::{
+    Distribution, Entropy, Logits, Logprob, LogprobProbe, Logprobs, Probe, ProbeHandle,
+};
+pub use weft_core::sampling::{Penalties, Sampler};
 
 pub use weft_core::gguf::{self, GgmlType, GgufFile};
 pub use weft_core::runner::{BatchEntry, ModelRunner, RunnerConfig};
 pub use weft_core::tokenizer::{self, StreamDecoder, Tokenizer};
-pub use weft_core::{kv, models, quant, runner, sampling, Error};
+pub use weft_core::{kv, models, quant, runner, sampling};
 pub use weft_hub::{self as hub, Hub, HubError, NoProgress, Progress};
+
+/// Runs a future to completion on the current thread: the blocking way to call the async
+/// API (`weft::block_on(fwd.execute())`).
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    futures_executor::block_on(f)
+}

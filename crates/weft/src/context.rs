@@ -1,0 +1,197 @@
+//! A context: one sequence of tokens in the engine's KV cache, with its own sampling seed.
+
+use weft_core::kv::SeqId;
+use weft_core::sampling::{Rng, Sampler};
+
+use crate::chat::Message;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::forward::Forward;
+use crate::generator::Generator;
+use crate::probe::Logits;
+
+/// One sequence in the engine: the tokens already run (their keys and values live in the KV
+/// cache's pages), tokens filled but not yet run (the pending buffer, run by the next pass),
+/// and a random generator for sampling.
+///
+/// Dropping a context frees its pages. [`Context::fork`] makes a copy that shares every full
+/// page with this one (copy-on-write), which is how tree searches and prefix reuse are cheap.
+///
+/// ```no_run
+/// # fn main() -> weft::Result<()> {
+/// let engine = weft::Engine::load("smollm2-135m")?;
+/// let mut ctx = engine.context();
+/// ctx.fill("The capital of France is")?;
+/// let logits = weft::block_on(ctx.flush_logits())?; // runs the pending tokens
+/// let mut branch = ctx.fork()?;
+/// assert_eq!(branch.len(), ctx.len());
+/// branch.truncate(1)?;
+/// # Ok(()) }
+/// ```
+pub struct Context {
+    pub(crate) engine: Engine,
+    pub(crate) seq: SeqId,
+    /// Tokens in the KV cache and their positions.
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) positions: Vec<u32>,
+    pub(crate) pending: Vec<u32>,
+    pub(crate) rng: Rng,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("len", &self.tokens.len())
+            .field("pending", &self.pending.len())
+            .finish()
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        self.engine.inner.shared.forget(self.seq);
+        self.engine.inner.shared.runner().free_sequence(self.seq);
+    }
+}
+
+impl Context {
+    pub(crate) fn new(engine: Engine) -> Context {
+        let seq = engine.inner.shared.runner().new_sequence();
+        Context {
+            engine,
+            seq,
+            tokens: Vec::new(),
+            positions: Vec::new(),
+            pending: Vec::new(),
+            rng: Rng::new(0),
+        }
+    }
+
+    /// The engine this context runs on.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Sets the sampling seed: the same seed gives the same tokens, whatever else the engine
+    /// runs at the same time. A new context has seed 0.
+    pub fn set_seed(&mut self, seed: u64) {
+        self.rng = Rng::new(seed);
+    }
+
+    /// Tokens already run (in the KV cache).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Number of tokens already run.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether nothing has been run or filled.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty() && self.pending.is_empty()
+    }
+
+    /// Tokens filled but not yet run.
+    pub fn pending(&self) -> &[u32] {
+        &self.pending
+    }
+
+    /// The position the next token gets.
+    pub fn next_position(&self) -> u32 {
+        self.positions.last().map_or(0, |&p| p + 1) + self.pending.len() as u32
+    }
+
+    /// Buffers the tokens of `text` for the next pass. The first fill of an empty context
+    /// starts with the model's BOS token when the model wants one; special tokens written in
+    /// the text (`<|im_start|>`…) are parsed.
+    pub fn fill(&mut self, text: &str) -> Result<()> {
+        let first = self.is_empty();
+        let ids = self.engine.inner.tokenizer.encode(text, first, true);
+        self.pending.extend(ids);
+        Ok(())
+    }
+
+    /// Buffers `ids` for the next pass.
+    pub fn fill_tokens(&mut self, ids: &[u32]) -> Result<()> {
+        let vocab_size = self.engine.info().vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(Error::TokenOutOfVocab { id, vocab_size });
+        }
+        self.pending.extend_from_slice(ids);
+        Ok(())
+    }
+
+    /// Buffers a conversation rendered with the model's chat template, ending with the
+    /// assistant's turn opened (the template's generation prompt). The template writes its
+    /// own BOS and markers, so no BOS is added here.
+    pub fn fill_chat(&mut self, messages: &[Message]) -> Result<()> {
+        let text = self.engine.chat_template()?.render(messages, true)?;
+        let ids = self.engine.inner.tokenizer.encode(&text, false, true);
+        self.pending.extend(ids);
+        Ok(())
+    }
+
+    /// A copy of this context (tokens, pending buffer, random state) that shares every full
+    /// KV page with it and copies only the partial last one.
+    pub fn fork(&self) -> Result<Context> {
+        let seq = self.engine.inner.shared.runner().fork(self.seq)?;
+        Ok(Context {
+            engine: self.engine.clone(),
+            seq,
+            tokens: self.tokens.clone(),
+            positions: self.positions.clone(),
+            pending: self.pending.clone(),
+            rng: self.rng.clone(),
+        })
+    }
+
+    /// Keeps the first `n` tokens already run and drops the rest (and the pending buffer).
+    /// Rewinding is cheap: pages past the new end go back to the pool.
+    pub fn truncate(&mut self, n: usize) -> Result<()> {
+        if n > self.tokens.len() {
+            return Err(Error::TruncateTooLong {
+                n,
+                len: self.tokens.len(),
+            });
+        }
+        self.engine.inner.shared.runner().truncate(self.seq, n)?;
+        self.tokens.truncate(n);
+        self.positions.truncate(n);
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// A forward pass over this context (see [`Forward`]).
+    pub fn forward(&mut self) -> Forward<'_> {
+        Forward::new(self)
+    }
+
+    /// A generation loop over this context (see [`Generator`]).
+    pub fn generate(&mut self, sampler: Sampler) -> Generator<'_> {
+        Generator::new(self, sampler)
+    }
+
+    /// Runs the pending tokens and returns the logits after the last one (the seeds'
+    /// `prefill_get_last_logits`).
+    pub async fn flush_logits(&mut self) -> Result<Vec<f32>> {
+        let mut fwd = self.forward();
+        let last = fwd.len().checked_sub(1).ok_or(Error::EmptyPass)?;
+        let h = fwd.probe(last, Logits);
+        let out = fwd.execute().await?;
+        Ok(out.logits(h).map(<[f32]>::to_vec).unwrap_or_default())
+    }
+
+    /// Fills `tokens`, runs them (with anything pending) and returns the logits after the
+    /// last one.
+    pub async fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.fill_tokens(tokens)?;
+        self.flush_logits().await
+    }
+
+    /// Runs one given token and returns the logits after it (the seeds' `decode_get_logits`).
+    pub async fn decode(&mut self, token: u32) -> Result<Vec<f32>> {
+        self.prefill(&[token]).await
+    }
+}

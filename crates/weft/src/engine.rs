@@ -1,0 +1,239 @@
+//! The engine handle: a loaded model, its tokenizer and the scheduler thread that runs every
+//! context's passes.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use weft_core::gguf::GgufFile;
+use weft_core::models::ModelInfo;
+use weft_core::runner::{ModelRunner, RunnerConfig};
+use weft_core::tokenizer::Tokenizer;
+use weft_hub::{Hub, NoProgress};
+
+use crate::chat::ChatTemplate;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::scheduler::{self, Shared};
+
+/// How an [`Engine`] is set up. `Default` suits one machine running a small model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Threads for the forward pass (default: available cores).
+    pub n_threads: usize,
+    /// KV cache capacity in tokens over all contexts (default 16384).
+    pub kv_tokens: usize,
+    /// Longest context (default: the model's training context, at most `kv_tokens`).
+    pub n_ctx: Option<usize>,
+    /// Token budget of one scheduler step; longer prompts are prefilled in chunks (default 512).
+    pub step_tokens: usize,
+    /// How long a step waits for contexts that announced more passes (default 2 ms).
+    pub batch_wait: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        let r = RunnerConfig::default();
+        EngineConfig {
+            n_threads: r.n_threads,
+            kv_tokens: r.kv_tokens,
+            n_ctx: r.n_ctx,
+            step_tokens: r.max_ubatch,
+            batch_wait: Duration::from_millis(2),
+        }
+    }
+}
+
+/// A snapshot of the engine's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Metrics {
+    /// Model calls made by the scheduler.
+    pub steps: u64,
+    /// Passes answered.
+    pub passes: u64,
+    /// Mean passes per model call (how much contexts shared model calls).
+    pub mean_batch_passes: f64,
+    /// Largest number of passes in one model call.
+    pub max_batch_passes: u64,
+    /// Mean tokens per model call.
+    pub mean_batch_tokens: f64,
+    /// Tokens run in passes of more than one token (prompts, chunks, multi-token inputs).
+    pub tokens_prefilled: u64,
+    /// Tokens run in one-token passes (decode steps).
+    pub tokens_decoded: u64,
+    /// KV pages in use, over all layer groups.
+    pub kv_pages_used: usize,
+    /// KV pages free, over all layer groups.
+    pub kv_pages_free: usize,
+}
+
+pub(crate) struct Inner {
+    pub shared: Arc<Shared>,
+    pub tokenizer: Tokenizer,
+    pub chat: Option<ChatTemplate>,
+    pub chat_error: Option<String>,
+    pub info: ModelInfo,
+    pub n_ctx: usize,
+    pub stop_tokens: Vec<u32>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shared.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A loaded model with its scheduler: cheap to clone, `Send + Sync`.
+///
+/// Every [`Context`] made from an engine submits its passes to the engine's one scheduler
+/// thread, which batches the passes of all live contexts into shared model calls.
+///
+/// ```no_run
+/// let engine = weft::Engine::load("smollm2-135m")?;
+/// let mut ctx = engine.context();
+/// ctx.fill("The capital of France is")?;
+/// let text = weft::block_on(ctx.generate(weft::Sampler::Argmax).max_tokens(8).collect_text())?;
+/// println!("{text}");
+/// # Ok::<(), weft::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("model", &self.inner.info.arch)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Loads a known model by name (fetched into the cache on first use, see [`Hub`]) or a
+    /// GGUF file by path, with the default configuration.
+    pub fn load(model: &str) -> Result<Engine> {
+        let path = Hub::from_env()?.resolve(model, &mut NoProgress)?;
+        Engine::open(&path, EngineConfig::default())
+    }
+
+    /// Loads the GGUF file at `path`.
+    pub fn open(path: &std::path::Path, config: EngineConfig) -> Result<Engine> {
+        Engine::from_file(Arc::new(GgufFile::open(path)?), config)
+    }
+
+    /// Builds an engine over an opened GGUF file.
+    pub fn from_file(file: Arc<GgufFile>, config: EngineConfig) -> Result<Engine> {
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        let (chat, chat_error) = match ChatTemplate::from_gguf(&file, &tokenizer) {
+            Ok(t) => (Some(t), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let runner = ModelRunner::new(
+            file,
+            &RunnerConfig {
+                n_threads: config.n_threads.max(1),
+                kv_tokens: config.kv_tokens,
+                n_ctx: config.n_ctx,
+                max_ubatch: config.step_tokens.max(1),
+            },
+        )?;
+        let info = runner.info().clone();
+        let n_ctx = runner.n_ctx();
+        let stop_tokens = crate::chat::stop_tokens(&tokenizer);
+        let shared = Arc::new(Shared::new(runner, config.step_tokens, config.batch_wait));
+        let thread = scheduler::spawn(shared.clone())
+            .map_err(|e| Error::Config(format!("cannot start the scheduler thread: {e}")))?;
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                shared,
+                tokenizer,
+                chat,
+                chat_error,
+                info,
+                n_ctx,
+                stop_tokens,
+                thread: Some(thread),
+            }),
+        })
+    }
+
+    /// A new, empty context.
+    pub fn context(&self) -> Context {
+        Context::new(self.clone())
+    }
+
+    /// The model's shape and vocabulary.
+    pub fn info(&self) -> &ModelInfo {
+        &self.inner.info
+    }
+
+    /// Longest context in tokens.
+    pub fn n_ctx(&self) -> usize {
+        self.inner.n_ctx
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    /// Token ids of `text` (special tokens written in the text are parsed; no BOS is added).
+    pub fn tokenize(&self, text: &str) -> Vec<u32> {
+        self.inner.tokenizer.encode(text, false, true)
+    }
+
+    /// The text of `ids` (control tokens are not rendered).
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
+        Ok(self.inner.tokenizer.decode(ids)?)
+    }
+
+    /// Whether `id` ends generation by default (EOS, end-of-turn markers).
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.inner.stop_tokens.contains(&id)
+    }
+
+    /// The model's default stop set (EOS and end-of-turn markers from the GGUF).
+    pub fn stop_tokens(&self) -> &[u32] {
+        &self.inner.stop_tokens
+    }
+
+    /// The model's chat template, when the GGUF has one or weft knows the family.
+    pub fn chat_template(&self) -> Result<&ChatTemplate> {
+        self.inner.chat.as_ref().ok_or_else(|| {
+            Error::Config(format!(
+                "this model has no usable chat template: {}",
+                self.inner.chat_error.as_deref().unwrap_or("unknown")
+            ))
+        })
+    }
+
+    /// The scheduler's counters and the KV pool's state.
+    pub fn metrics(&self) -> Metrics {
+        let c = &self.inner.shared.counters;
+        let steps = c.steps.load(Ordering::Relaxed);
+        let per_step = |v: u64| {
+            if steps == 0 {
+                0.0
+            } else {
+                v as f64 / steps as f64
+            }
+        };
+        let usage = self.inner.shared.runner().kv_usage();
+        Metrics {
+            steps,
+            passes: c.passes.load(Ordering::Relaxed),
+            mean_batch_passes: per_step(c.step_passes.load(Ordering::Relaxed)),
+            max_batch_passes: c.max_step_passes.load(Ordering::Relaxed),
+            mean_batch_tokens: per_step(c.step_tokens.load(Ordering::Relaxed)),
+            tokens_prefilled: c.prefilled.load(Ordering::Relaxed),
+            tokens_decoded: c.decoded.load(Ordering::Relaxed),
+            kv_pages_used: usage.iter().map(|u| u.total - u.free).sum(),
+            kv_pages_free: usage.iter().map(|u| u.free).sum(),
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! The error type of the public API.
+
+use weft_core::sampling::SamplerError;
+
+/// Everything a call of the public API can fail with. Each variant names what the caller
+/// passed and why it does not fit; nothing here is ever a panic.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The engine core failed (model file, tokenizer, KV cache, forward pass).
+    #[error(transparent)]
+    Core(#[from] weft_core::Error),
+    /// Fetching a model failed.
+    #[error(transparent)]
+    Hub(#[from] weft_hub::HubError),
+    /// Rendering a chat template failed.
+    #[error(transparent)]
+    Chat(#[from] crate::chat::ChatError),
+    /// A sampler's parameters are out of range.
+    #[error("invalid sampler: {0}")]
+    Sampler(#[from] SamplerError),
+    /// A sampler or probe refers to an index past the tokens of the pass.
+    #[error("{what} at index {index}, but the pass runs only {len} tokens")]
+    IndexOutOfRange {
+        what: &'static str,
+        index: usize,
+        len: usize,
+    },
+    /// A token id past the model's vocabulary.
+    #[error("token id {id} is not in the vocabulary ({vocab_size} tokens)")]
+    TokenOutOfVocab { id: u32, vocab_size: usize },
+    /// `input_at` got a different number of positions than tokens.
+    #[error("input_at: {tokens} tokens but {positions} positions")]
+    PositionCount { tokens: usize, positions: usize },
+    /// A position past the context length the engine allows.
+    #[error("position {pos} is past the context length {n_ctx}")]
+    PositionOutOfRange { pos: u32, n_ctx: usize },
+    /// A mask of the wrong length.
+    #[error("{what} has length {got}, expected {expected}")]
+    MaskLength {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    /// The pass would make the context longer than the engine allows.
+    #[error("the context would hold {len} tokens, more than its limit of {n_ctx}")]
+    ContextTooLong { len: usize, n_ctx: usize },
+    /// A pass with no tokens to run.
+    #[error("the pass has no input tokens (fill the context or call input)")]
+    EmptyPass,
+    /// A logit mask allows no token at all, so nothing can be sampled.
+    #[error("the logit mask allows no token")]
+    NothingAllowed,
+    /// The truncation length is longer than the context.
+    #[error("cannot truncate a context of {len} tokens to {n}")]
+    TruncateTooLong { n: usize, len: usize },
+    /// Generator options that cannot be used together.
+    #[error("{0}")]
+    Config(String),
+    /// The engine's scheduler thread is gone (it panicked or the engine shut down).
+    #[error("the engine has stopped")]
+    EngineStopped,
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,407 @@
+//! The generation loop over [`Forward`]: sample, accept, check the stop rules, repeat.
+
+use std::collections::HashSet;
+
+use weft_core::sampling::{Penalties, Sampler};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::forward::{Forward, ForwardOutput};
+use crate::probe::{Probe, ProbeHandle, ProbeKind};
+
+/// Why a generator stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// `max_tokens` were generated.
+    MaxTokens,
+    /// The model emitted a stop token (default end-of-turn set or [`Generator::stop`]).
+    StopToken(u32),
+    /// The output ended with a stop sequence of token ids.
+    StopSequence(Vec<u32>),
+    /// The output text contains a stop string.
+    StopString(String),
+}
+
+/// A multi-step generation loop over a [`Context`].
+///
+/// Each step runs one [`Forward`] pass (the prompt on the first step, then the last accepted
+/// token), samples a token at its last position and checks the stop rules: `max_tokens`, the
+/// model's end-of-turn set plus [`Generator::stop`], stop sequences of ids, stop strings.
+/// Drain it with a collector, or drive it with [`Generator::next`] to see or replace each
+/// step. When it stops, the last accepted token (not run yet) is left in the context's pending
+/// buffer, so the context holds the whole conversation.
+///
+/// ```no_run
+/// use weft::{Engine, Sampler};
+/// # fn main() -> weft::Result<()> {
+/// let engine = Engine::load("smollm2-135m")?;
+/// let mut ctx = engine.context();
+/// ctx.fill("Once upon a time")?;
+/// let text = weft::block_on(
+///     ctx.generate(Sampler::TopP { p: 0.95, temperature: 0.7 })
+///         .max_tokens(32)
+///         .stop_string("\n\n")
+///         .collect_text(),
+/// )?;
+/// println!("{text}");
+/// # Ok(()) }
+/// ```
+pub struct Generator<'c> {
+    ctx: &'c mut Context,
+    sampler: Sampler,
+    max_tokens: usize,
+    stops: HashSet<u32>,
+    stop_sequences: Vec<Vec<u32>>,
+    stop_strings: Vec<String>,
+    penalties: Option<Penalties>,
+    bias: Vec<(u32, f32)>,
+    each_step: Vec<(usize, ProbeKind)>,
+    generated: Vec<u32>,
+    /// Accepted tokens not run yet: the next step's input.
+    next_input: Vec<u32>,
+    /// Text of `generated` decoded so far, and how much of it was streamed.
+    text: String,
+    bytes: Vec<u8>,
+    streamed: usize,
+    stopped: Option<StopReason>,
+}
+
+/// Default `max_tokens`.
+const DEFAULT_MAX_TOKENS: usize = 256;
+
+impl<'c> Generator<'c> {
+    pub(crate) fn new(ctx: &'c mut Context, sampler: Sampler) -> Generator<'c> {
+        let stops = ctx.engine.stop_tokens().iter().copied().collect();
+        Generator {
+            ctx,
+            sampler,
+            max_tokens: DEFAULT_MAX_TOKENS,
+            stops,
+            stop_sequences: Vec::new(),
+            stop_strings: Vec::new(),
+            penalties: None,
+            bias: Vec::new(),
+            each_step: Vec::new(),
+            generated: Vec::new(),
+            next_input: Vec::new(),
+            text: String::new(),
+            bytes: Vec::new(),
+            streamed: 0,
+            stopped: None,
+        }
+    }
+
+    /// Stop after `n` tokens (default 256).
+    pub fn max_tokens(mut self, n: usize) -> Self {
+        self.max_tokens = n;
+        self
+    }
+
+    /// Also stop on these ids (added to the model's end-of-turn set, which stays).
+    pub fn stop(mut self, ids: &[u32]) -> Self {
+        self.stops.extend(ids);
+        self
+    }
+
+    /// Stop when the output ends with this sequence of ids (kept in the output).
+    pub fn stop_sequence(mut self, ids: &[u32]) -> Self {
+        if !ids.is_empty() {
+            self.stop_sequences.push(ids.to_vec());
+        }
+        self
+    }
+
+    /// Stop when the output text contains `s`; text collectors cut the text before it.
+    pub fn stop_string(mut self, s: &str) -> Self {
+        if !s.is_empty() {
+            self.stop_strings.push(s.to_string());
+        }
+        self
+    }
+
+    /// Repetition / presence / frequency penalties over the context's tokens.
+    pub fn penalties(mut self, p: Penalties) -> Self {
+        self.penalties = Some(p);
+        self
+    }
+
+    /// Adds a bias to the logits of the listed ids at every step.
+    pub fn logit_bias(mut self, bias: &[(u32, f32)]) -> Self {
+        self.bias.extend_from_slice(bias);
+        self
+    }
+
+    /// Attaches `probe` to every step; read it from each [`StepOutput`] with the handle.
+    /// `index` 0 is the position the step samples from.
+    pub fn probe_each_step<P: Probe>(&mut self, index: usize, probe: P) -> ProbeHandle<P> {
+        self.each_step.push((index, probe.kind()));
+        ProbeHandle::new(self.each_step.len() - 1)
+    }
+
+    /// Whether the generator has stopped.
+    pub fn is_done(&self) -> bool {
+        self.stopped.is_some()
+    }
+
+    /// Why it stopped, once it has.
+    pub fn stop_reason(&self) -> Option<&StopReason> {
+        self.stopped.as_ref()
+    }
+
+    /// Tokens accepted so far.
+    pub fn tokens_generated(&self) -> usize {
+        self.generated.len()
+    }
+
+    /// The accepted tokens.
+    pub fn tokens(&self) -> &[u32] {
+        &self.generated
+    }
+
+    /// The next step, or `None` once stopped. Run it with [`Step::execute`]; a step whose
+    /// sampler was cleared needs [`Generator::accept`] with the chosen token.
+    // Not an `Iterator`: each step borrows the generator, and the name is the seeds' API.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Result<Option<Step<'_, 'c>>> {
+        if self.stopped.is_none() && self.generated.len() >= self.max_tokens {
+            self.finish(StopReason::MaxTokens);
+        }
+        if self.stopped.is_some() {
+            return Ok(None);
+        }
+        if self.next_input.is_empty() && self.ctx.pending.is_empty() {
+            // Nothing to run: recompute the last token's logits by running it again.
+            let n = self.ctx.len();
+            let last = *self.ctx.tokens.last().ok_or(Error::EmptyPass)?;
+            self.ctx.truncate(n - 1)?;
+            self.next_input.push(last);
+        }
+        Ok(Some(Step {
+            gen: self,
+            auto: true,
+            probes: Vec::new(),
+        }))
+    }
+
+    /// Registers tokens chosen outside the loop (after a step whose sampler was cleared):
+    /// they count against `max_tokens`, are checked against the stop rules and are run by the
+    /// next step.
+    pub fn accept(&mut self, tokens: &[u32]) {
+        for &t in tokens {
+            if self.stopped.is_some() {
+                return;
+            }
+            self.generated.push(t);
+            self.next_input.push(t);
+            if self.stops.contains(&t) {
+                self.generated.pop();
+                self.finish(StopReason::StopToken(t));
+                return;
+            }
+            self.push_text(t);
+            if let Some(s) = self
+                .stop_sequences
+                .iter()
+                .find(|s| self.generated.ends_with(s))
+            {
+                let s = s.clone();
+                self.finish(StopReason::StopSequence(s));
+                return;
+            }
+            if let Some(s) = self
+                .stop_strings
+                .iter()
+                .find(|s| self.text.contains(s.as_str()))
+            {
+                let s = s.clone();
+                self.finish(StopReason::StopString(s));
+                return;
+            }
+            if self.generated.len() >= self.max_tokens {
+                self.finish(StopReason::MaxTokens);
+            }
+        }
+    }
+
+    /// Appends a token's bytes to the text, keeping an incomplete UTF-8 tail for later.
+    fn push_text(&mut self, t: u32) {
+        if self
+            .ctx
+            .engine
+            .inner
+            .tokenizer
+            .append_piece(t, false, &mut self.bytes)
+            .is_err()
+        {
+            return;
+        }
+        loop {
+            match std::str::from_utf8(&self.bytes) {
+                Ok(s) => {
+                    self.text.push_str(s);
+                    self.bytes.clear();
+                    return;
+                }
+                Err(e) => {
+                    let ok = e.valid_up_to();
+                    // SAFETY-free: `ok` bytes were just validated.
+                    self.text
+                        .push_str(std::str::from_utf8(&self.bytes[..ok]).unwrap_or_default());
+                    match e.error_len() {
+                        // An incomplete character at the end: wait for the next token.
+                        None => {
+                            self.bytes.drain(..ok);
+                            return;
+                        }
+                        Some(bad) => {
+                            self.text.push(char::REPLACEMENT_CHARACTER);
+                            self.bytes.drain(..ok + bad);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, reason: StopReason) {
+        self.stopped = Some(reason);
+        // Leave the last accepted token(s) in the context so it holds the whole exchange.
+        let rest = std::mem::take(&mut self.next_input);
+        self.ctx.pending.extend(rest);
+    }
+
+    /// The output text, cut before a matched stop string.
+    fn final_text(&self) -> &str {
+        match &self.stopped {
+            Some(StopReason::StopString(s)) => self
+                .text
+                .find(s.as_str())
+                .map_or(&self.text, |i| &self.text[..i]),
+            _ => &self.text,
+        }
+    }
+
+    /// Runs to the end; returns the accepted token ids (stop tokens excluded).
+    pub async fn collect_tokens(mut self) -> Result<Vec<u32>> {
+        while let Some(step) = self.next()? {
+            step.execute().await?;
+        }
+        Ok(std::mem::take(&mut self.generated))
+    }
+
+    /// Runs to the end; returns the text (control tokens not rendered, cut before a stop
+    /// string).
+    pub async fn collect_text(mut self) -> Result<String> {
+        while let Some(step) = self.next()? {
+            step.execute().await?;
+        }
+        Ok(self.final_text().to_string())
+    }
+
+    /// Runs steps until new text is available and returns it: the stream of UTF-8-safe text
+    /// deltas, `None` at the end. Text that might be the start of a stop string is held back
+    /// until it is clear.
+    pub async fn next_text(&mut self) -> Result<Option<String>> {
+        loop {
+            let done = self.is_done();
+            let visible = if done {
+                self.final_text().len()
+            } else {
+                self.text.len() - self.held_back()
+            };
+            if visible > self.streamed {
+                let delta = self.text[self.streamed..visible].to_string();
+                self.streamed = visible;
+                return Ok(Some(delta));
+            }
+            if done {
+                return Ok(None);
+            }
+            if let Some(step) = self.next()? {
+                step.execute().await?;
+            }
+        }
+    }
+
+    /// Bytes at the end of the text that could begin a stop string.
+    fn held_back(&self) -> usize {
+        let mut hold = 0;
+        for s in &self.stop_strings {
+            for (i, _) in s.char_indices().skip(1) {
+                if self.text.ends_with(&s[..i]) {
+                    hold = hold.max(i);
+                }
+            }
+        }
+        hold
+    }
+}
+
+/// One step of a [`Generator`]: add probes, optionally drop the automatic sampler, then
+/// [`Step::execute`].
+pub struct Step<'g, 'c> {
+    gen: &'g mut Generator<'c>,
+    auto: bool,
+    probes: Vec<(usize, ProbeKind)>,
+}
+
+/// What a step returned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    /// The token the generator's sampler chose (`None` after `clear_sampler`).
+    pub token: Option<u32>,
+    /// The pass's outputs: read probes with their handles.
+    pub output: ForwardOutput,
+}
+
+impl std::ops::Deref for StepOutput {
+    type Target = ForwardOutput;
+    fn deref(&self) -> &ForwardOutput {
+        &self.output
+    }
+}
+
+impl Step<'_, '_> {
+    /// Drops the automatic sampler: the step runs without choosing a token; pick one from a
+    /// probe and hand it to [`Generator::accept`].
+    pub fn clear_sampler(&mut self) {
+        self.auto = false;
+    }
+
+    /// Adds a probe for this step only (`index` 0: the position the step samples from).
+    pub fn probe<P: Probe>(&mut self, index: usize, probe: P) -> ProbeHandle<P> {
+        self.probes.push((index, probe.kind()));
+        ProbeHandle::new(self.gen.each_step.len() + self.probes.len() - 1)
+    }
+
+    /// Runs the step. With the automatic sampler on, the sampled token is accepted.
+    pub async fn execute(self) -> Result<StepOutput> {
+        let gen = self.gen;
+        let input = std::mem::take(&mut gen.next_input);
+        let horizon = gen.max_tokens.saturating_sub(gen.generated.len() + 1);
+        let (sampler, auto) = (gen.sampler.clone(), self.auto);
+        let mut fwd: Forward<'_> = gen.ctx.forward();
+        fwd.input(&input);
+        let last = fwd.len() - 1;
+        for (i, p) in gen.each_step.iter().chain(&self.probes) {
+            fwd.probe_kind(last + i, p.clone());
+        }
+        let h = auto.then(|| fwd.sample(&[last], sampler));
+        if let Some(p) = gen.penalties.clone() {
+            fwd.penalties(p);
+        }
+        fwd.logit_bias(&gen.bias).horizon(horizon);
+        let output = match fwd.execute().await {
+            Ok(o) => o,
+            Err(e) => {
+                gen.next_input = input;
+                return Err(e);
+            }
+        };
+        let token = h.and_then(|h| output.token(h));
+        if let Some(t) = token {
+            gen.accept(&[t]);
+        }
+        Ok(StepOutput { token, output })
+    }
+}

@@ -1,0 +1,455 @@
+//! The scheduler: one thread that packs the pending passes of every live context into one
+//! batched model call per step (continuous batching).
+//!
+//! Policy, per step:
+//! 1. Wait for work. If contexts that took part in the last step said they will submit again
+//!    (their `horizon` was above zero), wait for them — at most [`EngineConfig::batch_wait`] —
+//!    so that concurrent generations share model calls instead of drifting apart.
+//! 2. Fill a token budget ([`EngineConfig::step_tokens`]): first every pass of one to a few
+//!    tokens (decode steps, speculative checks), then prompt chunks in arrival order. A long
+//!    prompt is cut into chunks over several steps (chunked prefill), so it never stalls the
+//!    decodes of other contexts for more than one step. One pass per context per step, in the
+//!    order the context submitted them.
+//! 3. Run the step; if the batched call fails, run each pass alone to find whose it was (the
+//!    model runner rolls every sequence back on error, so a retry starts clean).
+//! 4. Answer the passes that finished: samplers and probes run here, on the rows of logits the
+//!    passes asked for, so only those rows are ever copied.
+//!
+//! [`EngineConfig::batch_wait`]: crate::EngineConfig::batch_wait
+//! [`EngineConfig::step_tokens`]: crate::EngineConfig::step_tokens
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures_channel::oneshot;
+use weft_core::kv::SeqId;
+use weft_core::models::SlotMask;
+use weft_core::runner::{BatchEntry, ModelRunner};
+use weft_core::sampling::{apply_logit_bias, Penalties, Rng, Sampler};
+
+use crate::error::{Error, Result};
+use crate::probe::{ProbeKind, ProbeValue};
+
+/// Passes of at most this many tokens go first in a step (decodes, speculative checks).
+const SHORT_PASS: usize = 16;
+
+/// Samplers at some positions of a pass.
+#[derive(Debug, Clone)]
+pub(crate) struct SampleSpec {
+    pub indices: Vec<usize>,
+    pub sampler: Sampler,
+}
+
+/// Everything a pass asks of the engine.
+#[derive(Debug)]
+pub(crate) struct PassRequest {
+    pub seq: SeqId,
+    pub tokens: Vec<u32>,
+    pub positions: Vec<u32>,
+    /// One attention mask per token, when the pass has custom masks.
+    pub masks: Option<Vec<SlotMask>>,
+    pub samplers: Vec<SampleSpec>,
+    pub probes: Vec<(usize, ProbeKind)>,
+    /// Allowed token ids for every sampler (`None`: all).
+    pub logit_mask: Option<Vec<bool>>,
+    pub penalties: Option<(Penalties, Vec<u32>)>,
+    pub bias: Vec<(u32, f32)>,
+    pub rng: Rng,
+    /// How many more passes this context expects to submit after this one.
+    pub horizon: usize,
+}
+
+/// What a pass returns.
+#[derive(Debug)]
+pub(crate) struct PassResult {
+    /// Per sampler, one token per index.
+    pub tokens: Vec<Vec<u32>>,
+    pub probes: Vec<ProbeValue>,
+    pub rng: Rng,
+}
+
+type Reply = oneshot::Sender<Result<PassResult>>;
+
+/// A pass being run, possibly over several steps.
+struct Active {
+    req: PassRequest,
+    reply: Reply,
+    /// Tokens already run.
+    done: usize,
+    /// Indices whose logits are needed, sorted.
+    wanted: Vec<usize>,
+    /// Logits rows of wanted indices run in earlier steps.
+    saved: Vec<(usize, Vec<f32>)>,
+    /// The answer, once the pass has finished or failed.
+    outcome: Option<Result<PassResult>>,
+}
+
+/// Counters the scheduler keeps (see [`crate::Metrics`]).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub steps: AtomicU64,
+    pub passes: AtomicU64,
+    pub step_passes: AtomicU64,
+    pub step_tokens: AtomicU64,
+    pub max_step_passes: AtomicU64,
+    pub prefilled: AtomicU64,
+    pub decoded: AtomicU64,
+}
+
+#[derive(Default)]
+struct Queue {
+    incoming: VecDeque<(PassRequest, Reply)>,
+    /// Contexts expected to submit again soon.
+    expected: HashSet<SeqId>,
+    shutdown: bool,
+}
+
+/// State shared by the scheduler thread and the engine handles.
+pub(crate) struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    runner: Mutex<ModelRunner>,
+    pub counters: Counters,
+    step_tokens: usize,
+    batch_wait: Duration,
+}
+
+impl Shared {
+    pub fn new(runner: ModelRunner, step_tokens: usize, batch_wait: Duration) -> Shared {
+        Shared {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            runner: Mutex::new(runner),
+            counters: Counters::default(),
+            step_tokens: step_tokens.max(1),
+            batch_wait,
+        }
+    }
+
+    /// The model runner, for context operations (fork, truncate, free) between steps.
+    pub fn runner(&self) -> MutexGuard<'_, ModelRunner> {
+        // A panic while holding the lock cannot leave the runner half-updated in a way later
+        // calls could observe (its methods validate first and roll back on error).
+        self.runner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a pass; the receiver gets its result.
+    pub fn submit(&self, req: PassRequest) -> oneshot::Receiver<Result<PassResult>> {
+        let (tx, rx) = oneshot::channel();
+        let mut q = self.queue();
+        if q.shutdown {
+            let _ = tx.send(Err(Error::EngineStopped));
+        } else {
+            q.expected.remove(&req.seq);
+            q.incoming.push_back((req, tx));
+            self.wake.notify_one();
+        }
+        rx
+    }
+
+    /// A context is gone: do not wait for it.
+    pub fn forget(&self, seq: SeqId) {
+        self.queue().expected.remove(&seq);
+    }
+
+    /// Asks the scheduler thread to finish.
+    pub fn shutdown(&self) {
+        self.queue().shutdown = true;
+        self.wake.notify_all();
+    }
+
+    /// The scheduler thread's loop.
+    pub fn run(&self) {
+        let mut active: Vec<Active> = Vec::new();
+        let mut scratch = Vec::new();
+        loop {
+            {
+                let mut q = self.queue();
+                while active.is_empty() && q.incoming.is_empty() && !q.shutdown {
+                    q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+                if q.shutdown {
+                    for (_, reply) in q.incoming.drain(..) {
+                        let _ = reply.send(Err(Error::EngineStopped));
+                    }
+                    for a in active.drain(..) {
+                        let _ = a.reply.send(Err(Error::EngineStopped));
+                    }
+                    return;
+                }
+                // Give contexts that announced more work a moment to submit it.
+                let deadline = Instant::now() + self.batch_wait;
+                while !q.expected.is_empty() && !q.shutdown {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        q.expected.clear();
+                        break;
+                    }
+                    q = self
+                        .wake
+                        .wait_timeout(q, deadline - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                for (req, reply) in q.incoming.drain(..) {
+                    active.push(Active::new(req, reply));
+                }
+            }
+            let expected = self.step(&mut active, &mut scratch);
+            self.queue().expected.extend(expected);
+        }
+    }
+
+    /// Runs one step over `active`; answers and removes the passes that finish. Returns the
+    /// contexts that said they will submit again.
+    fn step(&self, active: &mut Vec<Active>, scratch: &mut Vec<f32>) -> Vec<SeqId> {
+        // Only the oldest pass of each context may run (a context's passes run in order).
+        let mut seen = HashSet::new();
+        let eligible: Vec<bool> = active.iter().map(|a| seen.insert(a.req.seq)).collect();
+        // Choose (pass, token range) triples: short passes first, then chunks in order.
+        let mut chosen: Vec<(usize, usize, usize)> = Vec::new();
+        let mut budget = self.step_tokens;
+        for short in [true, false] {
+            for (i, a) in active.iter().enumerate() {
+                let left = a.req.tokens.len() - a.done;
+                if !eligible[i] || (left <= SHORT_PASS) != short || budget == 0 {
+                    continue;
+                }
+                if short && left > budget && !chosen.is_empty() {
+                    continue; // a whole short pass or nothing; it goes first next step
+                }
+                let n = left.min(budget);
+                budget -= n;
+                chosen.push((i, a.done, a.done + n));
+            }
+        }
+        chosen.sort_unstable_by_key(|c| c.0);
+        let mut ran = Vec::with_capacity(chosen.len());
+        {
+            let mut runner = self.runner();
+            let vocab = runner.info().vocab_size;
+            let together = run_chunks(&mut runner, active, &chosen);
+            if together.is_ok() {
+                ran.extend_from_slice(&chosen);
+                advance(&runner, active, &chosen, scratch, vocab);
+            } else if chosen.len() == 1 {
+                if let Err(e) = together {
+                    active[chosen[0].0].outcome = Some(Err(e));
+                }
+            } else {
+                // Find whose pass failed: run each alone.
+                for &c in &chosen {
+                    match run_chunks(&mut runner, active, &[c]) {
+                        Ok(()) => {
+                            ran.push(c);
+                            advance(&runner, active, &[c], scratch, vocab);
+                        }
+                        Err(e) => active[c.0].outcome = Some(Err(e)),
+                    }
+                }
+            }
+        }
+        let c = &self.counters;
+        let n_tokens: usize = ran.iter().map(|&(_, a, b)| b - a).sum();
+        if n_tokens > 0 {
+            c.steps.fetch_add(1, Ordering::Relaxed);
+            c.step_passes.fetch_add(ran.len() as u64, Ordering::Relaxed);
+            c.step_tokens.fetch_add(n_tokens as u64, Ordering::Relaxed);
+            c.max_step_passes
+                .fetch_max(ran.len() as u64, Ordering::Relaxed);
+            for &(i, a, b) in &ran {
+                let single = active[i].req.tokens.len() == 1;
+                let counter = if single { &c.decoded } else { &c.prefilled };
+                counter.fetch_add((b - a) as u64, Ordering::Relaxed);
+            }
+        }
+        // Answer and remove finished passes.
+        let mut expected = Vec::new();
+        let mut i = 0;
+        while i < active.len() {
+            if active[i].outcome.is_none() {
+                i += 1;
+                continue;
+            }
+            let a = active.remove(i);
+            if let Some(outcome) = a.outcome {
+                if outcome.is_ok() && a.req.horizon > 0 {
+                    expected.push(a.req.seq);
+                }
+                c.passes.fetch_add(1, Ordering::Relaxed);
+                let _ = a.reply.send(outcome);
+            }
+        }
+        expected
+    }
+}
+
+impl Active {
+    fn new(req: PassRequest, reply: Reply) -> Active {
+        let mut wanted: Vec<usize> = req
+            .samplers
+            .iter()
+            .flat_map(|s| s.indices.iter().copied())
+            .chain(req.probes.iter().map(|p| p.0))
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        Active {
+            req,
+            reply,
+            done: 0,
+            wanted,
+            saved: Vec::new(),
+            outcome: None,
+        }
+    }
+}
+
+/// Runs the token ranges `chosen` of the passes in `active` as one batch.
+fn run_chunks(
+    runner: &mut ModelRunner,
+    active: &[Active],
+    chosen: &[(usize, usize, usize)],
+) -> Result<()> {
+    let mut entries = Vec::new();
+    let mut masks = Vec::new();
+    for &(i, a, b) in chosen {
+        let r = &active[i].req;
+        for t in a..b {
+            let mask = r.masks.as_ref().map(|m| {
+                masks.push(m[t].clone());
+                (masks.len() - 1) as u32
+            });
+            entries.push(BatchEntry {
+                token: r.tokens[t],
+                pos: r.positions[t],
+                seq: r.seq,
+                logits: active[i].wanted.binary_search(&t).is_ok(),
+                mask,
+            });
+        }
+    }
+    runner.forward_masked(&entries, &masks)?;
+    Ok(())
+}
+
+/// The logits rows of the last forward, per chosen range: `(pass, index, row)`.
+fn rows_of<'r>(
+    runner: &'r ModelRunner,
+    active: &[Active],
+    chosen: &[(usize, usize, usize)],
+    vocab: usize,
+) -> Vec<(usize, usize, &'r [f32])> {
+    let all = runner.last_logits();
+    let mut rows = Vec::new();
+    let mut row = 0;
+    for &(i, a, b) in chosen {
+        for &t in active[i].wanted.iter().filter(|&&t| t >= a && t < b) {
+            rows.push((i, t, &all[row * vocab..(row + 1) * vocab]));
+            row += 1;
+        }
+    }
+    rows
+}
+
+/// After a successful forward: advances the chosen passes, saves the rows a pass that is not
+/// finished will need, and computes the outcome of the passes that are.
+fn advance(
+    runner: &ModelRunner,
+    active: &mut [Active],
+    chosen: &[(usize, usize, usize)],
+    scratch: &mut Vec<f32>,
+    vocab: usize,
+) {
+    let rows = rows_of(runner, active, chosen, vocab);
+    for &(i, _, b) in chosen {
+        let a = &mut active[i];
+        a.done = b;
+        let mine = rows.iter().filter(|r| r.0 == i);
+        if b < a.req.tokens.len() {
+            a.saved.extend(mine.map(|&(_, t, row)| (t, row.to_vec())));
+            continue;
+        }
+        let row = |t: usize| -> &[f32] {
+            mine.clone()
+                .find(|r| r.1 == t)
+                .map(|r| r.2)
+                .or_else(|| a.saved.iter().find(|s| s.0 == t).map(|s| s.1.as_slice()))
+                .unwrap_or(&[])
+        };
+        let mut rng = a.req.rng.clone();
+        let mut tokens = Vec::with_capacity(a.req.samplers.len());
+        let mut failure = None;
+        for s in &a.req.samplers {
+            let mut ids = Vec::with_capacity(s.indices.len());
+            for &t in &s.indices {
+                match sample_row(&a.req, row(t), &s.sampler, &mut rng, scratch) {
+                    Ok(id) => ids.push(id),
+                    Err(e) => failure = Some(e),
+                }
+            }
+            tokens.push(ids);
+        }
+        let probes = a
+            .req
+            .probes
+            .iter()
+            .map(|(t, p)| p.compute(row(*t)))
+            .collect();
+        a.outcome = Some(match failure {
+            Some(e) => Err(e),
+            None => Ok(PassResult {
+                tokens,
+                probes,
+                rng,
+            }),
+        });
+    }
+}
+
+/// Samples one token from `logits` after the pass's bias, penalties and logit mask.
+fn sample_row(
+    req: &PassRequest,
+    logits: &[f32],
+    sampler: &Sampler,
+    rng: &mut Rng,
+    scratch: &mut Vec<f32>,
+) -> Result<u32> {
+    let plain = req.bias.is_empty() && req.penalties.is_none() && req.logit_mask.is_none();
+    if plain {
+        return Ok(sampler.sample(logits, rng));
+    }
+    scratch.clear();
+    scratch.extend_from_slice(logits);
+    apply_logit_bias(scratch, &req.bias);
+    if let Some((p, history)) = &req.penalties {
+        p.apply(scratch, history);
+    }
+    if let Some(allowed) = &req.logit_mask {
+        let mut any = false;
+        for (l, &ok) in scratch.iter_mut().zip(allowed) {
+            if ok {
+                any = true;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        if !any {
+            return Err(Error::NothingAllowed);
+        }
+    }
+    Ok(sampler.sample(scratch, rng))
+}
+
+/// Starts the scheduler thread.
+pub(crate) fn spawn(shared: Arc<Shared>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("weft-scheduler".into())
+        .spawn(move || shared.run())
+}

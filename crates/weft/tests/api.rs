@@ -1,0 +1,483 @@
+//! The programmable API on the real models: scheduler batching, masks, probes, seeds, errors,
+//! and that every page goes back to the pool.
+
+use std::sync::Mutex;
+
+use futures_util::future::join_all;
+use weft::{
+    block_on, Brle, Distribution, Engine, EngineConfig, Entropy, Error, Logits, Logprobs, Sampler,
+};
+
+/// One engine per test, so page accounting is per test. Models are fetched once.
+fn engine(name: &str, config: EngineConfig) -> Engine {
+    static FETCH: Mutex<()> = Mutex::new(());
+    let path = {
+        let _g = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+        weft::Hub::from_env()
+            .and_then(|h| h.resolve(name, &mut weft::NoProgress))
+            .unwrap_or_else(|e| panic!("cannot fetch {name}: {e}"))
+    };
+    Engine::open(&path, config).unwrap_or_else(|e| panic!("cannot load {name}: {e}"))
+}
+
+fn small() -> EngineConfig {
+    EngineConfig {
+        n_threads: 2,
+        kv_tokens: 4096,
+        ..EngineConfig::default()
+    }
+}
+
+fn assert_pool_free(engine: &Engine) {
+    let m = engine.metrics();
+    assert_eq!(m.kv_pages_used, 0, "KV pages leaked: {m:?}");
+}
+
+const PROMPTS: [&str; 16] = [
+    "The capital of France is",
+    "Once upon a time",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "In 1969, astronauts",
+    "Water boils at",
+    "The quick brown fox",
+    "My favourite recipe for pancakes",
+    "The largest planet in the solar system",
+    "To be or not to be,",
+    "A haiku about autumn:",
+    "SELECT name FROM",
+    "The mitochondria is",
+    "Rust is a programming language that",
+    "Dear Sir or Madam,",
+    "The first law of thermodynamics",
+];
+
+fn greedy_alone(engine: &Engine, prompt: &str, n: usize) -> Vec<u32> {
+    let mut ctx = engine.context();
+    ctx.fill(prompt).expect("fill");
+    block_on(ctx.generate(Sampler::Argmax).max_tokens(n).collect_tokens()).expect("generate")
+}
+
+#[test]
+fn concurrent_greedy_equals_alone_and_shares_model_calls() {
+    for name in ["smollm2-135m", "gemma3-270m"] {
+        let engine = engine(name, small());
+        let n = 24;
+        let alone: Vec<Vec<u32>> = PROMPTS
+            .iter()
+            .map(|p| greedy_alone(&engine, p, n))
+            .collect();
+        let before = engine.metrics();
+        // 16 generations polled together on one thread: the scheduler batches their passes.
+        let mut ctxs: Vec<_> = PROMPTS
+            .iter()
+            .map(|p| {
+                let mut c = engine.context();
+                c.fill(p).expect("fill");
+                c
+            })
+            .collect();
+        let together =
+            block_on(join_all(ctxs.iter_mut().map(|c| {
+                c.generate(Sampler::Argmax).max_tokens(n).collect_tokens()
+            })));
+        for (i, (t, a)) in together.into_iter().zip(&alone).enumerate() {
+            assert_eq!(
+                &t.expect("generate"),
+                a,
+                "{name}: prompt {i} differs when batched"
+            );
+        }
+        let after = engine.metrics();
+        let steps = after.steps - before.steps;
+        let passes = after.passes - before.passes;
+        let mean = passes as f64 / steps as f64;
+        println!("{name}: {passes} passes in {steps} model calls, mean batch {mean:.1}");
+        assert!(
+            mean > 8.0,
+            "{name}: passes were not batched (mean {mean:.2})"
+        );
+        // 16 threads, each blocking on its own generation: batched as well.
+        let before = engine.metrics();
+        let threads = std::thread::scope(|s| {
+            let handles: Vec<_> = PROMPTS
+                .iter()
+                .map(|p| s.spawn(|| greedy_alone(&engine, p, n)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("thread"))
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(threads, alone, "{name}: threaded generations differ");
+        let after = engine.metrics();
+        let mean = (after.passes - before.passes) as f64 / (after.steps - before.steps) as f64;
+        println!("{name}: threads: mean batch {mean:.1}");
+        assert!(
+            mean > 4.0,
+            "{name}: threaded passes were not batched (mean {mean:.2})"
+        );
+        drop(ctxs);
+        assert_pool_free(&engine);
+    }
+}
+
+/// Logits after the last token of `text` in a fresh context.
+fn last_logits(engine: &Engine, ids: &[u32]) -> Vec<f32> {
+    let mut ctx = engine.context();
+    block_on(ctx.prefill(ids)).expect("prefill")
+}
+
+#[test]
+fn attention_mask_isolates_two_documents_in_one_pass() {
+    let engine = engine("smollm2-135m", small());
+    let tok = engine.tokenizer();
+    let a = tok.encode("The cat sat on the mat because it was tired", true, true);
+    let b = tok.encode("Interest rates rose again in March", true, true);
+    let (ra, rb) = (last_logits(&engine, &a), last_logits(&engine, &b));
+    // One context, one pass: document a at positions 0.., then b at positions 0.., each token
+    // of b seeing only b.
+    let mut ctx = engine.context();
+    let mut fwd = ctx.forward();
+    let pa: Vec<u32> = (0..a.len() as u32).collect();
+    let pb: Vec<u32> = (0..b.len() as u32).collect();
+    fwd.input_at(&a, &pa).input_at(&b, &pb);
+    let mut masks = Vec::new();
+    for i in 0..a.len() {
+        masks.push(Brle::from_runs(vec![0, i as u32 + 1]));
+    }
+    for j in 0..b.len() {
+        masks.push(Brle::from_runs(vec![a.len() as u32, j as u32 + 1]));
+    }
+    fwd.attention_mask(masks);
+    let ha = fwd.probe(a.len() - 1, Logits);
+    let hb = fwd.probe(a.len() + b.len() - 1, Logits);
+    let out = block_on(fwd.execute()).expect("masked pass");
+    for (name, got, want) in [("a", out.logits(ha), &ra), ("b", out.logits(hb), &rb)] {
+        let got = got.expect("logits");
+        let diff = got
+            .iter()
+            .zip(want)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        println!("document {name}: max |Δlogit| vs its own context = {diff:e}");
+        // Same keys and values; only the order keys are visited in (pages) differs.
+        assert!(
+            diff < 1e-3,
+            "document {name} is not isolated: max diff {diff}"
+        );
+        assert_eq!(
+            weft::sampling::argmax(got),
+            weft::sampling::argmax(want),
+            "document {name}"
+        );
+    }
+    drop(ctx);
+    assert_pool_free(&engine);
+}
+
+#[test]
+fn probes_agree_with_log_softmax_and_entropy() {
+    let engine = engine("gemma3-270m", small());
+    let mut ctx = engine.context();
+    ctx.fill("The capital of France is").expect("fill");
+    let mut fwd = ctx.forward();
+    let last = fwd.len() - 1;
+    let ids = vec![0u32, 1, 100, 5000, 262_143];
+    let hl = fwd.probe(last, Logits);
+    let hp = fwd.probe(last, Logprobs(ids.clone()));
+    let he = fwd.probe(last, Entropy);
+    let hd = fwd.probe(
+        last,
+        Distribution {
+            temperature: 1.0,
+            k: 0,
+        },
+    );
+    let hk = fwd.probe(
+        last,
+        Distribution {
+            temperature: 1.0,
+            k: 5,
+        },
+    );
+    let out = block_on(fwd.execute()).expect("pass");
+    let logits = out.logits(hl).expect("logits");
+    // Reference computation in f64, straight from the definitions.
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| (l as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    let lp = out.logprobs(hp).expect("logprobs");
+    for (&id, &got) in ids.iter().zip(lp) {
+        let want = logits[id as usize] as f64 - lse;
+        assert!(
+            (got as f64 - want).abs() < 1e-4,
+            "logprob of {id}: {got} vs {want}"
+        );
+    }
+    let entropy: f64 = logits
+        .iter()
+        .map(|&l| {
+            let lp = l as f64 - lse;
+            -lp.exp() * lp
+        })
+        .sum();
+    let got = out.entropy(he).expect("entropy") as f64;
+    assert!((got - entropy).abs() < 1e-3, "entropy {got} vs {entropy}");
+    let (all_ids, probs) = out.distribution(hd).expect("distribution");
+    assert_eq!(all_ids.len(), logits.len());
+    let total: f64 = probs.iter().map(|&p| p as f64).sum();
+    assert!((total - 1.0).abs() < 1e-3, "probabilities sum to {total}");
+    let (top, top_p) = out.distribution(hk).expect("top-5");
+    assert_eq!(top, &all_ids[..5]);
+    for (&id, &p) in top.iter().zip(top_p) {
+        let want = (logits[id as usize] as f64 - lse).exp();
+        assert!((p as f64 - want).abs() < 1e-5, "p({id}) {p} vs {want}");
+    }
+    assert!(top_p.windows(2).all(|w| w[0] >= w[1]), "not sorted");
+    drop(ctx);
+    assert_pool_free(&engine);
+}
+
+fn sampled(engine: &Engine, seed: u64) -> Vec<u32> {
+    let mut ctx = engine.context();
+    ctx.set_seed(seed);
+    ctx.fill("Once upon a time").expect("fill");
+    let sampler = Sampler::TopP {
+        p: 0.95,
+        temperature: 1.0,
+    };
+    block_on(ctx.generate(sampler).max_tokens(24).collect_tokens()).expect("generate")
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_independent_of_the_batch() {
+    let engine = engine("smollm2-135m", small());
+    let first = sampled(&engine, 7);
+    assert_eq!(sampled(&engine, 7), first, "same seed, different tokens");
+    assert_ne!(
+        sampled(&engine, 8),
+        first,
+        "different seeds gave the same 24 tokens"
+    );
+    // The same generation while five other contexts generate with other seeds and prompts.
+    let together = std::thread::scope(|s| {
+        let others: Vec<_> = (0..5)
+            .map(|i| {
+                let engine = &engine;
+                s.spawn(move || {
+                    let mut c = engine.context();
+                    c.set_seed(100 + i);
+                    c.fill(PROMPTS[i as usize]).expect("fill");
+                    let g = c
+                        .generate(Sampler::Temperature { temperature: 1.0 })
+                        .max_tokens(30);
+                    block_on(g.collect_tokens()).expect("other")
+                })
+            })
+            .collect();
+        let mine = sampled(&engine, 7);
+        others.into_iter().for_each(|h| drop(h.join()));
+        mine
+    });
+    assert_eq!(together, first, "batch composition changed a seeded sample");
+    assert_pool_free(&engine);
+}
+
+#[test]
+fn bad_requests_are_typed_errors_and_leak_nothing() {
+    let engine = engine(
+        "smollm2-135m",
+        EngineConfig {
+            n_ctx: Some(64),
+            ..small()
+        },
+    );
+    let vocab = engine.info().vocab_size as u32;
+    let mut ctx = engine.context();
+    // A prompt longer than the context.
+    ctx.fill(&"word ".repeat(100)).expect("fill");
+    let err = block_on(ctx.forward().execute()).expect_err("too long");
+    assert!(
+        matches!(err, Error::ContextTooLong { n_ctx: 64, .. }),
+        "{err}"
+    );
+    ctx.truncate(0).expect("clear pending");
+    // An id past the vocabulary.
+    assert!(matches!(
+        ctx.fill_tokens(&[vocab]),
+        Err(Error::TokenOutOfVocab { .. })
+    ));
+    let mut fwd = ctx.forward();
+    fwd.input(&[1, vocab + 5]);
+    let err = block_on(fwd.execute()).expect_err("bad id");
+    assert!(matches!(err, Error::TokenOutOfVocab { .. }), "{err}");
+    // A position past the context.
+    let mut fwd = ctx.forward();
+    fwd.input_at(&[1, 2], &[0, 64]);
+    let err = block_on(fwd.execute()).expect_err("bad position");
+    assert!(
+        matches!(err, Error::PositionOutOfRange { pos: 64, .. }),
+        "{err}"
+    );
+    // Positions and tokens of different lengths.
+    let mut fwd = ctx.forward();
+    fwd.input_at(&[1, 2], &[0]);
+    assert!(matches!(
+        block_on(fwd.execute()),
+        Err(Error::PositionCount { .. })
+    ));
+    // A sampler index past the inputs.
+    let mut fwd = ctx.forward();
+    fwd.input(&[1, 2]);
+    fwd.sample(&[2], Sampler::Argmax);
+    assert!(matches!(
+        block_on(fwd.execute()),
+        Err(Error::IndexOutOfRange { index: 2, .. })
+    ));
+    // Malformed masks: wrong logit-mask length, wrong attention-mask length and count.
+    let mut fwd = ctx.forward();
+    fwd.input(&[1, 2]).mask(Brle::all(10, true));
+    assert!(
+        matches!(block_on(fwd.execute()), Err(Error::MaskLength { expected, .. }) if expected == vocab as usize)
+    );
+    let mut fwd = ctx.forward();
+    fwd.input(&[1, 2])
+        .attention_mask(vec![Brle::all(1, true), Brle::all(3, true)]);
+    assert!(matches!(
+        block_on(fwd.execute()),
+        Err(Error::MaskLength {
+            expected: 2,
+            got: 3,
+            ..
+        })
+    ));
+    let mut fwd = ctx.forward();
+    fwd.input(&[1, 2]).attention_mask(vec![Brle::all(1, true)]);
+    assert!(matches!(
+        block_on(fwd.execute()),
+        Err(Error::MaskLength { .. })
+    ));
+    // A bad sampler and a logit mask that allows nothing.
+    let mut fwd = ctx.forward();
+    fwd.input(&[1]);
+    fwd.sample(
+        &[0],
+        Sampler::TopP {
+            p: 1.5,
+            temperature: 1.0,
+        },
+    );
+    assert!(matches!(block_on(fwd.execute()), Err(Error::Sampler(_))));
+    let mut fwd = ctx.forward();
+    fwd.input(&[1]).mask(Brle::all(vocab as usize, false));
+    fwd.sample(&[0], Sampler::Argmax);
+    assert!(matches!(
+        block_on(fwd.execute()),
+        Err(Error::NothingAllowed)
+    ));
+    assert_eq!(
+        ctx.len(),
+        0,
+        "a failed pass must leave the context as it was"
+    );
+    // Nothing ran: an empty pass is an error too. After all that the context still works.
+    assert!(matches!(
+        block_on(ctx.forward().execute()),
+        Err(Error::EmptyPass)
+    ));
+    ctx.fill("Hello").expect("fill");
+    let logits = block_on(ctx.flush_logits()).expect("still usable");
+    assert_eq!(logits.len(), vocab as usize);
+    assert!(matches!(
+        ctx.truncate(99),
+        Err(Error::TruncateTooLong { .. })
+    ));
+    drop(ctx);
+    assert_pool_free(&engine);
+}
+
+#[test]
+fn manual_stepping_fork_truncate_and_text_stream() {
+    let engine = engine("smollm2-135m", small());
+    let mut ctx = engine.context();
+    ctx.fill("The capital of France is").expect("fill");
+    let prompt_len = ctx.pending().len();
+    let auto = {
+        let mut fork = ctx.fork().expect("fork");
+        block_on(
+            fork.generate(Sampler::Argmax)
+                .max_tokens(8)
+                .collect_tokens(),
+        )
+        .expect("auto")
+    };
+    // Manual stepping: pick the argmax of the Logits probe ourselves.
+    let mut g = ctx.generate(Sampler::Argmax).max_tokens(8);
+    let ent = g.probe_each_step(0, Entropy);
+    let mut manual = Vec::new();
+    while let Some(mut step) = g.next().expect("next") {
+        step.clear_sampler();
+        let h = step.probe(0, Logits);
+        let out = block_on(step.execute()).expect("step");
+        assert!(out.token.is_none());
+        assert!(out.entropy(ent).expect("entropy") >= 0.0);
+        let t = weft::sampling::argmax(out.logits(h).expect("logits"));
+        manual.push(t);
+        g.accept(&[t]);
+    }
+    assert_eq!(g.tokens_generated(), 8);
+    drop(g);
+    assert_eq!(
+        manual, auto,
+        "manual stepping must equal the automatic loop"
+    );
+    // The context holds prompt + 8 tokens (the last one pending).
+    assert_eq!(ctx.len() + ctx.pending().len(), prompt_len + 8);
+    // Fork shares pages: a fork costs at most one page per KV group.
+    let used = engine.metrics().kv_pages_used;
+    let f = ctx.fork().expect("fork");
+    assert!(engine.metrics().kv_pages_used <= used + 1);
+    drop(f);
+    // Rewind to the prompt and regenerate: the same tokens.
+    ctx.truncate(prompt_len).expect("truncate");
+    let again =
+        block_on(ctx.generate(Sampler::Argmax).max_tokens(8).collect_tokens()).expect("again");
+    assert_eq!(again, auto);
+    // The text stream concatenates to collect_text, and stop strings cut the text.
+    ctx.truncate(prompt_len).expect("truncate");
+    let mut fork = ctx.fork().expect("fork");
+    let text =
+        block_on(fork.generate(Sampler::Argmax).max_tokens(12).collect_text()).expect("text");
+    let mut g = ctx.generate(Sampler::Argmax).max_tokens(12);
+    let mut streamed = String::new();
+    while let Some(delta) = block_on(g.next_text()).expect("stream") {
+        streamed.push_str(&delta);
+    }
+    assert_eq!(streamed, text);
+    drop(g);
+    let word: String = text
+        .split_whitespace()
+        .nth(1)
+        .expect("two words")
+        .to_string();
+    ctx.truncate(prompt_len).expect("truncate");
+    let cut = block_on(
+        ctx.generate(Sampler::Argmax)
+            .max_tokens(12)
+            .stop_string(&word)
+            .collect_text(),
+    )
+    .expect("stop string");
+    assert_eq!(
+        cut,
+        text[..text.find(&word).expect("word")],
+        "stop string cut"
+    );
+    drop((ctx, fork));
+    assert_pool_free(&engine);
+}
