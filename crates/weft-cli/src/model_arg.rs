@@ -54,4 +54,17 @@ impl ThreadsArg {
         }
         Ok(weft::ModelRunner::new(file, &cfg)?)
     }
+
+    /// An engine (scheduler and all) over `file` with these threads.
+    pub fn engine(&self, file: std::sync::Arc<GgufFile>) -> anyhow::Result<weft::Engine> {
+        let mut cfg = weft::EngineConfig::default();
+        if let Some(t) = self.threads {
+            anyhow::ensure!(
+                (1..=256).contains(&t),
+                "--threads must be between 1 and 256"
+            );
+            cfg.n_threads = t;
+        }
+        Ok(weft::Engine::from_file(file, cfg)?)
+    }
 }

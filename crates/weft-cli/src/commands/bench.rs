@@ -3,8 +3,11 @@
 //!
 //! - `ppN`: N prompt tokens in one call from an empty sequence (logits for the last only).
 //! - `tgN`: N single-token decode steps from an empty sequence.
-//! - `pp128+tgN xP`: P sequences each prefilled with 128 tokens, then N steps that decode one
-//!   token of every sequence per call; reported as aggregate decode tokens/s (P·N / time).
+//! - `pp128+tgN xP`: P contexts on one [`weft::Engine`], each prefilled with 128 tokens, then
+//!   N steps in which every context submits a one-token pass with a greedy sampler through the
+//!   public API; the scheduler batches them. Reported as aggregate decode tokens/s (P·N / time).
+//!   With `--raw`, the same test on the bare batched forward (`... raw`), to show what the API
+//!   costs.
 //!
 //! Prompt tokens are pseudo-random ids, as llama-bench uses. Each test runs `-r` times after
 //! one warm-up; the table shows the median and the standard deviation.
@@ -12,8 +15,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures_util::future::join_all;
 use weft::sampling::Rng;
-use weft::{BatchEntry, ModelRunner};
+use weft::{block_on, BatchEntry, Context, Engine, ModelRunner, Sampler};
 
 use crate::model_arg::{ModelArg, ThreadsArg};
 
@@ -43,6 +47,9 @@ pub struct Args {
     /// Print one JSON object per test instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also run the parallel tests on the bare batched forward, bypassing the scheduler.
+    #[arg(long)]
+    raw: bool,
 }
 
 /// Prompt length of the parallel tests, as in llama-batched-bench's `-npp 128`.
@@ -50,6 +57,7 @@ const PARALLEL_PROMPT: usize = 128;
 
 struct Bench {
     runner: ModelRunner,
+    engine: Option<Engine>,
     rng: Rng,
     vocab: u32,
 }
@@ -83,6 +91,39 @@ impl Bench {
         result
     }
 
+    /// Seconds for `steps` decode passes of `n_seq` contexts through the engine's scheduler.
+    fn decode_api(&mut self, n_seq: usize, prompt: usize, steps: usize) -> anyhow::Result<f64> {
+        let engine = self
+            .engine
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("no engine"))?;
+        let mut ctxs: Vec<Context> = (0..n_seq).map(|_| engine.context()).collect();
+        for c in &mut ctxs {
+            c.fill_tokens(&self.tokens(prompt))?;
+        }
+        if prompt > 0 {
+            for r in block_on(join_all(ctxs.iter_mut().map(|c| c.flush_logits()))) {
+                r?;
+            }
+        }
+        let mut next = self.tokens(n_seq);
+        let t = Instant::now();
+        for step in 0..steps {
+            let horizon = steps - step - 1;
+            let passes = ctxs.iter_mut().zip(&next).map(|(c, &token)| async move {
+                let mut fwd = c.forward();
+                fwd.input(&[token]).horizon(horizon);
+                let h = fwd.sample(&[0], Sampler::Argmax);
+                let out = fwd.execute().await?;
+                Ok::<u32, weft::Error>(out.token(h).unwrap_or(token))
+            });
+            next = block_on(join_all(passes))
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()?;
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
     fn decode_seqs(
         &mut self,
         seqs: &[weft::kv::SeqId],
@@ -107,6 +148,7 @@ impl Bench {
                     pos: (prompt + step) as u32,
                     seq,
                     logits: true,
+                    mask: None,
                 })
                 .collect();
             self.runner.forward(&batch)?;
@@ -140,31 +182,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let file = Arc::new(args.model.open()?);
     let size: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
-    let runner = args.threads.runner(file)?;
+    let runner = args.threads.runner(file.clone())?;
     let threads = runner.n_threads();
     let vocab = runner.info().vocab_size as u32;
+    let engine = if args.parallel.is_empty() || args.n_gen == 0 {
+        None
+    } else {
+        Some(args.threads.engine(file)?)
+    };
     let mut bench = Bench {
         runner,
+        engine,
         rng: Rng::new(1234),
         vocab,
     };
     // Warm-up: touch the weights and size the buffers.
     bench.prefill(16)?;
     bench.decode(1, 0, 4)?;
+    if bench.engine.is_some() {
+        bench.decode_api(2, 4, 4)?;
+    }
 
-    let mut tests: Vec<(String, usize, usize, usize)> = Vec::new(); // name, prompt, gen, parallel
+    // name, prompt, gen, parallel, through the API
+    let mut tests: Vec<(String, usize, usize, usize, bool)> = Vec::new();
     for &p in &args.n_prompt {
-        tests.push((format!("pp{p}"), p, 0, 1));
+        tests.push((format!("pp{p}"), p, 0, 1, false));
     }
     if args.n_gen > 0 {
-        tests.push((format!("tg{}", args.n_gen), 0, args.n_gen, 1));
+        tests.push((format!("tg{}", args.n_gen), 0, args.n_gen, 1, false));
         for &p in &args.parallel {
-            tests.push((
-                format!("pp{PARALLEL_PROMPT}+tg{} x{p}", args.n_gen),
-                PARALLEL_PROMPT,
-                args.n_gen,
-                p,
-            ));
+            let name = format!("pp{PARALLEL_PROMPT}+tg{} x{p}", args.n_gen);
+            if args.raw {
+                tests.push((format!("{name} raw"), PARALLEL_PROMPT, args.n_gen, p, false));
+            }
+            tests.push((name, PARALLEL_PROMPT, args.n_gen, p, true));
         }
     }
     let model = &args.model.model;
@@ -172,11 +223,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("| model | size | params | threads | test | t/s |");
         println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     }
-    for (name, prompt, gen, parallel) in tests {
+    for (name, prompt, gen, parallel, api) in tests {
         let mut samples = Vec::with_capacity(args.repetitions);
         for _ in 0..args.repetitions {
             let tps = if gen == 0 {
                 prompt as f64 / bench.prefill(prompt)?
+            } else if api {
+                (parallel * gen) as f64 / bench.decode_api(parallel, prompt, gen)?
             } else {
                 (parallel * gen) as f64 / bench.decode(parallel, prompt, gen)?
             };
