@@ -100,12 +100,22 @@ impl KvCache {
             .filter(|&e| e <= isize::MAX as usize / 2)
             .ok_or(Error::KvTooLarge { max_tokens })?;
         let alloc = || -> Result<Vec<u16>> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(elems)
+            if elems == 0 {
+                return Ok(Vec::new());
+            }
+            let layout = std::alloc::Layout::array::<u16>(elems)
                 .map_err(|_| Error::KvTooLarge { max_tokens })?;
-            // Zero-filled by the allocator: pages are mapped only when first written.
-            v.resize(elems, 0u16);
-            Ok(v)
+            // Zeroed by the allocator (calloc / a fresh mmap), so the OS maps a page of storage
+            // only when it is first written; writing the zeros ourselves would touch it all.
+            // SAFETY: `layout` has a non-zero size.
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u16>();
+            if ptr.is_null() {
+                return Err(Error::KvTooLarge { max_tokens });
+            }
+            // SAFETY: `ptr` was allocated by the global allocator with the layout of `elems`
+            // u16 values (what a `Vec<u16>` of capacity `elems` uses), and all-zero bits are
+            // valid u16s, so length and capacity `elems` describe initialized memory.
+            Ok(unsafe { Vec::from_raw_parts(ptr, elems, elems) })
         };
         let mut layer_slot = vec![(0, 0); layout.n_layers];
         let mut groups = Vec::with_capacity(layout.groups.len());
