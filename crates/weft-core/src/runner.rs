@@ -123,6 +123,11 @@ impl ModelRunner {
         self.pool.n_threads()
     }
 
+    /// The thread pool of the forward pass (free between calls, e.g. for sampling).
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+
     /// The KV cache (sequences, page usage).
     pub fn kv(&self) -> &KvCache {
         &self.kv

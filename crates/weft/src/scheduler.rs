@@ -20,7 +20,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures_channel::oneshot;
@@ -167,7 +167,6 @@ impl Shared {
     /// The scheduler thread's loop.
     pub fn run(&self) {
         let mut active: Vec<Active> = Vec::new();
-        let mut scratch = Vec::new();
         loop {
             {
                 let mut q = self.queue();
@@ -201,14 +200,14 @@ impl Shared {
                     active.push(Active::new(req, reply));
                 }
             }
-            let expected = self.step(&mut active, &mut scratch);
+            let expected = self.step(&mut active);
             self.queue().expected.extend(expected);
         }
     }
 
     /// Runs one step over `active`; answers and removes the passes that finish. Returns the
     /// contexts that said they will submit again.
-    fn step(&self, active: &mut Vec<Active>, scratch: &mut Vec<f32>) -> Vec<SeqId> {
+    fn step(&self, active: &mut Vec<Active>) -> Vec<SeqId> {
         // Only the oldest pass of each context may run (a context's passes run in order).
         let mut seen = HashSet::new();
         let eligible: Vec<bool> = active.iter().map(|a| seen.insert(a.req.seq)).collect();
@@ -237,7 +236,7 @@ impl Shared {
             let together = run_chunks(&mut runner, active, &chosen);
             if together.is_ok() {
                 ran.extend_from_slice(&chosen);
-                advance(&runner, active, &chosen, scratch, vocab);
+                advance(&runner, active, &chosen, vocab);
             } else if chosen.len() == 1 {
                 if let Err(e) = together {
                     active[chosen[0].0].outcome = Some(Err(e));
@@ -248,7 +247,7 @@ impl Shared {
                     match run_chunks(&mut runner, active, &[c]) {
                         Ok(()) => {
                             ran.push(c);
-                            advance(&runner, active, &[c], scratch, vocab);
+                            advance(&runner, active, &[c], vocab);
                         }
                         Err(e) => active[c.0].outcome = Some(Err(e)),
                     }
@@ -359,58 +358,81 @@ fn rows_of<'r>(
 }
 
 /// After a successful forward: advances the chosen passes, saves the rows a pass that is not
-/// finished will need, and computes the outcome of the passes that are.
+/// finished will need, and computes the outcome of the passes that are — on the runner's
+/// thread pool, since with a large vocabulary sampling sixteen rows is not free.
 fn advance(
     runner: &ModelRunner,
     active: &mut [Active],
     chosen: &[(usize, usize, usize)],
-    scratch: &mut Vec<f32>,
     vocab: usize,
 ) {
     let rows = rows_of(runner, active, chosen, vocab);
+    let mut finished = Vec::new();
     for &(i, _, b) in chosen {
         let a = &mut active[i];
         a.done = b;
-        let mine = rows.iter().filter(|r| r.0 == i);
         if b < a.req.tokens.len() {
+            let mine = rows.iter().filter(|r| r.0 == i);
             a.saved.extend(mine.map(|&(_, t, row)| (t, row.to_vec())));
-            continue;
+        } else {
+            finished.push(i);
         }
-        let row = |t: usize| -> &[f32] {
-            mine.clone()
-                .find(|r| r.1 == t)
-                .map(|r| r.2)
-                .or_else(|| a.saved.iter().find(|s| s.0 == t).map(|s| s.1.as_slice()))
-                .unwrap_or(&[])
-        };
-        let mut rng = a.req.rng.clone();
-        let mut tokens = Vec::with_capacity(a.req.samplers.len());
-        let mut failure = None;
-        for s in &a.req.samplers {
-            let mut ids = Vec::with_capacity(s.indices.len());
-            for &t in &s.indices {
-                match sample_row(&a.req, row(t), &s.sampler, &mut rng, scratch) {
-                    Ok(id) => ids.push(id),
-                    Err(e) => failure = Some(e),
-                }
-            }
-            tokens.push(ids);
-        }
-        let probes = a
-            .req
-            .probes
-            .iter()
-            .map(|(t, p)| p.compute(row(*t)))
-            .collect();
-        a.outcome = Some(match failure {
-            Some(e) => Err(e),
-            None => Ok(PassResult {
-                tokens,
-                probes,
-                rng,
-            }),
-        });
     }
+    let results: Vec<OnceLock<Result<PassResult>>> =
+        finished.iter().map(|_| OnceLock::new()).collect();
+    let done: &[Active] = active;
+    let work = |ti: usize, nt: usize| {
+        let mut scratch = Vec::new();
+        for j in (ti..finished.len()).step_by(nt) {
+            let i = finished[j];
+            let row = |t: usize| -> &[f32] {
+                rows.iter()
+                    .find(|r| r.0 == i && r.1 == t)
+                    .map(|r| r.2)
+                    .or_else(|| {
+                        done[i]
+                            .saved
+                            .iter()
+                            .find(|s| s.0 == t)
+                            .map(|s| s.1.as_slice())
+                    })
+                    .unwrap_or(&[])
+            };
+            let _ = results[j].set(outcome(&done[i].req, row, &mut scratch));
+        }
+    };
+    if finished.len() > 1 {
+        runner.pool().run(&work);
+    } else {
+        work(0, 1);
+    }
+    for (i, r) in finished.into_iter().zip(results) {
+        active[i].outcome = r.into_inner();
+    }
+}
+
+/// Samples and probes a finished pass, given its logits rows by index.
+fn outcome<'r>(
+    req: &PassRequest,
+    row: impl Fn(usize) -> &'r [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<PassResult> {
+    let mut rng = req.rng.clone();
+    let mut tokens = Vec::with_capacity(req.samplers.len());
+    for s in &req.samplers {
+        let ids = s
+            .indices
+            .iter()
+            .map(|&t| sample_row(req, row(t), &s.sampler, &mut rng, scratch))
+            .collect::<Result<Vec<_>>>()?;
+        tokens.push(ids);
+    }
+    let probes = req.probes.iter().map(|(t, p)| p.compute(row(*t))).collect();
+    Ok(PassResult {
+        tokens,
+        probes,
+        rng,
+    })
 }
 
 /// Samples one token from `logits` after the pass's bias, penalties and logit mask.
