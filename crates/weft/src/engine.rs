@@ -75,6 +75,8 @@ pub(crate) struct Inner {
     pub info: ModelInfo,
     pub n_ctx: usize,
     pub stop_tokens: Vec<u32>,
+    /// llguidance's token trie and parser factory, built on the first constraint.
+    pub llg: std::sync::OnceLock<Arc<llguidance::ParserFactory>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -157,6 +159,7 @@ impl Engine {
                 info,
                 n_ctx,
                 stop_tokens,
+                llg: std::sync::OnceLock::new(),
                 thread: Some(thread),
             }),
         })

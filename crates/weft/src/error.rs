@@ -57,6 +57,13 @@ pub enum Error {
     /// Generator options that cannot be used together.
     #[error("{0}")]
     Config(String),
+    /// A JSON schema, regular expression or grammar that does not compile, or generated tokens
+    /// that do not fit a constraint.
+    #[error("invalid {kind}: {message}")]
+    Grammar { kind: &'static str, message: String },
+    /// `collect_json`: the output does not parse into the requested type.
+    #[error("the output is not the requested JSON: {message} (output: {output:?})")]
+    Json { message: String, output: String },
     /// The engine's scheduler thread is gone (it panicked or the engine shut down).
     #[error("the engine has stopped")]
     EngineStopped,
