@@ -163,6 +163,15 @@ impl Context {
         Ok(())
     }
 
+    /// Drops run tokens past the first `n` but keeps the pending buffer (speculative
+    /// rollback: the generator may have left its next input there).
+    pub(crate) fn truncate_keep_pending(&mut self, n: usize) -> Result<()> {
+        let pending = std::mem::take(&mut self.pending);
+        let r = self.truncate(n);
+        self.pending = pending;
+        r
+    }
+
     /// A forward pass over this context (see [`Forward`]).
     pub fn forward(&mut self) -> Forward<'_> {
         Forward::new(self)

@@ -4,6 +4,7 @@ use weft_core::models::SlotMask;
 use weft_core::sampling::{validate_logit_bias, Penalties, Sampler};
 
 use crate::brle::Brle;
+use crate::constraint::TokenMask;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::probe::{
@@ -51,7 +52,7 @@ pub struct Forward<'c> {
     inputs: Vec<u32>,
     positions: Vec<u32>,
     masks: Option<Vec<Brle>>,
-    logit_mask: Option<Brle>,
+    logit_mask: Option<TokenMask>,
     samplers: Vec<SampleSpec>,
     probes: Vec<(usize, ProbeKind)>,
     penalties: Option<Penalties>,
@@ -128,7 +129,21 @@ impl<'c> Forward<'c> {
     /// A logit mask over the vocabulary (length = vocabulary size): samplers of this pass
     /// only choose allowed ids. Probes report the unmasked distribution.
     pub fn mask(&mut self, allowed: Brle) -> &mut Self {
-        self.logit_mask = Some(allowed);
+        let mut t = TokenMask::none(allowed.len());
+        let mut start = 0u32;
+        for (k, &run) in allowed.runs().iter().enumerate() {
+            if k % 2 == 1 {
+                (start..start + run).for_each(|id| t.allow(id));
+            }
+            start += run;
+        }
+        self.logit_mask = Some(t);
+        self
+    }
+
+    /// [`Forward::mask`] from a [`TokenMask`] (what constraints produce).
+    pub fn mask_tokens(&mut self, allowed: &TokenMask) -> &mut Self {
+        self.logit_mask = Some(allowed.clone());
         self
     }
 
@@ -158,6 +173,7 @@ impl<'c> Forward<'c> {
         self.samplers.push(SampleSpec {
             indices: indices.to_vec(),
             sampler,
+            masks: Vec::new(),
         });
         SampleHandle {
             index: self.samplers.len() - 1,
@@ -168,6 +184,24 @@ impl<'c> Forward<'c> {
     pub fn probe<P: Probe>(&mut self, index: usize, probe: P) -> ProbeHandle<P> {
         self.probes.push((index, probe.kind()));
         ProbeHandle::new(self.probes.len() - 1)
+    }
+
+    /// Samples after each listed index, each with its own allowed set (the generator's
+    /// speculative verification under constraints).
+    pub(crate) fn sample_masked(
+        &mut self,
+        indices: &[usize],
+        sampler: Sampler,
+        masks: Vec<Option<TokenMask>>,
+    ) -> SampleHandle {
+        self.samplers.push(SampleSpec {
+            indices: indices.to_vec(),
+            sampler,
+            masks,
+        });
+        SampleHandle {
+            index: self.samplers.len() - 1,
+        }
     }
 
     pub(crate) fn probe_kind(&mut self, index: usize, kind: ProbeKind) {
@@ -239,8 +273,7 @@ impl<'c> Forward<'c> {
                     got: m.len(),
                 })
             }
-            Some(m) => Some(m.to_bools()),
-            None => None,
+            m => m,
         };
         let masks = match self.masks {
             None => None,

@@ -28,6 +28,7 @@
 
 mod brle;
 pub mod chat;
+pub mod constraint;
 mod context;
 mod engine;
 mod error;
@@ -36,9 +37,11 @@ mod generator;
 mod probe;
 pub mod rollout;
 mod scheduler;
+pub mod speculate;
 
 pub use brle::Brle;
 pub use chat::{ChatTemplate, Message};
+pub use constraint::{Constraint, Schema, TokenMask};
 pub use context::Context;
 pub use engine::{Engine, EngineConfig, Metrics};
 pub use error::{Error, Result};
@@ -47,6 +50,7 @@ pub use generator::{Generator, Step, StepOutput, StopReason};
 pub use probe::{
     Distribution, Entropy, Logits, Logprob, LogprobProbe, Logprobs, Probe, ProbeHandle,
 };
+pub use speculate::{NgramSpeculator, Speculator};
 pub use weft_core::sampling::{Penalties, Sampler};
 
 pub use weft_core::gguf::{self, GgmlType, GgufFile};

@@ -29,6 +29,7 @@ use weft_core::models::SlotMask;
 use weft_core::runner::{BatchEntry, ModelRunner};
 use weft_core::sampling::{apply_logit_bias, Penalties, Rng, Sampler};
 
+use crate::constraint::TokenMask;
 use crate::error::{Error, Result};
 use crate::probe::{ProbeKind, ProbeValue};
 
@@ -40,6 +41,8 @@ const SHORT_PASS: usize = 16;
 pub(crate) struct SampleSpec {
     pub indices: Vec<usize>,
     pub sampler: Sampler,
+    /// Allowed ids per index (speculative verification under constraints), or empty.
+    pub masks: Vec<Option<TokenMask>>,
 }
 
 /// Everything a pass asks of the engine.
@@ -53,7 +56,7 @@ pub(crate) struct PassRequest {
     pub samplers: Vec<SampleSpec>,
     pub probes: Vec<(usize, ProbeKind)>,
     /// Allowed token ids for every sampler (`None`: all).
-    pub logit_mask: Option<Vec<bool>>,
+    pub logit_mask: Option<TokenMask>,
     pub penalties: Option<(Penalties, Vec<u32>)>,
     pub bias: Vec<(u32, f32)>,
     pub rng: Rng,
@@ -423,7 +426,11 @@ fn outcome<'r>(
         let ids = s
             .indices
             .iter()
-            .map(|&t| sample_row(req, row(t), &s.sampler, &mut rng, scratch))
+            .enumerate()
+            .map(|(k, &t)| {
+                let mask = s.masks.get(k).and_then(Option::as_ref);
+                sample_row(req, row(t), &s.sampler, mask, &mut rng, scratch)
+            })
             .collect::<Result<Vec<_>>>()?;
         tokens.push(ids);
     }
@@ -440,10 +447,14 @@ fn sample_row(
     req: &PassRequest,
     logits: &[f32],
     sampler: &Sampler,
+    mask: Option<&TokenMask>,
     rng: &mut Rng,
     scratch: &mut Vec<f32>,
 ) -> Result<u32> {
-    let plain = req.bias.is_empty() && req.penalties.is_none() && req.logit_mask.is_none();
+    let plain = req.bias.is_empty()
+        && req.penalties.is_none()
+        && req.logit_mask.is_none()
+        && mask.is_none();
     if plain {
         return Ok(sampler.sample(logits, rng));
     }
@@ -453,13 +464,13 @@ fn sample_row(
     if let Some((p, history)) = &req.penalties {
         p.apply(scratch, history);
     }
-    if let Some(allowed) = &req.logit_mask {
+    for allowed in [req.logit_mask.as_ref(), mask].into_iter().flatten() {
         let mut any = false;
-        for (l, &ok) in scratch.iter_mut().zip(allowed) {
-            if ok {
-                any = true;
-            } else {
+        for (id, l) in scratch.iter_mut().enumerate() {
+            if !allowed.is_allowed(id as u32) {
                 *l = f32::NEG_INFINITY;
+            } else if *l > f32::NEG_INFINITY {
+                any = true;
             }
         }
         if !any {

@@ -4,10 +4,15 @@ use std::collections::HashSet;
 
 use weft_core::sampling::{Penalties, Sampler};
 
+mod step;
+
+pub use step::{Step, StepOutput};
+
+use crate::constraint::{self, Constraint, Schema, TokenMask};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::forward::{Forward, ForwardOutput};
 use crate::probe::{Probe, ProbeHandle, ProbeKind};
+use crate::speculate::{NgramSpeculator, Speculator};
 
 /// Why a generator stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,11 +25,15 @@ pub enum StopReason {
     StopSequence(Vec<u32>),
     /// The output text contains a stop string.
     StopString(String),
+    /// A constraint reached its terminal state.
+    Constraint,
+    /// A builder option was invalid (the error was returned by `next`).
+    Error,
 }
 
 /// A multi-step generation loop over a [`Context`].
 ///
-/// Each step runs one [`Forward`] pass (the prompt on the first step, then the last accepted
+/// Each step runs one [`Forward`](crate::Forward) pass (the prompt on the first step, then the last accepted
 /// token), samples a token at its last position and checks the stop rules: `max_tokens`, the
 /// model's end-of-turn set plus [`Generator::stop`], stop sequences of ids, stop strings.
 /// Drain it with a collector, or drive it with [`Generator::next`] to see or replace each
@@ -64,10 +73,22 @@ pub struct Generator<'c> {
     bytes: Vec<u8>,
     streamed: usize,
     stopped: Option<StopReason>,
+    constraints: Vec<Box<dyn Constraint>>,
+    speculator: Option<Box<dyn Speculator>>,
+    system_speculation: bool,
+    draft_len: usize,
+    /// Speculative tokens drafted and kept so far.
+    drafted: usize,
+    draft_accepted: usize,
+    /// A builder option that failed (returned by the first `next`, before any pass).
+    config_error: Option<Error>,
 }
 
 /// Default `max_tokens`.
 const DEFAULT_MAX_TOKENS: usize = 256;
+
+/// Default longest draft of speculative decoding.
+const DEFAULT_DRAFT: usize = 6;
 
 impl<'c> Generator<'c> {
     pub(crate) fn new(ctx: &'c mut Context, sampler: Sampler) -> Generator<'c> {
@@ -88,7 +109,59 @@ impl<'c> Generator<'c> {
             bytes: Vec::new(),
             streamed: 0,
             stopped: None,
+            constraints: Vec::new(),
+            speculator: None,
+            system_speculation: false,
+            draft_len: DEFAULT_DRAFT,
+            drafted: 0,
+            draft_accepted: 0,
+            config_error: None,
         }
+    }
+
+    /// Constrains the output: only tokens `c` allows are sampled, and generation stops when
+    /// `c` is terminal. Several constraints AND their masks.
+    pub fn constrain(mut self, c: impl Constraint + 'static) -> Self {
+        self.constraints.push(Box::new(c));
+        self
+    }
+
+    /// Constrains the output to `schema` (JSON Schema, any JSON, regex, Lark or GBNF grammar),
+    /// compiled with llguidance. An invalid schema is returned as an error by the first step,
+    /// before any pass runs.
+    pub fn constrain_with(mut self, schema: Schema) -> Self {
+        match constraint::compile(&self.ctx.engine, &schema) {
+            Ok(c) => self.constraints.push(Box::new(c)),
+            Err(e) => {
+                self.config_error.get_or_insert(e);
+            }
+        }
+        self
+    }
+
+    /// Drafts with a custom speculator (see [`Speculator`]). Exclusive with
+    /// [`Generator::system_speculation`].
+    pub fn speculator(mut self, s: impl Speculator + 'static) -> Self {
+        self.speculator = Some(Box::new(s));
+        self
+    }
+
+    /// Drafts with the built-in n-gram (prompt-lookup) drafter. Greedy output is unchanged;
+    /// sampled output keeps the target distribution.
+    pub fn system_speculation(mut self) -> Self {
+        self.system_speculation = true;
+        self
+    }
+
+    /// Longest draft per step (default 6).
+    pub fn draft_len(mut self, n: usize) -> Self {
+        self.draft_len = n;
+        self
+    }
+
+    /// Speculative tokens drafted and accepted so far.
+    pub fn speculation_stats(&self) -> (usize, usize) {
+        (self.drafted, self.draft_accepted)
     }
 
     /// Stop after `n` tokens (default 256).
@@ -163,6 +236,23 @@ impl<'c> Generator<'c> {
     // Not an `Iterator`: each step borrows the generator, and the name is the seeds' API.
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Step<'_, 'c>>> {
+        if let Some(e) = self.config_error.take() {
+            self.stopped = Some(StopReason::Error);
+            return Err(e);
+        }
+        if self.stopped.is_some() {
+            return Ok(None);
+        }
+        if self.system_speculation {
+            if self.speculator.is_some() {
+                self.stopped = Some(StopReason::Error);
+                return Err(Error::Config(
+                    "speculator and system_speculation cannot be used together".into(),
+                ));
+            }
+            self.speculator = Some(Box::new(NgramSpeculator::default()));
+            self.system_speculation = false;
+        }
         if self.stopped.is_none() && self.generated.len() >= self.max_tokens {
             self.finish(StopReason::MaxTokens);
         }
@@ -187,18 +277,35 @@ impl<'c> Generator<'c> {
     /// they count against `max_tokens`, are checked against the stop rules and are run by the
     /// next step.
     pub fn accept(&mut self, tokens: &[u32]) {
-        for &t in tokens {
+        let _ = self.accept_run(tokens, 0);
+    }
+
+    /// Accepts `tokens`, of which the first `in_cache` already ran (speculative drafts the
+    /// model confirmed). Returns how many were taken before a stop rule ended generation.
+    fn accept_run(&mut self, tokens: &[u32], in_cache: usize) -> usize {
+        for (i, &t) in tokens.iter().enumerate() {
             if self.stopped.is_some() {
-                return;
+                return i;
+            }
+            if i >= in_cache {
+                self.next_input.push(t);
             }
             self.generated.push(t);
-            self.next_input.push(t);
             if self.stops.contains(&t) {
                 self.generated.pop();
                 self.finish(StopReason::StopToken(t));
-                return;
+                return i + 1;
             }
             self.push_text(t);
+            let terminal = self.constraints.iter_mut().any(|c| {
+                // A constraint that cannot judge the tokens has already seen them in its
+                // mask; an error here surfaces at the next step's mask.
+                c.is_terminal(&self.generated).unwrap_or(false)
+            });
+            if terminal {
+                self.finish(StopReason::Constraint);
+                return i + 1;
+            }
             if let Some(s) = self
                 .stop_sequences
                 .iter()
@@ -206,7 +313,7 @@ impl<'c> Generator<'c> {
             {
                 let s = s.clone();
                 self.finish(StopReason::StopSequence(s));
-                return;
+                return i + 1;
             }
             if let Some(s) = self
                 .stop_strings
@@ -215,12 +322,28 @@ impl<'c> Generator<'c> {
             {
                 let s = s.clone();
                 self.finish(StopReason::StopString(s));
-                return;
+                return i + 1;
             }
             if self.generated.len() >= self.max_tokens {
                 self.finish(StopReason::MaxTokens);
+                return i + 1;
             }
         }
+        tokens.len()
+    }
+
+    /// The AND of every constraint's mask after `accepted` (`None` without constraints).
+    fn constraint_mask(&mut self, accepted: &[u32]) -> Result<Option<TokenMask>> {
+        let vocab = self.ctx.engine.info().vocab_size;
+        let mut mask: Option<TokenMask> = None;
+        for c in &mut self.constraints {
+            let m = c.allowed(accepted, vocab)?;
+            match &mut mask {
+                Some(acc) => acc.and_with(&m),
+                None => mask = Some(m),
+            }
+        }
+        Ok(mask)
     }
 
     /// Appends a token's bytes to the text, keeping an incomplete UTF-8 tail for later.
@@ -289,6 +412,40 @@ impl<'c> Generator<'c> {
         Ok(std::mem::take(&mut self.generated))
     }
 
+    /// The output text so far (cut before a matched stop string).
+    pub fn text(&self) -> &str {
+        self.final_text()
+    }
+
+    /// Runs to the end under a JSON Schema derived from `T` and parses the output into `T`.
+    ///
+    /// ```no_run
+    /// #[derive(serde::Deserialize, schemars::JsonSchema)]
+    /// struct City { name: String, population: u32 }
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("The largest city of Japan, as JSON:")?;
+    /// let city: City = weft::block_on(ctx.generate(weft::Sampler::Argmax).collect_json())?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn collect_json<T: serde::de::DeserializeOwned + schemars::JsonSchema>(
+        self,
+    ) -> Result<T> {
+        let schema = serde_json::to_value(schemars::schema_for!(T)).map_err(|e| Error::Json {
+            message: e.to_string(),
+            output: String::new(),
+        })?;
+        let text = self
+            .constrain_with(Schema::JsonSchema(schema))
+            .collect_text()
+            .await?;
+        serde_json::from_str(&text).map_err(|e| Error::Json {
+            message: e.to_string(),
+            output: text,
+        })
+    }
+
     /// Runs to the end; returns the text (control tokens not rendered, cut before a stop
     /// string).
     pub async fn collect_text(mut self) -> Result<String> {
@@ -334,74 +491,5 @@ impl<'c> Generator<'c> {
             }
         }
         hold
-    }
-}
-
-/// One step of a [`Generator`]: add probes, optionally drop the automatic sampler, then
-/// [`Step::execute`].
-pub struct Step<'g, 'c> {
-    gen: &'g mut Generator<'c>,
-    auto: bool,
-    probes: Vec<(usize, ProbeKind)>,
-}
-
-/// What a step returned.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepOutput {
-    /// The token the generator's sampler chose (`None` after `clear_sampler`).
-    pub token: Option<u32>,
-    /// The pass's outputs: read probes with their handles.
-    pub output: ForwardOutput,
-}
-
-impl std::ops::Deref for StepOutput {
-    type Target = ForwardOutput;
-    fn deref(&self) -> &ForwardOutput {
-        &self.output
-    }
-}
-
-impl Step<'_, '_> {
-    /// Drops the automatic sampler: the step runs without choosing a token; pick one from a
-    /// probe and hand it to [`Generator::accept`].
-    pub fn clear_sampler(&mut self) {
-        self.auto = false;
-    }
-
-    /// Adds a probe for this step only (`index` 0: the position the step samples from).
-    pub fn probe<P: Probe>(&mut self, index: usize, probe: P) -> ProbeHandle<P> {
-        self.probes.push((index, probe.kind()));
-        ProbeHandle::new(self.gen.each_step.len() + self.probes.len() - 1)
-    }
-
-    /// Runs the step. With the automatic sampler on, the sampled token is accepted.
-    pub async fn execute(self) -> Result<StepOutput> {
-        let gen = self.gen;
-        let input = std::mem::take(&mut gen.next_input);
-        let horizon = gen.max_tokens.saturating_sub(gen.generated.len() + 1);
-        let (sampler, auto) = (gen.sampler.clone(), self.auto);
-        let mut fwd: Forward<'_> = gen.ctx.forward();
-        fwd.input(&input);
-        let last = fwd.len() - 1;
-        for (i, p) in gen.each_step.iter().chain(&self.probes) {
-            fwd.probe_kind(last + i, p.clone());
-        }
-        let h = auto.then(|| fwd.sample(&[last], sampler));
-        if let Some(p) = gen.penalties.clone() {
-            fwd.penalties(p);
-        }
-        fwd.logit_bias(&gen.bias).horizon(horizon);
-        let output = match fwd.execute().await {
-            Ok(o) => o,
-            Err(e) => {
-                gen.next_input = input;
-                return Err(e);
-            }
-        };
-        let token = h.and_then(|h| output.token(h));
-        if let Some(t) = token {
-            gen.accept(&[t]);
-        }
-        Ok(StepOutput { token, output })
     }
 }

@@ -1,0 +1,172 @@
+//! One step of a generator: a forward pass over the next input (and a speculative draft),
+//! constraint masks, samplers, and folding the chosen tokens back into the loop.
+
+use crate::error::{Error, Result};
+use crate::forward::{Forward, ForwardOutput};
+use crate::probe::{Probe, ProbeHandle, ProbeKind};
+
+use super::Generator;
+
+/// One step of a [`Generator`]: add probes, optionally drop the automatic sampler, then
+/// [`Step::execute`].
+pub struct Step<'g, 'c> {
+    pub(super) gen: &'g mut Generator<'c>,
+    pub(super) auto: bool,
+    pub(super) probes: Vec<(usize, ProbeKind)>,
+}
+
+/// What a step returned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    /// The token the generator's sampler chose (`None` after `clear_sampler`); with
+    /// speculative decoding, the last of the tokens the step accepted.
+    pub token: Option<u32>,
+    /// Every token the step accepted (one, or more with speculative decoding).
+    pub accepted: Vec<u32>,
+    /// The pass's outputs: read probes with their handles.
+    pub output: ForwardOutput,
+}
+
+impl std::ops::Deref for StepOutput {
+    type Target = ForwardOutput;
+    fn deref(&self) -> &ForwardOutput {
+        &self.output
+    }
+}
+
+impl Step<'_, '_> {
+    /// Drops the automatic sampler: the step runs without choosing a token; pick one from a
+    /// probe and hand it to [`Generator::accept`]. (No speculation on such a step.)
+    pub fn clear_sampler(&mut self) {
+        self.auto = false;
+    }
+
+    /// Adds a probe for this step only (`index` 0: the position the step samples from).
+    pub fn probe<P: Probe>(&mut self, index: usize, probe: P) -> ProbeHandle<P> {
+        self.probes.push((index, probe.kind()));
+        ProbeHandle::new(self.gen.each_step.len() + self.probes.len() - 1)
+    }
+
+    /// Runs the step. With the automatic sampler on, the sampled token (and any confirmed
+    /// draft tokens before it) are accepted.
+    pub async fn execute(self) -> Result<StepOutput> {
+        let gen = self.gen;
+        let input = std::mem::take(&mut gen.next_input);
+        let result = run(gen, &input, self.auto, &self.probes).await;
+        if result.is_err() {
+            gen.next_input = input;
+        }
+        result
+    }
+}
+
+async fn run(
+    gen: &mut Generator<'_>,
+    input: &[u32],
+    auto: bool,
+    step_probes: &[(usize, ProbeKind)],
+) -> Result<StepOutput> {
+    // Constraint masks: after the accepted tokens, then after each draft token in turn.
+    let mut masks = Vec::new();
+    if !gen.constraints.is_empty() {
+        let accepted = gen.generated.clone();
+        let mask = gen
+            .constraint_mask(&accepted)?
+            .ok_or(Error::NothingAllowed)?;
+        if mask.count() == 0 {
+            return Err(Error::NothingAllowed);
+        }
+        masks.push(mask);
+    }
+    let mut draft = Vec::new();
+    if let (true, Some(spec)) = (auto, gen.speculator.as_mut()) {
+        let room = gen.max_tokens.saturating_sub(gen.generated.len() + 1);
+        if room > 0 {
+            let mut history = gen.ctx.tokens.clone();
+            history.extend_from_slice(&gen.ctx.pending);
+            history.extend_from_slice(input);
+            draft = spec.draft(&history, gen.draft_len.min(room));
+        }
+        // Cut the draft where a constraint forbids it.
+        if !masks.is_empty() {
+            let mut accepted = gen.generated.clone();
+            let mut keep = 0;
+            for &d in &draft {
+                if !masks[keep].is_allowed(d) {
+                    break;
+                }
+                accepted.push(d);
+                match gen.constraint_mask(&accepted)? {
+                    Some(m) if m.count() > 0 => masks.push(m),
+                    _ => {
+                        keep += 1;
+                        break;
+                    }
+                }
+                keep += 1;
+            }
+            draft.truncate(keep.min(masks.len().saturating_sub(1)));
+            masks.truncate(draft.len() + 1);
+        }
+    }
+    let horizon = gen.max_tokens.saturating_sub(gen.generated.len() + 1);
+    let mut fwd: Forward<'_> = gen.ctx.forward();
+    fwd.input(input);
+    let last = fwd.len() - 1;
+    fwd.input(&draft);
+    for (i, p) in gen.each_step.iter().chain(step_probes) {
+        fwd.probe_kind(last + i, p.clone());
+    }
+    let sampler = gen.sampler.clone();
+    let indices: Vec<usize> = (last..=last + draft.len()).collect();
+    let h = auto.then(|| {
+        if masks.is_empty() {
+            fwd.sample(&indices, sampler)
+        } else {
+            fwd.sample_masked(&indices, sampler, masks.into_iter().map(Some).collect())
+        }
+    });
+    if let Some(p) = gen.penalties.clone() {
+        fwd.penalties(p);
+    }
+    fwd.logit_bias(&gen.bias).horizon(horizon);
+    let output = fwd.execute().await?;
+    let Some(chosen) = h.and_then(|h| output.tokens(h)).map(<[u32]>::to_vec) else {
+        return Ok(StepOutput {
+            token: None,
+            accepted: Vec::new(),
+            output,
+        });
+    };
+    // Keep the draft's prefix the samplers agree with, then the sampler's own next token.
+    // With a deterministic draft this is exactly speculative rejection sampling: draft token
+    // d is kept with probability p(d), and otherwise the token is drawn from p without d.
+    let m = draft
+        .iter()
+        .zip(&chosen)
+        .take_while(|(d, c)| d == c)
+        .count();
+    let mut accepted = draft[..m].to_vec();
+    accepted.extend(chosen.get(m));
+    if let Some(spec) = gen.speculator.as_mut() {
+        if !draft.is_empty() {
+            spec.accepted(draft.len(), m);
+        }
+    }
+    gen.drafted += draft.len();
+    gen.draft_accepted += m;
+    // The pass wrote every draft token into the cache; drop the rejected ones, and any
+    // confirmed ones past a stop.
+    let taken = gen.accept_run(&accepted, m);
+    let cached_kept = taken.min(m);
+    let drop = draft.len() - cached_kept;
+    if drop > 0 {
+        let n = gen.ctx.len() - drop;
+        gen.ctx.truncate_keep_pending(n)?;
+    }
+    Ok(StepOutput {
+        token: accepted[..taken].last().copied(),
+        accepted: accepted[..taken].to_vec(),
+        output,
+    })
+}

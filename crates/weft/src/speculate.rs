@@ -1,0 +1,76 @@
+//! Speculative decoding: a [`Speculator`] guesses the next few tokens, the generator checks
+//! them all in one forward pass and keeps the ones the target model agrees with.
+
+/// Drafts tokens for the positions after the sequence so far.
+///
+/// The generator calls [`Speculator::draft`] before each step, runs the sequence's next token
+/// and the draft in one pass with a sampler after every position, keeps the draft's longest
+/// prefix that matches what the samplers chose (plus the first token they chose after it),
+/// and rolls the rest back out of the KV cache. [`Speculator::accepted`] reports the outcome.
+pub trait Speculator: Send {
+    /// Up to `max` tokens likely to follow `tokens` (the prompt and everything generated).
+    fn draft(&mut self, tokens: &[u32], max: usize) -> Vec<u32>;
+
+    /// Of the last `drafted` tokens, the first `accepted` were kept; the rest were rolled
+    /// back.
+    fn accepted(&mut self, drafted: usize, accepted: usize) {
+        let _ = (drafted, accepted);
+    }
+}
+
+/// Prompt-lookup (n-gram) drafting: find the latest earlier occurrence of the sequence's last
+/// `n` tokens (longest `n` first) and propose what followed it. Free to compute and very
+/// effective when the output copies the input (rewriting code, quoting, extraction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NgramSpeculator {
+    /// Longest suffix to match.
+    pub max_ngram: usize,
+    /// Shortest suffix to match.
+    pub min_ngram: usize,
+}
+
+impl Default for NgramSpeculator {
+    fn default() -> Self {
+        NgramSpeculator {
+            max_ngram: 4,
+            min_ngram: 2,
+        }
+    }
+}
+
+impl Speculator for NgramSpeculator {
+    fn draft(&mut self, tokens: &[u32], max: usize) -> Vec<u32> {
+        let len = tokens.len();
+        for n in (self.min_ngram.max(1)..=self.max_ngram).rev() {
+            if n >= len {
+                continue;
+            }
+            let suffix = &tokens[len - n..];
+            // Latest earlier occurrence whose continuation is known.
+            if let Some(start) = (0..len - n).rev().find(|&s| &tokens[s..s + n] == suffix) {
+                let from = start + n;
+                return tokens[from..(from + max).min(len)].to_vec();
+            }
+        }
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drafts_what_followed_the_latest_match() {
+        let mut s = NgramSpeculator::default();
+        // ... 1 2 3 4 5 ... 1 2 3 → 4 5 (longest match: 1 2 3).
+        assert_eq!(s.draft(&[9, 1, 2, 3, 4, 5, 7, 1, 2, 3], 2), vec![4, 5]);
+        // The latest occurrence wins.
+        assert_eq!(s.draft(&[1, 2, 8, 1, 2, 9, 1, 2], 1), vec![9]);
+        // No match, or too short: nothing.
+        assert!(s.draft(&[1, 2, 3, 4], 4).is_empty());
+        assert!(s.draft(&[1], 4).is_empty());
+        // The continuation is cut at the end of the sequence.
+        assert_eq!(s.draft(&[5, 6, 5, 6], 8), vec![5, 6]);
+    }
+}

@@ -1,0 +1,279 @@
+//! Constrained generation through the Generator on the real model: JSON Schema, regex and
+//! grammar constraints hold on sampled outputs, constraints compose, a terminal constraint
+//! stops generation, bad schemas fail before any pass, and speculation keeps working.
+
+use std::sync::Mutex;
+
+use futures_util::future::join_all;
+use weft::{
+    block_on, Constraint, Engine, EngineConfig, Error, Sampler, Schema, StopReason, TokenMask,
+};
+
+fn engine() -> Engine {
+    static FETCH: Mutex<()> = Mutex::new(());
+    let path = {
+        let _g = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+        weft::Hub::from_env()
+            .and_then(|h| h.resolve("smollm2-135m", &mut weft::NoProgress))
+            .expect("fetch smollm2-135m")
+    };
+    let config = EngineConfig {
+        n_threads: 2,
+        kv_tokens: 32768,
+        ..EngineConfig::default()
+    };
+    Engine::open(&path, config).expect("load")
+}
+
+fn person_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "color": {"enum": ["red", "green", "blue"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3}
+        },
+        "required": ["name", "age", "color", "tags"],
+        "additionalProperties": false
+    })
+}
+
+/// Sampled generations (temperature 1) for seeds `seeds`, run concurrently.
+fn sample_many(
+    engine: &Engine,
+    prompt: &str,
+    schemas: &[Schema],
+    seeds: std::ops::Range<u64>,
+    max: usize,
+) -> Vec<(String, Option<StopReason>)> {
+    let mut ctxs: Vec<_> = seeds
+        .map(|s| {
+            let mut c = engine.context();
+            c.set_seed(s);
+            c.fill(prompt).expect("fill");
+            c
+        })
+        .collect();
+    block_on(join_all(ctxs.iter_mut().map(|c| async move {
+        let mut g = c
+            .generate(Sampler::Temperature { temperature: 1.0 })
+            .max_tokens(max);
+        for s in schemas {
+            g = g.constrain_with(s.clone());
+        }
+        while let Some(step) = g.next()? {
+            step.execute().await?;
+        }
+        let text = c_text(&g);
+        Ok::<_, Error>((text, g.stop_reason().cloned()))
+    })))
+    .into_iter()
+    .map(|r| r.expect("generation"))
+    .collect()
+}
+
+fn c_text(g: &weft::Generator<'_>) -> String {
+    g.text().to_string()
+}
+
+#[test]
+fn two_hundred_sampled_generations_validate_against_the_schema() {
+    let engine = engine();
+    let schema = person_schema();
+    let validator = jsonschema::validator_for(&schema).expect("schema");
+    let prompt = "Describe a person as JSON with name, age, favourite color and tags:\n";
+    let mut n = 0;
+    for round in 0..4u64 {
+        for (text, stop) in sample_many(
+            &engine,
+            prompt,
+            &[Schema::JsonSchema(schema.clone())],
+            round * 50..round * 50 + 50,
+            160,
+        ) {
+            let value: serde_json::Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("not JSON ({e}), stop {stop:?}: {text:?}"));
+            assert!(
+                validator.is_valid(&value),
+                "invalid under the schema: {text}"
+            );
+            n += 1;
+        }
+    }
+    assert_eq!(n, 200);
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
+#[test]
+fn regex_and_grammar_constraints_hold_on_sampled_outputs() {
+    let engine = engine();
+    let re = regex::Regex::new(r"^[A-Z][a-z]{2,8} [0-9]{3}$").expect("regex");
+    for (text, stop) in sample_many(
+        &engine,
+        "A name and a number:",
+        &[Schema::Regex(r"[A-Z][a-z]{2,8} [0-9]{3}".into())],
+        0..16,
+        40,
+    ) {
+        assert!(re.is_match(&text), "{text:?} does not match");
+        // Three digits end the language: the constraint itself stops generation.
+        assert_eq!(stop, Some(StopReason::Constraint), "{text:?}");
+    }
+    let lark = r#"start: answer "." 
+answer: "yes" | "no" | "maybe""#;
+    for (text, _) in sample_many(
+        &engine,
+        "Is the sky blue? Answer:",
+        &[Schema::Lark(lark.into())],
+        0..16,
+        20,
+    ) {
+        assert!(
+            ["yes.", "no.", "maybe."].contains(&text.as_str()),
+            "{text:?}"
+        );
+    }
+    let gbnf = "root ::= \"a\"+ \"b\"";
+    for (text, _) in sample_many(&engine, "Letters:", &[Schema::Gbnf(gbnf.into())], 0..8, 20) {
+        assert!(
+            text.ends_with('b')
+                && text[..text.len() - 1].chars().all(|c| c == 'a')
+                && text.len() >= 2,
+            "{text:?}"
+        );
+    }
+}
+
+/// A user-written constraint: no token whose text contains the letter `a`.
+struct NoLetterA {
+    banned: TokenMask,
+}
+
+impl NoLetterA {
+    fn new(engine: &Engine) -> NoLetterA {
+        let vocab = engine.info().vocab_size;
+        let mut banned = TokenMask::all(vocab);
+        for id in 0..vocab as u32 {
+            let text = engine
+                .tokenizer()
+                .token_to_piece(id, false)
+                .unwrap_or_default();
+            if text.contains('a') {
+                banned.forbid(id);
+            }
+        }
+        NoLetterA { banned }
+    }
+}
+
+impl Constraint for NoLetterA {
+    fn allowed(&mut self, _accepted: &[u32], _vocab_size: usize) -> weft::Result<TokenMask> {
+        Ok(self.banned.clone())
+    }
+    fn is_terminal(&mut self, _accepted: &[u32]) -> weft::Result<bool> {
+        Ok(false)
+    }
+}
+
+#[test]
+fn a_custom_constraint_composes_with_a_schema() {
+    let engine = engine();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"word": {"type": "string", "minLength": 3, "maxLength": 10}},
+        "required": ["word"], "additionalProperties": false
+    });
+    let validator = jsonschema::validator_for(&schema).expect("schema");
+    for seed in 0..8 {
+        let mut ctx = engine.context();
+        ctx.set_seed(seed);
+        ctx.fill("A random English word as JSON:").expect("fill");
+        let text = block_on(
+            ctx.generate(Sampler::Temperature { temperature: 1.0 })
+                .max_tokens(40)
+                .constrain(NoLetterA::new(&engine))
+                .constrain_with(Schema::JsonSchema(schema.clone()))
+                .collect_text(),
+        )
+        .expect("generate");
+        let value: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert!(validator.is_valid(&value), "{text}");
+        assert!(
+            !text.contains('a'),
+            "the custom constraint was ignored: {text}"
+        );
+    }
+}
+
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema, PartialEq)]
+struct City {
+    name: String,
+    population: u32,
+    coastal: bool,
+}
+
+#[test]
+fn collect_json_derives_the_schema_and_parses() {
+    let engine = engine();
+    let mut ctx = engine.context();
+    ctx.fill("City: Paris\nJSON: {\"name\": \"Paris\", \"population\": 2100000, \"coastal\": false}\nCity: Tokyo\nJSON: ")
+        .expect("fill");
+    let city: City = block_on(
+        ctx.generate(Sampler::Argmax)
+            .max_tokens(64)
+            .collect_json::<City>(),
+    )
+    .expect("collect_json");
+    assert_eq!(city.name, "Tokyo");
+}
+
+#[test]
+fn bad_schemas_fail_before_any_pass_and_leak_nothing() {
+    let engine = engine();
+    let before = engine.metrics();
+    for schema in [
+        Schema::JsonSchema(serde_json::json!({"type": 12})),
+        Schema::Regex("(".into()),
+        Schema::Lark("start: (".into()),
+        Schema::Gbnf("root ::= undefined-rule".into()),
+    ] {
+        let mut ctx = engine.context();
+        ctx.fill("Hello").expect("fill");
+        let mut g = ctx.generate(Sampler::Argmax).constrain_with(schema.clone());
+        let err = g
+            .next()
+            .err()
+            .unwrap_or_else(|| panic!("{schema:?} was accepted"));
+        assert!(matches!(err, Error::Grammar { .. }), "{schema:?}: {err}");
+        println!("{err}");
+    }
+    let after = engine.metrics();
+    assert_eq!(after.passes, before.passes, "a pass was submitted");
+    assert_eq!(after.kv_pages_used, 0);
+}
+
+#[test]
+fn speculation_under_a_constraint_gives_the_same_greedy_output() {
+    let engine = engine();
+    let schema = Schema::JsonSchema(person_schema());
+    let prompt = "Person: {\"name\": \"Ann\", \"age\": 31, \"color\": \"red\", \"tags\": [\"a\"]}\nSame person as JSON:\n";
+    let run = |speculate: bool| {
+        let mut ctx = engine.context();
+        ctx.fill(prompt).expect("fill");
+        let g = ctx
+            .generate(Sampler::Argmax)
+            .max_tokens(80)
+            .constrain_with(schema.clone());
+        let mut g = if speculate { g.system_speculation() } else { g };
+        while let Some(step) = g.next().expect("next") {
+            block_on(step.execute()).expect("step");
+        }
+        (g.tokens().to_vec(), g.speculation_stats())
+    };
+    let (plain, _) = run(false);
+    let (fast, (drafted, accepted)) = run(true);
+    println!("drafted {drafted}, accepted {accepted}");
+    assert_eq!(fast, plain);
+    assert!(accepted > 0, "no draft accepted under the constraint");
+}

@@ -1,0 +1,219 @@
+//! Speculative decoding in the generator: greedy output unchanged on llama.cpp's reference
+//! cases, sampled output keeps the target distribution, and the options are checked.
+
+use std::sync::Mutex;
+
+use futures_util::future::join_all;
+use weft::{block_on, Distribution, Engine, EngineConfig, Error, NgramSpeculator, Sampler};
+
+fn engine(name: &str) -> Engine {
+    static FETCH: Mutex<()> = Mutex::new(());
+    let path = {
+        let _g = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+        weft::Hub::from_env()
+            .and_then(|h| h.resolve(name, &mut weft::NoProgress))
+            .unwrap_or_else(|e| panic!("cannot fetch {name}: {e}"))
+    };
+    let config = EngineConfig {
+        n_threads: 2,
+        kv_tokens: 16384,
+        ..EngineConfig::default()
+    };
+    Engine::open(&path, config).unwrap_or_else(|e| panic!("cannot load {name}: {e}"))
+}
+
+fn reference() -> serde_json::Value {
+    let dir = std::env::var_os("WEFT_REFERENCE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference")
+        });
+    let text = std::fs::read_to_string(dir.join("greedy.json"))
+        .unwrap_or_else(|e| panic!("greedy.json not found in {}: {e}", dir.display()));
+    serde_json::from_str(&text).expect("greedy.json")
+}
+
+#[test]
+fn greedy_with_the_ngram_drafter_equals_greedy_without_it() {
+    let refs = reference();
+    for (name, key) in [("smollm2-135m", "smollm2"), ("gemma3-270m", "gemma3")] {
+        let engine = engine(name);
+        let (mut drafted, mut kept) = (0, 0);
+        for case in refs["cases"].as_array().expect("cases") {
+            if case["model"] != key {
+                continue;
+            }
+            let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("ids");
+            let n = case["greedy_ids"].as_array().map_or(32, Vec::len);
+            let run = |speculate: bool| {
+                let mut ctx = engine.context();
+                ctx.fill_tokens(&ids).expect("fill");
+                let g = ctx.generate(Sampler::Argmax).max_tokens(n);
+                let mut g = if speculate { g.system_speculation() } else { g };
+                let mut out = Vec::new();
+                while let Some(step) = g.next().expect("next") {
+                    out.extend(block_on(step.execute()).expect("step").accepted);
+                }
+                assert_eq!(out, g.tokens());
+                (out, g.speculation_stats())
+            };
+            let (plain, _) = run(false);
+            let (fast, (d, k)) = run(true);
+            drafted += d;
+            kept += k;
+            assert_eq!(
+                fast, plain,
+                "{name} {:?}: speculation changed greedy output",
+                case["prompt"]
+            );
+        }
+        println!("{name}: drafted {drafted}, accepted {kept}");
+        assert!(drafted > 0, "{name}: the drafter never proposed anything");
+        assert_eq!(engine.metrics().kv_pages_used, 0);
+    }
+}
+
+#[test]
+fn greedy_speculation_accepts_drafts_when_the_output_copies_the_input() {
+    let engine = engine("smollm2-135m");
+    let code = "fn add(a: i32, b: i32) -> i32 {\n    let sum = a + b;\n    println!(\"{}\", sum);\n    sum\n}\n";
+    let prompt = format!("Copy this code exactly.\n```rust\n{code}```\nCopy:\n```rust\n");
+    let run = |speculate: bool| {
+        let mut ctx = engine.context();
+        ctx.fill(&prompt).expect("fill");
+        let g = ctx.generate(Sampler::Argmax).max_tokens(48);
+        let mut g = if speculate { g.system_speculation() } else { g };
+        let mut steps = 0;
+        while let Some(step) = g.next().expect("next") {
+            block_on(step.execute()).expect("step");
+            steps += 1;
+        }
+        (g.tokens().to_vec(), steps, g.speculation_stats())
+    };
+    let (plain, plain_steps, _) = run(false);
+    let (fast, fast_steps, (drafted, accepted)) = run(true);
+    assert_eq!(fast, plain);
+    println!("steps {plain_steps} → {fast_steps}; drafted {drafted}, accepted {accepted}");
+    assert!(
+        accepted * 2 > drafted,
+        "acceptance {accepted}/{drafted} on a copying task"
+    );
+    assert!(
+        fast_steps * 2 < plain_steps,
+        "speculation saved too few steps"
+    );
+}
+
+/// Exact next-token probabilities after `ids` (temperature 1, whole vocabulary).
+fn exact(engine: &Engine, ids: &[u32]) -> Vec<(u32, f64)> {
+    let mut ctx = engine.context();
+    ctx.fill_tokens(ids).expect("fill");
+    let mut fwd = ctx.forward();
+    let h = fwd.probe(
+        fwd.len() - 1,
+        Distribution {
+            temperature: 1.0,
+            k: 0,
+        },
+    );
+    let out = block_on(fwd.execute()).expect("probe");
+    let (ids, p) = out.distribution(h).expect("distribution");
+    ids.iter()
+        .zip(p)
+        .map(|(&i, &p)| (i, f64::from(p)))
+        .collect()
+}
+
+#[test]
+fn sampled_speculation_keeps_the_target_distribution() {
+    let engine = engine("smollm2-135m");
+    let prompt = engine.tokenize("one two three four five one two three four five one two three");
+    // Exact joint distribution of the first two tokens, for the likeliest first tokens.
+    let first = exact(&engine, &prompt);
+    let mut cells: Vec<((u32, u32), f64)> = Vec::new();
+    for &(t1, p1) in first.iter().take(3) {
+        let mut ids = prompt.clone();
+        ids.push(t1);
+        for &(t2, p2) in exact(&engine, &ids).iter().take(3) {
+            cells.push(((t1, t2), p1 * p2));
+        }
+    }
+    let covered: f64 = cells.iter().map(|c| c.1).sum();
+    // Speculative samples: many seeds, generated concurrently.
+    let n = 400;
+    let mut ctxs: Vec<_> = (0..n)
+        .map(|seed| {
+            let mut c = engine.context();
+            c.set_seed(seed);
+            c.fill_tokens(&prompt).expect("fill");
+            c
+        })
+        .collect();
+    let runs = block_on(join_all(ctxs.iter_mut().map(|c| async move {
+        let mut g = c
+            .generate(Sampler::Temperature { temperature: 1.0 })
+            .max_tokens(2)
+            .stop(&[])
+            .system_speculation();
+        while let Some(step) = g.next()? {
+            step.execute().await?;
+        }
+        Ok::<_, Error>((g.tokens().to_vec(), g.speculation_stats()))
+    })));
+    let mut counts = vec![0usize; cells.len()];
+    let (mut other, mut drafted, mut accepted) = (0usize, 0, 0);
+    for r in runs {
+        let (tokens, (d, a)) = r.expect("generation");
+        drafted += d;
+        accepted += a;
+        match cells
+            .iter()
+            .position(|c| tokens.len() == 2 && c.0 == (tokens[0], tokens[1]))
+        {
+            Some(i) => counts[i] += 1,
+            None => other += 1,
+        }
+    }
+    assert!(
+        accepted > 0,
+        "no draft was ever accepted (drafted {drafted})"
+    );
+    // Pearson's chi-square over the cells and the rest.
+    let mut chi2 = 0.0;
+    for (c, &k) in cells.iter().zip(&counts) {
+        let e = c.1 * n as f64;
+        chi2 += (k as f64 - e).powi(2) / e;
+        println!("{:?}: expected {e:.1}, got {k}", c.0);
+    }
+    let e_other = (1.0 - covered) * n as f64;
+    if e_other > 1.0 {
+        chi2 += (other as f64 - e_other).powi(2) / e_other;
+    }
+    println!(
+        "chi2 = {chi2:.2} over {} cells; drafted {drafted}, accepted {accepted}",
+        cells.len() + 1
+    );
+    // 9 degrees of freedom: P(chi2 > 27.88) = 0.001.
+    assert!(
+        chi2 < 27.88,
+        "speculative samples do not follow the target distribution"
+    );
+}
+
+#[test]
+fn speculator_and_system_speculation_are_exclusive() {
+    let engine = engine("smollm2-135m");
+    let mut ctx = engine.context();
+    ctx.fill("Hello").expect("fill");
+    let steps_before = engine.metrics().steps;
+    let mut g = ctx
+        .generate(Sampler::Argmax)
+        .speculator(NgramSpeculator::default())
+        .system_speculation();
+    assert!(matches!(g.next(), Err(Error::Config(_))));
+    assert!(g.next().expect("stopped").is_none());
+    drop(g);
+    assert_eq!(engine.metrics().steps, steps_before, "a pass ran");
+    drop(ctx);
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
