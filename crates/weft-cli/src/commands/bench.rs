@@ -9,6 +9,10 @@
 //!   With `--raw`, the same test on the bare batched forward (`... raw`), to show what the API
 //!   costs.
 //!
+//! - `tgN rewrite` / `tgN rewrite +ngram` (`--speculate`): greedy decoding of a task that
+//!   copies a code block, without and with the n-gram drafter, and the share of drafted
+//!   tokens the model accepted.
+//!
 //! Prompt tokens are pseudo-random ids, as llama-bench uses. Each test runs `-r` times after
 //! one warm-up; the table shows the median and the standard deviation.
 
@@ -50,6 +54,66 @@ pub struct Args {
     /// Also run the parallel tests on the bare batched forward, bypassing the scheduler.
     #[arg(long)]
     raw: bool,
+    /// Also measure greedy decoding of a repetitive task (rewriting a code block) with and
+    /// without the n-gram drafter, and its acceptance rate.
+    #[arg(long)]
+    speculate: bool,
+}
+
+/// The repetitive task of `--speculate`: copy a code block.
+const REWRITE_PROMPT: &str = r#"Rewrite the following code exactly as it is.
+
+```python
+def merge_sorted(a, b):
+    result = []
+    i, j = 0, 0
+    while i < len(a) and j < len(b):
+        if a[i] <= b[j]:
+            result.append(a[i])
+            i += 1
+        else:
+            result.append(b[j])
+            j += 1
+    result.extend(a[i:])
+    result.extend(b[j:])
+    return result
+
+
+def merge_sort(items):
+    if len(items) <= 1:
+        return items
+    middle = len(items) // 2
+    left = merge_sort(items[:middle])
+    right = merge_sort(items[middle:])
+    return merge_sorted(left, right)
+```
+
+Rewritten:
+
+```python
+"#;
+
+/// Seconds for a greedy generation of `n` tokens of the rewrite task, and (drafted,
+/// accepted) draft tokens.
+fn rewrite(
+    engine: &Engine,
+    n: usize,
+    speculate: bool,
+) -> anyhow::Result<(f64, usize, (usize, usize))> {
+    let mut ctx = engine.context();
+    ctx.fill(REWRITE_PROMPT)?;
+    block_on(ctx.flush_logits())?;
+    let g = ctx.generate(Sampler::Argmax).max_tokens(n);
+    let mut g = if speculate { g.system_speculation() } else { g };
+    let t = Instant::now();
+    while let Some(step) = g.next()? {
+        block_on(step.execute())?;
+    }
+    Ok((
+        t.elapsed().as_secs_f64(),
+        g.tokens_generated(),
+        g.speculation_stats(),
+    ))
 }
 
 /// Prompt length of the parallel tests, as in llama-batched-bench's `-npp 128`.
@@ -185,7 +249,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let runner = args.threads.runner(file.clone())?;
     let threads = runner.n_threads();
     let vocab = runner.info().vocab_size as u32;
-    let engine = if args.parallel.is_empty() || args.n_gen == 0 {
+    let engine = if (args.parallel.is_empty() || args.n_gen == 0) && !args.speculate {
         None
     } else {
         Some(args.threads.engine(file)?)
@@ -249,6 +313,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 size as f64 / (1 << 20) as f64,
                 params as f64 / 1e6
             );
+        }
+    }
+    if let (true, Some(engine)) = (args.speculate && args.n_gen > 0, &bench.engine) {
+        for speculate in [false, true] {
+            let (mut samples, mut drafted, mut accepted) = (Vec::new(), 0, 0);
+            for _ in 0..args.repetitions {
+                let (secs, n, (d, a)) = rewrite(engine, args.n_gen, speculate)?;
+                samples.push(n as f64 / secs);
+                (drafted, accepted) = (drafted + d, accepted + a);
+            }
+            let (median, sd) = median_and_sd(samples.clone());
+            let name = format!(
+                "tg{} rewrite{}",
+                args.n_gen,
+                if speculate { " +ngram" } else { "" }
+            );
+            let rate = accepted as f64 / drafted.max(1) as f64;
+            if args.json {
+                let json = serde_json::json!({
+                    "model": model, "test": name, "threads": threads, "n_gen": args.n_gen,
+                    "speculate": speculate, "tps_median": median, "tps_stddev": sd,
+                    "samples": samples, "drafted": drafted, "accepted": accepted,
+                });
+                println!("{json}");
+            } else {
+                let acc = if speculate {
+                    format!(
+                        " (drafts accepted {accepted}/{drafted} = {:.0}%)",
+                        100.0 * rate
+                    )
+                } else {
+                    String::new()
+                };
+                println!(
+                    "| {model} | {:.2} MiB | {:.2} M | {threads} | {name} | {median:.2} ± {sd:.2}{acc} |",
+                    size as f64 / (1 << 20) as f64,
+                    params as f64 / 1e6
+                );
+            }
         }
     }
     if let Some(rss) = peak_rss_mib() {

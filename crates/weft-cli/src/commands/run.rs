@@ -1,11 +1,13 @@
-//! `weft run -m MODEL [-n N] [--temp T] [--seed S] "PROMPT"`: a raw completion, streamed.
+//! `weft run -m MODEL [-n N] [--temp T] [--seed S] "PROMPT"`: a raw completion, streamed,
+//! through the public API (one context, one generator), optionally constrained
+//! (`--json-schema`, `--grammar`, `--regex`) and with speculative decoding (`--speculate`).
 
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 
-use weft::sampling::{sample_temperature, Rng};
-use weft::{BatchEntry, Tokenizer};
+use anyhow::Context as _;
+use weft::{block_on, Sampler, Schema};
 
 use crate::model_arg::{ModelArg, ThreadsArg};
 
@@ -27,55 +29,100 @@ pub struct Args {
     /// Print `{"prompt_ids":[...],"ids":[...],"text":"..."}` instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// Constrain the output to JSON valid under the JSON Schema in FILE.
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<std::path::PathBuf>,
+    /// Constrain the output to the grammar in FILE: Lark syntax, or GBNF if the file name ends
+    /// in `.gbnf`.
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<std::path::PathBuf>,
+    /// Constrain the output to match a regular expression.
+    #[arg(long, value_name = "REGEX")]
+    regex: Option<String>,
+    /// Speculative decoding with the built-in n-gram (prompt-lookup) drafter.
+    #[arg(long)]
+    speculate: bool,
     /// The prompt, used as is (no chat template).
     prompt: String,
 }
 
+impl Args {
+    /// The constraints the flags ask for.
+    fn schemas(&self) -> anyhow::Result<Vec<Schema>> {
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+        };
+        let mut out = Vec::new();
+        if let Some(p) = &self.json_schema {
+            let v = serde_json::from_str(&read(p)?)
+                .with_context(|| format!("{} is not JSON", p.display()))?;
+            out.push(Schema::JsonSchema(v));
+        }
+        if let Some(p) = &self.grammar {
+            let text = read(p)?;
+            out.push(if p.extension().is_some_and(|e| e == "gbnf") {
+                Schema::Gbnf(text)
+            } else {
+                Schema::Lark(text)
+            });
+        }
+        if let Some(r) = &self.regex {
+            out.push(Schema::Regex(r.clone()));
+        }
+        Ok(out)
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let schemas = args.schemas()?;
     let file = Arc::new(args.model.open()?);
-    let tok = Tokenizer::from_gguf(&file)?;
-    let mut runner = args.threads.runner(file)?;
-    let prompt_ids = tok.encode(&args.prompt, true, true);
-    anyhow::ensure!(!prompt_ids.is_empty(), "the prompt is empty");
+    let engine = args.threads.engine(file)?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
     });
-    let mut rng = Rng::new(seed);
-    let seq = runner.new_sequence();
-    let mut batch = BatchEntry::run_of(&prompt_ids, seq, 0, false);
+    let mut ctx = engine.context();
+    ctx.set_seed(seed);
+    ctx.fill(&args.prompt)?;
+    let prompt_ids = ctx.pending().to_vec();
+    anyhow::ensure!(!prompt_ids.is_empty(), "the prompt is empty");
+    let sampler = if args.temp <= 0.0 {
+        Sampler::Argmax
+    } else {
+        Sampler::Temperature {
+            temperature: args.temp,
+        }
+    };
+    let mut g = ctx.generate(sampler).max_tokens(args.n_predict);
+    for s in schemas {
+        g = g.constrain_with(s);
+    }
+    if args.speculate {
+        g = g.system_speculation();
+    }
+    let tok = engine.tokenizer();
     let mut out = std::io::stdout().lock();
     let mut stream = tok.stream_decoder(false);
-    if !args.json {
-        write!(out, "{}", args.prompt)?;
-        out.flush()?;
-    }
-    let mut ids = Vec::new();
     let t0 = Instant::now();
     let mut t_prompt = None;
-    for _ in 0..args.n_predict {
-        let logits = runner.forward(&batch)?;
-        t_prompt.get_or_insert_with(|| t0.elapsed());
-        let next = sample_temperature(logits, args.temp, &mut rng);
-        if tok.vocab().is_eog(next) {
-            break;
-        }
-        ids.push(next);
-        if !args.json {
-            write!(out, "{}", stream.push(next)?)?;
+    while let Some(step) = g.next()? {
+        // Echo the prompt once the options have been checked (the first `next`).
+        if !args.json && t_prompt.is_none() {
+            write!(out, "{}", args.prompt)?;
             out.flush()?;
         }
-        let pos = (prompt_ids.len() + ids.len() - 1) as u32;
-        batch = vec![BatchEntry {
-            token: next,
-            pos,
-            seq,
-            logits: true,
-            mask: None,
-        }];
+        let step = block_on(step.execute())?;
+        t_prompt.get_or_insert_with(|| t0.elapsed());
+        if !args.json {
+            for &id in &step.accepted {
+                write!(out, "{}", stream.push(id)?)?;
+            }
+            out.flush()?;
+        }
     }
     let total = t0.elapsed();
+    let ids = g.tokens().to_vec();
     if args.json {
         let text = tok.decode(&ids)?;
         let json = serde_json::json!({ "prompt_ids": prompt_ids, "ids": ids, "text": text });
@@ -85,13 +132,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let t_prompt = t_prompt.unwrap_or(total);
     let t_gen = total.saturating_sub(t_prompt).as_secs_f64();
+    let seed_note = if args.temp > 0.0 {
+        format!(" | seed {seed}")
+    } else {
+        String::new()
+    };
+    let (drafted, accepted) = g.speculation_stats();
+    let spec_note = if args.speculate {
+        format!(" | drafts accepted {accepted}/{drafted}")
+    } else {
+        String::new()
+    };
     eprintln!(
-        "\nprompt: {} tokens, {:.1} tokens/s | generated: {} tokens, {:.1} tokens/s | seed {seed}",
+        "\nprompt: {} tokens, {:.1} tokens/s | generated: {} tokens, {:.1} tokens/s{seed_note}{spec_note}",
         prompt_ids.len(),
         prompt_ids.len() as f64 / t_prompt.as_secs_f64().max(1e-9),
         ids.len(),
         ids.len().saturating_sub(1) as f64 / t_gen.max(1e-9),
     );
-    runner.free_sequence(seq);
     Ok(())
 }
