@@ -298,7 +298,7 @@ impl Backoff {
     /// Waits a little; false once the spin and yield budgets are spent (time to park).
     fn snooze(&mut self) -> bool {
         self.spins = self.spins.wrapping_add(1);
-        if self.spins % SPINS_PER_CHECK != 0 {
+        if !self.spins.is_multiple_of(SPINS_PER_CHECK) {
             std::hint::spin_loop();
             return true;
         }

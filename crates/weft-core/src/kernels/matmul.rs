@@ -388,7 +388,7 @@ mod tests {
         }
         let mut x = rng.f32s(n_act * cols, 0.05);
         for v in x.iter_mut() {
-            if rng.u64() % 100 == 0 {
+            if rng.u64().is_multiple_of(100) {
                 *v = rng.f32(40.0) + 20f32.copysign(*v);
             }
         }

@@ -151,7 +151,7 @@ impl<'a> Matrix<'a> {
             dtype,
             reason,
         };
-        if cols == 0 || cols % dtype.block_size() != 0 {
+        if cols == 0 || !cols.is_multiple_of(dtype.block_size()) {
             return Err(bad("columns must be a positive multiple of the block size"));
         }
         let row_bytes = cols / dtype.block_size() * dtype.type_size();
@@ -253,7 +253,7 @@ pub fn dots_f32_f16(qs: &[f32], k: &[f16], out: &mut [f32]) {
 /// `rows.len() · g`, or a row is past the end of `values`.
 pub fn attend_f16(acc: &mut [f32], d: usize, w: &[f32], values: &[f16], rows: &[u32]) {
     assert!(
-        d > 0 && acc.len() % d == 0 && (1..=MAX_ATTN_GROUP).contains(&(acc.len() / d)),
+        d > 0 && acc.len().is_multiple_of(d) && (1..=MAX_ATTN_GROUP).contains(&(acc.len() / d)),
         "attend_f16: shape mismatch"
     );
     assert!(

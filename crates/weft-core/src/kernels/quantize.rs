@@ -180,7 +180,10 @@ pub(crate) mod avx2 {
 
 /// Checks the buffer lengths shared by the quantizers.
 fn check(x: &[f32], qk: usize, qs: &[i8], n_scales: usize) {
-    assert!(x.len() % qk == 0, "row length must be a multiple of {qk}");
+    assert!(
+        x.len().is_multiple_of(qk),
+        "row length must be a multiple of {qk}"
+    );
     assert_eq!(qs.len(), x.len(), "one quant per value");
     assert_eq!(n_scales, x.len() / qk, "one scale per block");
 }
@@ -285,7 +288,10 @@ impl Q8Batch {
         let n = n_tokens * cols;
         let x = &x[..n];
         let qk = if format == ActFormat::Q8K { QK_K } else { QK8 };
-        assert!(cols % qk == 0, "row length must be a multiple of {qk}");
+        assert!(
+            cols.is_multiple_of(qk),
+            "row length must be a multiple of {qk}"
+        );
         self.cols = cols;
         grow(&mut self.qs, n);
         match format {

@@ -233,7 +233,7 @@ pub fn attention(
     let n_kv_head = kv.layout().n_kv_heads;
     if n_kv_head == 0
         || head_dim == 0
-        || n_head % n_kv_head != 0
+        || !n_head.is_multiple_of(n_kv_head)
         || head_dim > MAX_HEAD_DIM
         || q.len() < queries.len() * n_head * head_dim
         || out.len() < queries.len() * n_head * head_dim

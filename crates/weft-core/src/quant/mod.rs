@@ -49,7 +49,7 @@ pub fn element_count(dtype: GgmlType, n_bytes: usize) -> Result<usize> {
         return Err(Error::UnsupportedType { dtype });
     }
     let block_bytes = dtype.type_size();
-    if n_bytes % block_bytes != 0 {
+    if !n_bytes.is_multiple_of(block_bytes) {
         return Err(Error::PartialBlock {
             dtype,
             len: n_bytes,
