@@ -66,9 +66,11 @@ impl Brle {
         &self.runs
     }
 
-    /// Number of elements.
+    /// Number of elements (saturating at `usize::MAX`).
     pub fn len(&self) -> usize {
-        self.runs.iter().map(|&r| r as usize).sum()
+        self.runs
+            .iter()
+            .fold(0usize, |n, &r| n.saturating_add(r as usize))
     }
 
     /// Whether there are no elements.

@@ -36,6 +36,9 @@ pub struct Context {
     pub(crate) positions: Vec<u32>,
     pub(crate) pending: Vec<u32>,
     pub(crate) rng: Rng,
+    /// A pass was submitted and its `execute` future has not finished (it may have been
+    /// dropped): wait for the scheduler before touching the sequence again.
+    pub(crate) inflight: bool,
 }
 
 impl std::fmt::Debug for Context {
@@ -64,7 +67,25 @@ impl Context {
             positions: Vec::new(),
             pending: Vec::new(),
             rng: Rng::new(0),
+            inflight: false,
         }
+    }
+
+    /// After an `execute` future was dropped: waits until the scheduler has answered the
+    /// orphaned pass and drops the tokens it recorded but the cache does not hold (the pass
+    /// failed).
+    pub(crate) fn settle(&mut self) {
+        if !self.inflight {
+            return;
+        }
+        let shared = &self.engine.inner.shared;
+        shared.wait_idle(self.seq);
+        let cached = shared.runner().kv().len(self.seq).unwrap_or(0);
+        if cached < self.tokens.len() {
+            self.tokens.truncate(cached);
+            self.positions.truncate(cached);
+        }
+        self.inflight = false;
     }
 
     /// The engine this context runs on.
@@ -136,20 +157,31 @@ impl Context {
     /// A copy of this context (tokens, pending buffer, random state) that shares every full
     /// KV page with it and copies only the partial last one.
     pub fn fork(&self) -> Result<Context> {
-        let seq = self.engine.inner.shared.runner().fork(self.seq)?;
+        let shared = &self.engine.inner.shared;
+        if self.inflight {
+            shared.wait_idle(self.seq);
+        }
+        let (seq, cached) = {
+            let mut runner = shared.runner();
+            let seq = runner.fork(self.seq)?;
+            (seq, runner.kv().len(seq)?)
+        };
+        let n = cached.min(self.tokens.len());
         Ok(Context {
             engine: self.engine.clone(),
             seq,
-            tokens: self.tokens.clone(),
-            positions: self.positions.clone(),
+            tokens: self.tokens[..n].to_vec(),
+            positions: self.positions[..n].to_vec(),
             pending: self.pending.clone(),
             rng: self.rng.clone(),
+            inflight: false,
         })
     }
 
     /// Keeps the first `n` tokens already run and drops the rest (and the pending buffer).
     /// Rewinding is cheap: pages past the new end go back to the pool.
     pub fn truncate(&mut self, n: usize) -> Result<()> {
+        self.settle();
         if n > self.tokens.len() {
             return Err(Error::TruncateTooLong {
                 n,

@@ -63,6 +63,7 @@ pub struct Forward<'c> {
 
 impl<'c> Forward<'c> {
     pub(crate) fn new(ctx: &'c mut Context) -> Forward<'c> {
+        ctx.settle();
         let start = ctx.positions.last().map_or(0, |&p| p + 1);
         let positions = (0..ctx.pending.len() as u32).map(|i| start + i).collect();
         Forward {
@@ -129,13 +130,22 @@ impl<'c> Forward<'c> {
     /// A logit mask over the vocabulary (length = vocabulary size): samplers of this pass
     /// only choose allowed ids. Probes report the unmasked distribution.
     pub fn mask(&mut self, allowed: Brle) -> &mut Self {
-        let mut t = TokenMask::none(allowed.len());
-        let mut start = 0u32;
+        let vocab_size = self.ctx.engine.info().vocab_size;
+        if allowed.len() != vocab_size {
+            self.error.get_or_insert(Error::MaskLength {
+                what: "logit mask",
+                expected: vocab_size,
+                got: allowed.len(),
+            });
+            return self;
+        }
+        let mut t = TokenMask::none(vocab_size);
+        let mut start = 0usize;
         for (k, &run) in allowed.runs().iter().enumerate() {
             if k % 2 == 1 {
-                (start..start + run).for_each(|id| t.allow(id));
+                (start..start + run as usize).for_each(|id| t.allow(id as u32));
             }
-            start += run;
+            start += run as usize;
         }
         self.logit_mask = Some(t);
         self
@@ -333,7 +343,10 @@ impl<'c> Forward<'c> {
         let (len, pending) = (ctx.tokens.len(), std::mem::take(&mut ctx.pending));
         ctx.tokens.extend_from_slice(&tokens);
         ctx.positions.extend_from_slice(&positions);
+        // Cleared below; if this future is dropped first, the context settles later.
+        ctx.inflight = true;
         let result = rx.await.unwrap_or(Err(Error::EngineStopped));
+        ctx.inflight = false;
         match result {
             Ok(r) => {
                 ctx.rng = r.rng;

@@ -69,7 +69,7 @@ pub async fn generate_batch(engine: &Engine, requests: &[RolloutRequest]) -> Res
 }
 
 /// [`generate_batch`] that calls `on_partial` with every sequence so far after each `every`
-/// tokens (`every = 0`: never).
+/// steps — `every` tokens per unfinished sequence (`every = 0`: never).
 pub async fn generate_batch_streaming(
     engine: &Engine,
     requests: &[RolloutRequest],

@@ -18,7 +18,7 @@
 //! [`EngineConfig::batch_wait`]: crate::EngineConfig::batch_wait
 //! [`EngineConfig::step_tokens`]: crate::EngineConfig::step_tokens
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -27,7 +27,7 @@ use futures_channel::oneshot;
 use weft_core::kv::SeqId;
 use weft_core::models::SlotMask;
 use weft_core::runner::{BatchEntry, ModelRunner};
-use weft_core::sampling::{apply_logit_bias, Penalties, Rng, Sampler};
+use weft_core::sampling::{apply_logit_bias, Penalties, Rng, SampleScratch, Sampler};
 
 use crate::constraint::TokenMask;
 use crate::error::{Error, Result};
@@ -113,6 +113,9 @@ struct Queue {
 pub(crate) struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// Passes submitted and not yet answered, per context (see [`Shared::wait_idle`]).
+    busy: Mutex<HashMap<SeqId, usize>>,
+    idle: Condvar,
     runner: Mutex<ModelRunner>,
     pub counters: Counters,
     step_tokens: usize,
@@ -124,6 +127,8 @@ impl Shared {
         Shared {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
+            busy: Mutex::new(HashMap::new()),
+            idle: Condvar::new(),
             runner: Mutex::new(runner),
             counters: Counters::default(),
             step_tokens: step_tokens.max(1),
@@ -149,11 +154,38 @@ impl Shared {
         if q.shutdown {
             let _ = tx.send(Err(Error::EngineStopped));
         } else {
+            *self.busy().entry(req.seq).or_default() += 1;
             q.expected.remove(&req.seq);
             q.incoming.push_back((req, tx));
             self.wake.notify_one();
         }
         rx
+    }
+
+    fn busy(&self) -> MutexGuard<'_, HashMap<SeqId, usize>> {
+        self.busy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends a pass's answer and marks it done.
+    fn answer(&self, seq: SeqId, reply: Reply, outcome: Result<PassResult>) {
+        let _ = reply.send(outcome);
+        let mut busy = self.busy();
+        if let Some(n) = busy.get_mut(&seq) {
+            *n -= 1;
+            if *n == 0 {
+                busy.remove(&seq);
+            }
+        }
+        self.idle.notify_all();
+    }
+
+    /// Blocks until every pass submitted for `seq` has been answered (a context whose
+    /// `execute` future was dropped waits here before touching its sequence again).
+    pub fn wait_idle(&self, seq: SeqId) {
+        let mut busy = self.busy();
+        while busy.contains_key(&seq) {
+            busy = self.idle.wait(busy).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// A context is gone: do not wait for it.
@@ -169,6 +201,23 @@ impl Shared {
 
     /// The scheduler thread's loop.
     pub fn run(&self) {
+        // If the loop panics, fail every waiting and future pass instead of leaving them
+        // hanging.
+        struct OnPanic<'a>(&'a Shared);
+        impl Drop for OnPanic<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    let mut q = self.0.queue();
+                    q.shutdown = true;
+                    for (req, reply) in q.incoming.drain(..) {
+                        self.0.answer(req.seq, reply, Err(Error::EngineStopped));
+                    }
+                    self.0.busy().clear();
+                    self.0.idle.notify_all();
+                }
+            }
+        }
+        let _guard = OnPanic(self);
         let mut active: Vec<Active> = Vec::new();
         loop {
             {
@@ -177,11 +226,11 @@ impl Shared {
                     q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
                 }
                 if q.shutdown {
-                    for (_, reply) in q.incoming.drain(..) {
-                        let _ = reply.send(Err(Error::EngineStopped));
+                    for (req, reply) in q.incoming.drain(..) {
+                        self.answer(req.seq, reply, Err(Error::EngineStopped));
                     }
                     for a in active.drain(..) {
-                        let _ = a.reply.send(Err(Error::EngineStopped));
+                        self.answer(a.req.seq, a.reply, Err(Error::EngineStopped));
                     }
                     return;
                 }
@@ -203,14 +252,12 @@ impl Shared {
                     active.push(Active::new(req, reply));
                 }
             }
-            let expected = self.step(&mut active);
-            self.queue().expected.extend(expected);
+            self.step(&mut active);
         }
     }
 
-    /// Runs one step over `active`; answers and removes the passes that finish. Returns the
-    /// contexts that said they will submit again.
-    fn step(&self, active: &mut Vec<Active>) -> Vec<SeqId> {
+    /// Runs one step over `active`; answers and removes the passes that finish.
+    fn step(&self, active: &mut Vec<Active>) {
         // Only the oldest pass of each context may run (a context's passes run in order).
         let mut seen = HashSet::new();
         let eligible: Vec<bool> = active.iter().map(|a| seen.insert(a.req.seq)).collect();
@@ -236,13 +283,21 @@ impl Shared {
         {
             let mut runner = self.runner();
             let vocab = runner.info().vocab_size;
+            // A context dropped while its pass waited: fail that pass alone.
+            chosen.retain(|&(i, _, _)| match runner.kv().len(active[i].req.seq) {
+                Ok(_) => true,
+                Err(e) => {
+                    active[i].outcome = Some(Err(e.into()));
+                    false
+                }
+            });
             let together = run_chunks(&mut runner, active, &chosen);
             if together.is_ok() {
                 ran.extend_from_slice(&chosen);
                 advance(&runner, active, &chosen, vocab);
             } else if chosen.len() == 1 {
                 if let Err(e) = together {
-                    active[chosen[0].0].outcome = Some(Err(e));
+                    fail(&mut runner, &mut active[chosen[0].0], e);
                 }
             } else {
                 // Find whose pass failed: run each alone.
@@ -252,7 +307,7 @@ impl Shared {
                             ran.push(c);
                             advance(&runner, active, &[c], vocab);
                         }
-                        Err(e) => active[c.0].outcome = Some(Err(e)),
+                        Err(e) => fail(&mut runner, &mut active[c.0], e),
                     }
                 }
             }
@@ -271,7 +326,9 @@ impl Shared {
                 counter.fetch_add((b - a) as u64, Ordering::Relaxed);
             }
         }
-        // Answer and remove finished passes.
+        // Remove finished passes; note who will submit again *before* answering, so a
+        // fast client's next pass cannot arrive before it is expected.
+        let mut answers = Vec::new();
         let mut expected = Vec::new();
         let mut i = 0;
         while i < active.len() {
@@ -284,12 +341,26 @@ impl Shared {
                 if outcome.is_ok() && a.req.horizon > 0 {
                     expected.push(a.req.seq);
                 }
-                c.passes.fetch_add(1, Ordering::Relaxed);
-                let _ = a.reply.send(outcome);
+                answers.push((a.req.seq, a.reply, outcome));
             }
         }
-        expected
+        self.queue().expected.extend(expected);
+        for (seq, reply, outcome) in answers {
+            c.passes.fetch_add(1, Ordering::Relaxed);
+            self.answer(seq, reply, outcome);
+        }
     }
+}
+
+/// Fails a pass; tokens it ran in earlier steps (chunked prefill) leave the cache too, so the
+/// sequence is back where the pass found it.
+fn fail(runner: &mut ModelRunner, a: &mut Active, e: Error) {
+    if a.done > 0 {
+        if let Ok(len) = runner.kv().len(a.req.seq) {
+            let _ = runner.truncate(a.req.seq, len.saturating_sub(a.done));
+        }
+    }
+    a.outcome = Some(Err(e));
 }
 
 impl Active {
@@ -385,7 +456,7 @@ fn advance(
         finished.iter().map(|_| OnceLock::new()).collect();
     let done: &[Active] = active;
     let work = |ti: usize, nt: usize| {
-        let mut scratch = Vec::new();
+        let mut scratch = Scratch::default();
         for j in (ti..finished.len()).step_by(nt) {
             let i = finished[j];
             let row = |t: usize| -> &[f32] {
@@ -418,7 +489,7 @@ fn advance(
 fn outcome<'r>(
     req: &PassRequest,
     row: impl Fn(usize) -> &'r [f32],
-    scratch: &mut Vec<f32>,
+    scratch: &mut Scratch,
 ) -> Result<PassResult> {
     let mut rng = req.rng.clone();
     let mut tokens = Vec::with_capacity(req.samplers.len());
@@ -429,7 +500,7 @@ fn outcome<'r>(
             .enumerate()
             .map(|(k, &t)| {
                 let mask = s.masks.get(k).and_then(Option::as_ref);
-                sample_row(req, row(t), &s.sampler, mask, &mut rng, scratch)
+                sample_row(req, t, row(t), &s.sampler, mask, &mut rng, scratch)
             })
             .collect::<Result<Vec<_>>>()?;
         tokens.push(ids);
@@ -442,31 +513,44 @@ fn outcome<'r>(
     })
 }
 
-/// Samples one token from `logits` after the pass's bias, penalties and logit mask.
+/// Reusable buffers of one sampling worker.
+#[derive(Default)]
+struct Scratch {
+    logits: Vec<f32>,
+    sampler: SampleScratch,
+}
+
+/// Samples one token from `logits` (after the pass's token `t`) after the pass's bias,
+/// penalties and logit masks.
 fn sample_row(
     req: &PassRequest,
+    t: usize,
     logits: &[f32],
     sampler: &Sampler,
     mask: Option<&TokenMask>,
     rng: &mut Rng,
-    scratch: &mut Vec<f32>,
+    scratch: &mut Scratch,
 ) -> Result<u32> {
     let plain = req.bias.is_empty()
         && req.penalties.is_none()
         && req.logit_mask.is_none()
         && mask.is_none();
     if plain {
-        return Ok(sampler.sample(logits, rng));
+        return Ok(sampler.sample_with(logits, rng, &mut scratch.sampler));
     }
-    scratch.clear();
-    scratch.extend_from_slice(logits);
-    apply_logit_bias(scratch, &req.bias);
+    let buf = &mut scratch.logits;
+    buf.clear();
+    buf.extend_from_slice(logits);
+    apply_logit_bias(buf, &req.bias);
     if let Some((p, history)) = &req.penalties {
-        p.apply(scratch, history);
+        // Only the tokens up to this one count (a speculative check samples after each draft
+        // token and must not see the ones after it).
+        let base = history.len() - req.tokens.len();
+        p.apply(buf, &history[..base + t + 1]);
     }
     for allowed in [req.logit_mask.as_ref(), mask].into_iter().flatten() {
         let mut any = false;
-        for (id, l) in scratch.iter_mut().enumerate() {
+        for (id, l) in buf.iter_mut().enumerate() {
             if !allowed.is_allowed(id as u32) {
                 *l = f32::NEG_INFINITY;
             } else if *l > f32::NEG_INFINITY {
@@ -477,7 +561,7 @@ fn sample_row(
             return Err(Error::NothingAllowed);
         }
     }
-    Ok(sampler.sample(scratch, rng))
+    Ok(sampler.sample_with(buf, rng, &mut scratch.sampler))
 }
 
 /// Starts the scheduler thread.

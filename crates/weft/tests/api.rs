@@ -481,3 +481,58 @@ fn manual_stepping_fork_truncate_and_text_stream() {
     drop((ctx, fork));
     assert_pool_free(&engine);
 }
+
+#[test]
+fn a_prompt_failing_in_a_later_chunk_leaves_nothing_behind() {
+    // Two pages of 32 tokens in all, 16-token steps: a 60-token prompt beside a context
+    // holding one page runs out of pages in its third chunk.
+    let engine = engine(
+        "smollm2-135m",
+        EngineConfig {
+            kv_tokens: 64,
+            step_tokens: 16,
+            ..small()
+        },
+    );
+    let mut a = engine.context();
+    block_on(a.prefill(&[1; 20])).expect("a");
+    let mut b = engine.context();
+    let words = engine.tokenize(&"one two three four five six seven eight nine ten ".repeat(6));
+    let err = block_on(b.prefill(&words[..60])).expect_err("no pages left");
+    assert!(matches!(err, Error::Core(_)), "{err}");
+    assert_eq!(b.len(), 0);
+    assert_eq!(
+        engine.metrics().kv_pages_used,
+        1,
+        "the failed prompt kept pages"
+    );
+    // The failed tokens are back in the pending buffer (nothing is lost); clear them.
+    assert_eq!(b.pending().len(), 60);
+    b.truncate(0).expect("clear");
+    // The context works afterwards and gives the logits a fresh context gives.
+    let got = block_on(b.prefill(&words[..20])).expect("retry");
+    drop(a);
+    let want = last_logits(&engine, &words[..20]);
+    assert_eq!(got, want);
+    drop(b);
+    assert_pool_free(&engine);
+}
+
+#[test]
+fn a_dropped_execute_future_settles_before_the_next_pass() {
+    use futures_util::FutureExt;
+    let engine = engine("smollm2-135m", small());
+    let ids = engine.tokenize("The quick brown fox jumps over the lazy dog");
+    let want = last_logits(&engine, &ids);
+    let mut ctx = engine.context();
+    ctx.fill_tokens(&ids[..5]).expect("fill");
+    let mut fwd = ctx.forward();
+    fwd.input(&ids[5..8]);
+    // Submitted, then abandoned.
+    drop(fwd.execute().now_or_never());
+    let got = block_on(ctx.prefill(&ids[8..])).expect("next pass");
+    assert_eq!(ctx.len(), ids.len());
+    assert_eq!(got, want);
+    drop(ctx);
+    assert_pool_free(&engine);
+}

@@ -217,3 +217,65 @@ fn speculator_and_system_speculation_are_exclusive() {
     drop(ctx);
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
+
+#[test]
+fn greedy_speculation_with_penalties_equals_greedy_without() {
+    let engine = engine("smollm2-135m");
+    let prompt = "Repeat after me: alpha beta gamma delta, alpha beta gamma delta, alpha beta";
+    let penalties = weft::Penalties {
+        repetition: 1.3,
+        ..weft::Penalties::default()
+    };
+    let run = |speculate: bool| {
+        let mut ctx = engine.context();
+        ctx.fill(prompt).expect("fill");
+        let g = ctx
+            .generate(Sampler::Argmax)
+            .max_tokens(24)
+            .penalties(penalties.clone());
+        let g = if speculate { g.system_speculation() } else { g };
+        block_on(g.collect_tokens()).expect("generate")
+    };
+    assert_eq!(run(true), run(false));
+}
+
+#[test]
+fn a_dropped_step_future_is_undone_by_the_next_step() {
+    use futures_util::FutureExt;
+    let engine = engine("smollm2-135m");
+    let prompt = "The capital of France is Paris. The capital of France is";
+    let plain = {
+        let mut ctx = engine.context();
+        ctx.fill(prompt).expect("fill");
+        block_on(
+            ctx.generate(Sampler::Argmax)
+                .max_tokens(10)
+                .collect_tokens(),
+        )
+        .expect("plain")
+    };
+    let mut ctx = engine.context();
+    ctx.fill(prompt).expect("fill");
+    let mut g = ctx
+        .generate(Sampler::Argmax)
+        .max_tokens(10)
+        .system_speculation();
+    let mut out = Vec::new();
+    for i in 0.. {
+        let Some(step) = g.next().expect("next") else {
+            break;
+        };
+        if i % 2 == 0 {
+            // Submit the pass, then drop the future before it completes.
+            if let Some(r) = step.execute().now_or_never() {
+                out.extend(r.expect("step").accepted);
+            }
+        } else {
+            out.extend(block_on(step.execute()).expect("step").accepted);
+        }
+    }
+    assert_eq!(out, plain, "an abandoned step changed the output");
+    drop(g);
+    drop(ctx);
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}

@@ -82,6 +82,16 @@ pub struct Generator<'c> {
     draft_accepted: usize,
     /// A builder option that failed (returned by the first `next`, before any pass).
     config_error: Option<Error>,
+    /// Where the step in flight started: if its future is dropped, the next step goes back
+    /// there.
+    restart: Option<Restart>,
+}
+
+/// The state a step starts from.
+struct Restart {
+    ctx_len: usize,
+    pending: Vec<u32>,
+    input: Vec<u32>,
 }
 
 /// Default `max_tokens`.
@@ -116,6 +126,7 @@ impl<'c> Generator<'c> {
             drafted: 0,
             draft_accepted: 0,
             config_error: None,
+            restart: None,
         }
     }
 
@@ -242,6 +253,15 @@ impl<'c> Generator<'c> {
         }
         if self.stopped.is_some() {
             return Ok(None);
+        }
+        if let Some(r) = self.restart.take() {
+            // The last step's future was dropped before it finished: undo what it ran.
+            self.ctx.settle();
+            if self.ctx.len() > r.ctx_len {
+                self.ctx.truncate(r.ctx_len)?;
+            }
+            self.ctx.pending = r.pending;
+            self.next_input = r.input;
         }
         if self.system_speculation {
             if self.speculator.is_some() {

@@ -52,7 +52,13 @@ impl Step<'_, '_> {
     pub async fn execute(self) -> Result<StepOutput> {
         let gen = self.gen;
         let input = std::mem::take(&mut gen.next_input);
+        gen.restart = Some(super::Restart {
+            ctx_len: gen.ctx.len(),
+            pending: gen.ctx.pending.clone(),
+            input: input.clone(),
+        });
         let result = run(gen, &input, self.auto, &self.probes).await;
+        gen.restart = None;
         if result.is_err() {
             gen.next_input = input;
         }
@@ -80,7 +86,15 @@ async fn run(
     }
     let mut draft = Vec::new();
     if let (true, Some(spec)) = (auto, gen.speculator.as_mut()) {
-        let room = gen.max_tokens.saturating_sub(gen.generated.len() + 1);
+        let ctx_room = gen
+            .ctx
+            .engine
+            .n_ctx()
+            .saturating_sub(gen.ctx.len() + gen.ctx.pending.len() + input.len());
+        let room = gen
+            .max_tokens
+            .saturating_sub(gen.generated.len() + 1)
+            .min(ctx_room);
         if room > 0 {
             let mut history = gen.ctx.tokens.clone();
             history.extend_from_slice(&gen.ctx.pending);
@@ -155,13 +169,16 @@ async fn run(
     }
     gen.drafted += draft.len();
     gen.draft_accepted += m;
-    // The pass wrote every draft token into the cache; drop the rejected ones, and any
-    // confirmed ones past a stop.
+    // The pass wrote every draft token into the cache: drop the rejected ones (before the
+    // generator's state changes, so a failure leaves it consistent), then any confirmed ones
+    // past a stop.
+    if draft.len() > m {
+        let n = gen.ctx.len() - (draft.len() - m);
+        gen.ctx.truncate_keep_pending(n)?;
+    }
     let taken = gen.accept_run(&accepted, m);
-    let cached_kept = taken.min(m);
-    let drop = draft.len() - cached_kept;
-    if drop > 0 {
-        let n = gen.ctx.len() - drop;
+    if taken < m {
+        let n = gen.ctx.len() - (m - taken);
         gen.ctx.truncate_keep_pending(n)?;
     }
     Ok(StepOutput {
