@@ -45,26 +45,25 @@ impl ThreadsArg {
     /// A runner for `file` with these threads and default settings otherwise.
     pub fn runner(&self, file: std::sync::Arc<GgufFile>) -> anyhow::Result<weft::ModelRunner> {
         let mut cfg = weft::RunnerConfig::default();
+        cfg.n_threads = self.checked()?.unwrap_or(cfg.n_threads);
+        Ok(weft::ModelRunner::new(file, &cfg)?)
+    }
+
+    /// `--threads`, if given, after checking its range.
+    fn checked(&self) -> anyhow::Result<Option<usize>> {
         if let Some(t) = self.threads {
             anyhow::ensure!(
                 (1..=256).contains(&t),
                 "--threads must be between 1 and 256"
             );
-            cfg.n_threads = t;
         }
-        Ok(weft::ModelRunner::new(file, &cfg)?)
+        Ok(self.threads)
     }
 
     /// An engine (scheduler and all) over `file` with these threads.
     pub fn engine(&self, file: std::sync::Arc<GgufFile>) -> anyhow::Result<weft::Engine> {
         let mut cfg = weft::EngineConfig::default();
-        if let Some(t) = self.threads {
-            anyhow::ensure!(
-                (1..=256).contains(&t),
-                "--threads must be between 1 and 256"
-            );
-            cfg.n_threads = t;
-        }
+        cfg.n_threads = self.checked()?.unwrap_or(cfg.n_threads);
         Ok(weft::Engine::from_file(file, cfg)?)
     }
 }

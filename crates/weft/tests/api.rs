@@ -1,23 +1,16 @@
 //! The programmable API on the real models: scheduler batching, masks, probes, seeds, errors,
 //! and that every page goes back to the pool.
 
-use std::sync::Mutex;
+mod common;
 
 use futures_util::future::join_all;
 use weft::{
     block_on, Brle, Distribution, Engine, EngineConfig, Entropy, Error, Logits, Logprobs, Sampler,
 };
 
-/// One engine per test, so page accounting is per test. Models are fetched once.
+/// One engine per test, so page accounting is per test.
 fn engine(name: &str, config: EngineConfig) -> Engine {
-    static FETCH: Mutex<()> = Mutex::new(());
-    let path = {
-        let _g = FETCH.lock().unwrap_or_else(|e| e.into_inner());
-        weft::Hub::from_env()
-            .and_then(|h| h.resolve(name, &mut weft::NoProgress))
-            .unwrap_or_else(|e| panic!("cannot fetch {name}: {e}"))
-    };
-    Engine::open(&path, config).unwrap_or_else(|e| panic!("cannot load {name}: {e}"))
+    common::engine_with(name, config)
 }
 
 fn small() -> EngineConfig {

@@ -2,27 +2,13 @@
 //! grammar constraints hold on sampled outputs, constraints compose, a terminal constraint
 //! stops generation, bad schemas fail before any pass, and speculation keeps working.
 
-use std::sync::Mutex;
+mod common;
 
 use futures_util::future::join_all;
-use weft::{
-    block_on, Constraint, Engine, EngineConfig, Error, Sampler, Schema, StopReason, TokenMask,
-};
+use weft::{block_on, Constraint, Engine, Error, Sampler, Schema, StopReason, TokenMask};
 
 fn engine() -> Engine {
-    static FETCH: Mutex<()> = Mutex::new(());
-    let path = {
-        let _g = FETCH.lock().unwrap_or_else(|e| e.into_inner());
-        weft::Hub::from_env()
-            .and_then(|h| h.resolve("smollm2-135m", &mut weft::NoProgress))
-            .expect("fetch smollm2-135m")
-    };
-    let config = EngineConfig {
-        n_threads: 2,
-        kv_tokens: 32768,
-        ..EngineConfig::default()
-    };
-    Engine::open(&path, config).expect("load")
+    common::engine("smollm2-135m", 32768)
 }
 
 fn person_schema() -> serde_json::Value {

@@ -3,27 +3,17 @@
 //! Lark and a GBNF grammar always fit; rewinding the accepted tokens gives the masks of a fresh
 //! constraint; bad schemas fail in `compile`; Gemma 3's 262,144-token vocabulary is timed.
 
-use std::sync::{Mutex, OnceLock};
+mod common;
+
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use weft::constraint::{compile, Constraint, Schema};
-use weft::{block_on, Brle, Engine, EngineConfig, Error, Message, Sampler};
+use weft::{block_on, Brle, Engine, Error, Message, Sampler};
 
 fn open(name: &str) -> Engine {
-    static FETCH: Mutex<()> = Mutex::new(());
-    let path = {
-        let _g = FETCH.lock().unwrap_or_else(|e| e.into_inner());
-        weft::Hub::from_env()
-            .and_then(|h| h.resolve(name, &mut weft::NoProgress))
-            .unwrap_or_else(|e| panic!("cannot fetch {name}: {e}"))
-    };
-    let config = EngineConfig {
-        n_threads: 2,
-        kv_tokens: 8192,
-        ..EngineConfig::default()
-    };
-    Engine::open(&path, config).unwrap_or_else(|e| panic!("cannot load {name}: {e}"))
+    common::engine(name, 8192)
 }
 
 /// One SmolLM2 engine shared by the tests of this file (its token trie is built once).

@@ -1,5 +1,7 @@
 //! Runs every example in `examples/` on the real model and checks what it claims.
 
+mod common;
+
 #[path = "../examples/chat_sessions.rs"]
 mod chat_sessions;
 #[path = "../examples/multiple_choice.rs"]
@@ -11,27 +13,15 @@ mod two_documents;
 #[path = "../examples/watermark.rs"]
 mod watermark;
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use weft::rollout::{generate_batch, generate_batch_streaming, RolloutRequest};
-use weft::{block_on, Engine, EngineConfig, Sampler};
+use weft::{block_on, Engine, Sampler};
 
 /// One engine for the examples (fetched once).
 fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
-    static FETCH: Mutex<()> = Mutex::new(());
-    ENGINE.get_or_init(|| {
-        let _g = FETCH.lock().unwrap_or_else(|e| e.into_inner());
-        let path = weft::Hub::from_env()
-            .and_then(|h| h.resolve("smollm2-135m", &mut weft::NoProgress))
-            .expect("fetch smollm2-135m");
-        let config = EngineConfig {
-            n_threads: 2,
-            kv_tokens: 8192,
-            ..EngineConfig::default()
-        };
-        Engine::open(&path, config).expect("load")
-    })
+    ENGINE.get_or_init(|| common::engine("smollm2-135m", 8192))
 }
 
 #[test]

@@ -1,25 +1,13 @@
 //! Speculative decoding in the generator: greedy output unchanged on llama.cpp's reference
 //! cases, sampled output keeps the target distribution, and the options are checked.
 
-use std::sync::Mutex;
+mod common;
 
 use futures_util::future::join_all;
-use weft::{block_on, Distribution, Engine, EngineConfig, Error, NgramSpeculator, Sampler};
+use weft::{block_on, Distribution, Engine, Error, NgramSpeculator, Sampler};
 
 fn engine(name: &str) -> Engine {
-    static FETCH: Mutex<()> = Mutex::new(());
-    let path = {
-        let _g = FETCH.lock().unwrap_or_else(|e| e.into_inner());
-        weft::Hub::from_env()
-            .and_then(|h| h.resolve(name, &mut weft::NoProgress))
-            .unwrap_or_else(|e| panic!("cannot fetch {name}: {e}"))
-    };
-    let config = EngineConfig {
-        n_threads: 2,
-        kv_tokens: 16384,
-        ..EngineConfig::default()
-    };
-    Engine::open(&path, config).unwrap_or_else(|e| panic!("cannot load {name}: {e}"))
+    common::engine(name, 16384)
 }
 
 fn reference() -> serde_json::Value {
