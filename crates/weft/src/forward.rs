@@ -224,7 +224,7 @@ impl<'c> Forward<'c> {
     }
 
     /// Checks the pass and turns it into a scheduler request.
-    fn into_request(self) -> Result<(&'c mut Context, Vec<u32>, PassRequest)> {
+    fn into_request(self) -> Result<(&'c mut Context, PassRequest)> {
         if let Some(e) = self.error {
             return Err(e);
         }
@@ -317,7 +317,7 @@ impl<'c> Forward<'c> {
         });
         let req = PassRequest {
             seq: ctx.seq,
-            tokens: tokens.clone(),
+            tokens,
             positions: self.positions,
             masks,
             samplers: self.samplers,
@@ -328,7 +328,7 @@ impl<'c> Forward<'c> {
             rng: ctx.rng.clone(),
             horizon: self.horizon,
         };
-        Ok((ctx, tokens, req))
+        Ok((ctx, req))
     }
 
     /// Submits the pass to the scheduler and waits for its outputs. Works under any async
@@ -337,12 +337,11 @@ impl<'c> Forward<'c> {
     /// The context records the pass's tokens as soon as it is submitted: dropping this future
     /// before it completes does not cancel the pass.
     pub async fn execute(self) -> Result<ForwardOutput> {
-        let (ctx, tokens, req) = self.into_request()?;
-        let positions = req.positions.clone();
-        let rx = ctx.engine.inner.shared.submit(req);
+        let (ctx, req) = self.into_request()?;
         let (len, pending) = (ctx.tokens.len(), std::mem::take(&mut ctx.pending));
-        ctx.tokens.extend_from_slice(&tokens);
-        ctx.positions.extend_from_slice(&positions);
+        ctx.tokens.extend_from_slice(&req.tokens);
+        ctx.positions.extend_from_slice(&req.positions);
+        let rx = ctx.engine.inner.shared.submit(req);
         // Cleared below; if this future is dropped first, the context settles later.
         ctx.inflight = true;
         let result = rx.await.unwrap_or(Err(Error::EngineStopped));

@@ -25,7 +25,7 @@ mod stream;
 mod vocab;
 
 pub use pretokenize::PreTokenizer;
-pub use stream::StreamDecoder;
+pub use stream::{StreamDecoder, Utf8Buffer};
 pub use vocab::{SpecialTokens, TokenType, Vocab};
 
 use crate::error::{Error, Result};

@@ -21,7 +21,7 @@ use crate::error::Result;
 #[derive(Debug)]
 pub struct StreamDecoder<'t> {
     tokenizer: &'t Tokenizer,
-    pending: Vec<u8>,
+    bytes: Utf8Buffer,
     render_special: bool,
 }
 
@@ -29,7 +29,7 @@ impl<'t> StreamDecoder<'t> {
     pub(crate) fn new(tokenizer: &'t Tokenizer, render_special: bool) -> Self {
         StreamDecoder {
             tokenizer,
-            pending: Vec::new(),
+            bytes: Utf8Buffer::default(),
             render_special,
         }
     }
@@ -37,18 +37,48 @@ impl<'t> StreamDecoder<'t> {
     /// Adds one token; returns the text that became complete (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.tokenizer
-            .append_piece(id, self.render_special, &mut self.pending)?;
-        Ok(self.take_complete())
+            .append_piece(id, self.render_special, self.bytes.pending_mut())?;
+        Ok(self.bytes.take_complete())
     }
 
     /// Ends the stream: whatever is held back is emitted, invalid bytes as U+FFFD.
+    pub fn finish(&mut self) -> String {
+        self.bytes.finish()
+    }
+}
+
+/// The byte half of [`StreamDecoder`], owning no tokenizer: bytes go in (appended to
+/// [`Utf8Buffer::pending_mut`]), complete UTF-8 text comes out, an incomplete trailing
+/// character waits for the bytes that complete it, and bytes that can never be valid become
+/// U+FFFD.
+///
+/// ```
+/// let mut b = weft_core::tokenizer::Utf8Buffer::default();
+/// b.pending_mut().extend_from_slice(&[b'a', 0xC3]);
+/// assert_eq!(b.take_complete(), "a");
+/// b.pending_mut().push(0xA9);
+/// assert_eq!(b.take_complete(), "é");
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Utf8Buffer {
+    pending: Vec<u8>,
+}
+
+impl Utf8Buffer {
+    /// The bytes not yet emitted; append new bytes here.
+    pub fn pending_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.pending
+    }
+
+    /// Emits whatever is held back, invalid bytes as U+FFFD.
     pub fn finish(&mut self) -> String {
         let out = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
         out
     }
 
-    fn take_complete(&mut self) -> String {
+    /// The text that is complete so far; an incomplete trailing character stays pending.
+    pub fn take_complete(&mut self) -> String {
         let mut out = String::new();
         let mut rest: &[u8] = &self.pending;
         loop {

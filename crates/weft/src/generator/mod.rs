@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 
 use weft_core::sampling::{Penalties, Sampler};
+use weft_core::tokenizer::Utf8Buffer;
 
 mod step;
 
@@ -70,7 +71,7 @@ pub struct Generator<'c> {
     next_input: Vec<u32>,
     /// Text of `generated` decoded so far, and how much of it was streamed.
     text: String,
-    bytes: Vec<u8>,
+    bytes: Utf8Buffer,
     streamed: usize,
     stopped: Option<StopReason>,
     constraints: Vec<Box<dyn Constraint>>,
@@ -116,7 +117,7 @@ impl<'c> Generator<'c> {
             generated: Vec::new(),
             next_input: Vec::new(),
             text: String::new(),
-            bytes: Vec::new(),
+            bytes: Utf8Buffer::default(),
             streamed: 0,
             stopped: None,
             constraints: Vec::new(),
@@ -352,57 +353,11 @@ impl<'c> Generator<'c> {
         tokens.len()
     }
 
-    /// The AND of every constraint's mask after `accepted` (`None` without constraints).
-    fn constraint_mask(&mut self, accepted: &[u32]) -> Result<Option<TokenMask>> {
-        let vocab = self.ctx.engine.info().vocab_size;
-        let mut mask: Option<TokenMask> = None;
-        for c in &mut self.constraints {
-            let m = c.allowed(accepted, vocab)?;
-            match &mut mask {
-                Some(acc) => acc.and_with(&m),
-                None => mask = Some(m),
-            }
-        }
-        Ok(mask)
-    }
-
     /// Appends a token's bytes to the text, keeping an incomplete UTF-8 tail for later.
     fn push_text(&mut self, t: u32) {
-        if self
-            .ctx
-            .engine
-            .inner
-            .tokenizer
-            .append_piece(t, false, &mut self.bytes)
-            .is_err()
-        {
-            return;
-        }
-        loop {
-            match std::str::from_utf8(&self.bytes) {
-                Ok(s) => {
-                    self.text.push_str(s);
-                    self.bytes.clear();
-                    return;
-                }
-                Err(e) => {
-                    let ok = e.valid_up_to();
-                    // SAFETY-free: `ok` bytes were just validated.
-                    self.text
-                        .push_str(std::str::from_utf8(&self.bytes[..ok]).unwrap_or_default());
-                    match e.error_len() {
-                        // An incomplete character at the end: wait for the next token.
-                        None => {
-                            self.bytes.drain(..ok);
-                            return;
-                        }
-                        Some(bad) => {
-                            self.text.push(char::REPLACEMENT_CHARACTER);
-                            self.bytes.drain(..ok + bad);
-                        }
-                    }
-                }
-            }
+        let tok = &self.ctx.engine.inner.tokenizer;
+        if tok.append_piece(t, false, self.bytes.pending_mut()).is_ok() {
+            self.text.push_str(&self.bytes.take_complete());
         }
     }
 
@@ -512,4 +467,21 @@ impl<'c> Generator<'c> {
         }
         hold
     }
+}
+
+/// The AND of every constraint's mask after `accepted` (`None` without constraints).
+fn constraint_mask(
+    constraints: &mut [Box<dyn Constraint>],
+    accepted: &[u32],
+    vocab_size: usize,
+) -> Result<Option<TokenMask>> {
+    let mut mask: Option<TokenMask> = None;
+    for c in constraints {
+        let m = c.allowed(accepted, vocab_size)?;
+        match &mut mask {
+            Some(acc) => acc.and_with(&m),
+            None => mask = Some(m),
+        }
+    }
+    Ok(mask)
 }

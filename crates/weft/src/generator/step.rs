@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::forward::{Forward, ForwardOutput};
 use crate::probe::{Probe, ProbeHandle, ProbeKind};
 
-use super::Generator;
+use super::{constraint_mask, Generator};
 
 /// One step of a [`Generator`]: add probes, optionally drop the automatic sampler, then
 /// [`Step::execute`].
@@ -73,11 +73,10 @@ async fn run(
     step_probes: &[(usize, ProbeKind)],
 ) -> Result<StepOutput> {
     // Constraint masks: after the accepted tokens, then after each draft token in turn.
+    let vocab = gen.ctx.engine.info().vocab_size;
     let mut masks = Vec::new();
     if !gen.constraints.is_empty() {
-        let accepted = gen.generated.clone();
-        let mask = gen
-            .constraint_mask(&accepted)?
+        let mask = constraint_mask(&mut gen.constraints, &gen.generated, vocab)?
             .ok_or(Error::NothingAllowed)?;
         if mask.count() == 0 {
             return Err(Error::NothingAllowed);
@@ -110,7 +109,7 @@ async fn run(
                     break;
                 }
                 accepted.push(d);
-                match gen.constraint_mask(&accepted)? {
+                match constraint_mask(&mut gen.constraints, &accepted, vocab)? {
                     Some(m) if m.count() > 0 => masks.push(m),
                     _ => {
                         keep += 1;
