@@ -223,6 +223,33 @@ impl GgufFile {
             .unwrap_or(&[])
     }
 
+    /// Hints that `bytes` (a slice of this file, e.g. a tensor copied elsewhere at load time)
+    /// will not be read again soon: their pages leave the process's resident set. Reading them
+    /// later is still correct (they fault back in from the file). A no-op for files read into
+    /// memory or slices of something else.
+    pub fn release(&self, bytes: &[u8]) {
+        #[cfg(unix)]
+        if let Storage::Mmap(map) = &self.storage {
+            let base = map.as_ptr() as usize;
+            let start = bytes.as_ptr() as usize;
+            if start < base || start + bytes.len() > base + map.len() || bytes.is_empty() {
+                return;
+            }
+            // SAFETY: the mapping is private and read-only, so MADV_DONTNEED only drops this
+            // process's copies of clean file pages; a later access maps them in again from the
+            // page cache with the same contents. No reference into the range is invalidated.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start - base,
+                    bytes.len(),
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = bytes;
+    }
+
     /// Total size of the file in bytes.
     pub fn file_size(&self) -> u64 {
         self.storage.bytes().len() as u64

@@ -37,9 +37,13 @@ struct Case {
     cold: bool,
 }
 
-fn bench_case(pool: &ThreadPool, c: &Case) -> String {
+/// `packed`: the weights interleaved by 8 rows (Q4_0, Q5_0), as the models load them.
+fn bench_case(pool: &ThreadPool, c: &Case, packed: bool) -> String {
     let mut rng = Rng::new(1);
-    let one = random_weights(&mut rng, c.dtype, c.rows, c.cols);
+    let mut one = random_weights(&mut rng, c.dtype, c.rows, c.cols);
+    if packed {
+        one = super::interleaved::repack(c.dtype, &one, c.rows, c.cols);
+    }
     let copies = if c.cold {
         (256 << 20) / one.len() + 1
     } else {
@@ -51,7 +55,12 @@ fn bench_case(pool: &ThreadPool, c: &Case) -> String {
     let mut scratch = MatmulScratch::default();
     let mut i = 0;
     let secs = time(Duration::from_millis(900), || {
-        let w = Matrix::new(c.dtype, &mats[i % copies], c.rows, c.cols).unwrap();
+        let data = &mats[i % copies];
+        let w = if packed {
+            Matrix::interleaved(c.dtype, data, c.rows, c.cols).unwrap()
+        } else {
+            Matrix::new(c.dtype, data, c.rows, c.cols).unwrap()
+        };
         matmul(pool, &w, &x, c.tokens, &mut y, &mut scratch);
         i += 1;
     });
@@ -59,7 +68,7 @@ fn bench_case(pool: &ThreadPool, c: &Case) -> String {
     let gbs = one.len() as f64 / secs / 1e9;
     format!(
         "{:<36} {} thr {:>9.1} us {:>7.2} GB/s {:>7.1} GFLOP/s",
-        c.name,
+        format!("{}{}", c.name, if packed { " (i8)" } else { "" }),
         pool.n_threads(),
         secs * 1e6,
         gbs,
@@ -145,6 +154,7 @@ fn bench() {
         case("gemm128 Q4_1 1536x576", Q4_1, 1536, 576, 128, false),
         case("gemm128 Q8_0 49152x576", Q8_0, 49152, 576, 128, false),
         case("gemm128 Q5_0 2048x640", Q5_0, 2048, 640, 128, false),
+        case("gemm128 Q4_0 2048x640", Q4_0, 2048, 640, 128, false),
         case("gemm128 Q4_K 640x2048", Q4_K, 640, 2048, 128, false),
         case("gemm128 Q6_K 640x2048", Q6_K, 640, 2048, 128, false),
     ];
@@ -156,9 +166,12 @@ fn bench() {
     let filter = std::env::var("WEFT_BENCH_FILTER").unwrap_or_default();
     println!("kernels: {:?}", super::simd_level());
     for c in cases.iter().filter(|c| c.name.contains(filter.as_str())) {
-        for &n in &threads {
-            let pool = ThreadPool::new(n);
-            println!("{}", bench_case(&pool, c));
+        let packable = super::interleaved::supports(c.dtype) && c.rows.is_multiple_of(8);
+        for packed in [false, true].into_iter().filter(|&p| !p || packable) {
+            for &n in &threads {
+                let pool = ThreadPool::new(n);
+                println!("{}", bench_case(&pool, c, packed));
+            }
         }
     }
 }

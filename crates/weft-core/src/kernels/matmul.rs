@@ -12,10 +12,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::gguf::GgmlType;
 use crate::threadpool::ThreadPool;
 
-use super::quantize::{ActFormat, Q8Batch};
-use super::{kquants, legacy, Matrix, SimdLevel};
+use super::interleaved::{self, GROUP_ROWS};
+use super::quantize::{ActFormat, Q8Batch, Q8_0Row};
 #[cfg(target_arch = "x86_64")]
-use super::{kquants_avx2, legacy_avx2};
+use super::{interleaved_avx2, kquants_avx2, legacy_avx2};
+use super::{kquants, legacy, Layout, Matrix, SimdLevel};
 
 /// The `(dot, dots)` pair of one kernel: the AVX2 twins from `$simd_mod` when `$simd`, else the
 /// scalar references from `$scalar_mod`.
@@ -58,6 +59,8 @@ const SERIAL_WORK: usize = 32 * 1024;
 #[derive(Default)]
 pub struct MatmulScratch {
     acts: Q8Batch,
+    /// Per token and block, `offset · Σ q` of the activations (interleaved weights only).
+    sums: Vec<i32>,
 }
 
 impl std::fmt::Debug for MatmulScratch {
@@ -126,6 +129,16 @@ pub(crate) fn matmul_with(
     }
     use GgmlType::*;
     let acts = &mut scratch.acts;
+    if w.layout == Layout::Interleaved8 {
+        acts.quantize(Some(pool), ActFormat::Q8_0, x, n_tokens, w.cols);
+        let sums = &mut scratch.sums;
+        sums.clear();
+        for t in 0..n_tokens {
+            interleaved::block_sums(interleaved::offset(w.dtype), acts.q8_0(t).qs, sums);
+        }
+        run_interleaved(simd, pool, w, n_tokens, y, acts, sums);
+        return;
+    }
     match w.dtype {
         Q4_0 | Q5_0 | Q8_0 => {
             acts.quantize(Some(pool), ActFormat::Q8_0, x, n_tokens, w.cols);
@@ -269,6 +282,81 @@ fn run<R: Copy + Sync>(
     }
 }
 
+/// [`run`] for an interleaved matrix: chunks of 8-row groups, each group · up to 4 tokens per
+/// kernel call, the same loop order (token blocks in L2, a group's weights in L1).
+fn run_interleaved(
+    simd: bool,
+    pool: &ThreadPool,
+    w: &Matrix,
+    n_tokens: usize,
+    y: &mut [f32],
+    acts: &Q8Batch,
+    sums: &[i32],
+) {
+    let (rows, nb) = (w.rows, w.cols / 32);
+    let n_groups = rows / GROUP_ROWS;
+    let group_bytes = GROUP_ROWS * w.row_bytes();
+    let token_block = (TOKEN_BLOCK_BYTES / w.cols)
+        .max(1)
+        .next_multiple_of(TILE_TOKENS);
+    let serial = pool.n_threads() == 1 || rows * w.cols * n_tokens < SERIAL_WORK;
+    let n_threads = if serial { 1 } else { pool.n_threads() };
+    let chunk = n_groups.div_ceil(n_threads * CHUNKS_PER_THREAD).max(1);
+    let n_chunks = n_groups.div_ceil(chunk);
+    let next = AtomicUsize::new(0);
+    let out = OutPtr(y.as_mut_ptr());
+    let dtype = w.dtype;
+    let body = |_: usize, _: usize| loop {
+        let c = next.fetch_add(1, Ordering::Relaxed);
+        if c >= n_chunks {
+            break;
+        }
+        let (g0, g1) = (c * chunk, ((c + 1) * chunk).min(n_groups));
+        for tb0 in (0..n_tokens).step_by(token_block) {
+            let tb1 = (tb0 + token_block).min(n_tokens);
+            for g in g0..g1 {
+                let wg = &w.data[g * group_bytes..][..group_bytes];
+                for t0 in (tb0..tb1).step_by(TILE_TOKENS) {
+                    let nt = TILE_TOKENS.min(tb1 - t0);
+                    let ys: [Q8_0Row; TILE_TOKENS] =
+                        std::array::from_fn(|i| acts.q8_0(t0 + i.min(nt - 1)));
+                    let ss: [&[i32]; TILE_TOKENS] = std::array::from_fn(|i| {
+                        let t = t0 + i.min(nt - 1);
+                        &sums[t * nb..(t + 1) * nb]
+                    });
+                    let mut tile = [[0f32; GROUP_ROWS]; TILE_TOKENS];
+                    #[cfg(target_arch = "x86_64")]
+                    if simd {
+                        // SAFETY: `matmul_with` checked the CPU features for `simd`.
+                        unsafe {
+                            interleaved_avx2::tile(dtype, wg, &ys[..nt], &ss[..nt], &mut tile)
+                        };
+                    } else {
+                        interleaved::tile(dtype, wg, &ys[..nt], &ss[..nt], &mut tile);
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    {
+                        let _ = simd;
+                        interleaved::tile(dtype, wg, &ys[..nt], &ss[..nt], &mut tile);
+                    }
+                    for (i, vals) in tile[..nt].iter().enumerate() {
+                        for (r, &v) in vals.iter().enumerate() {
+                            // SAFETY: t0 + i < n_tokens and g · 8 + r < rows, so the index is
+                            // below y.len(); group g belongs to this thread's chunk.
+                            unsafe { out.write((t0 + i) * rows + g * GROUP_ROWS + r, v) };
+                        }
+                    }
+                }
+            }
+        }
+    };
+    if serial {
+        body(0, 1);
+    } else {
+        pool.run(&body);
+    }
+}
+
 /// The float weight rows with the signatures of [`DotFn`] and [`DotsFn`] (the scalar
 /// references).
 mod float_rows {
@@ -366,6 +454,48 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Interleaved Q4_0 / Q5_0 weights: `matmul` equals the row layout's up to rounding for
+    /// every token count and thread count, AVX2 equals scalar bit for bit, and every token's
+    /// outputs are the same bits whatever the batch.
+    #[test]
+    fn interleaved_matches_rows_and_is_batch_invariant() {
+        let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+        let mut scratch = MatmulScratch::default();
+        let mut rng = Rng::new(17);
+        for dtype in [GgmlType::Q4_0, GgmlType::Q5_0] {
+            let (rows, cols, n_act) = (136, 9 * 32, 40);
+            let wb = random_weights(&mut rng, dtype, rows, cols);
+            let packed = interleaved::repack(dtype, &wb, rows, cols);
+            let w = Matrix::new(dtype, &wb, rows, cols).unwrap();
+            let wp = Matrix::interleaved(dtype, &packed, rows, cols).unwrap();
+            for outliers in [false, true] {
+                let x = activations(&mut rng, n_act, cols, outliers);
+                let mut by_level = Vec::new();
+                for level in levels() {
+                    let (mut a, mut b) = (vec![0f32; n_act * rows], vec![0f32; n_act * rows]);
+                    matmul_with(level, &pools[1], &w, &x, n_act, &mut a, &mut scratch);
+                    matmul_with(level, &pools[1], &wp, &x, n_act, &mut b, &mut scratch);
+                    for (i, (&got, &want)) in b.iter().zip(&a).enumerate() {
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{level:?} {dtype}: y[{i}] interleaved {got} vs rows {want}"
+                        );
+                    }
+                    let sizes = [1, 2, 3, 4, 5, 8, 9, 17, 33];
+                    check_batch_invariance(level, &pools, &mut scratch, &wp, &x, &sizes, "packed");
+                    by_level.push(b);
+                }
+                if let [simd, scalar] = &by_level[..] {
+                    let same = simd
+                        .iter()
+                        .zip(scalar)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype}: AVX2 and scalar interleaved kernels differ");
                 }
             }
         }

@@ -26,6 +26,7 @@
 //! sequence would depend on what else was batched with it.
 
 mod float;
+pub mod interleaved;
 mod kquants;
 mod legacy;
 mod matmul;
@@ -33,6 +34,8 @@ pub mod quantize;
 
 #[cfg(target_arch = "x86_64")]
 mod float_avx2;
+#[cfg(target_arch = "x86_64")]
+mod interleaved_avx2;
 #[cfg(target_arch = "x86_64")]
 mod kquants_avx2;
 #[cfg(target_arch = "x86_64")]
@@ -99,24 +102,40 @@ fn use_avx2() -> bool {
     simd_level() == SimdLevel::Avx2
 }
 
-/// A weight matrix as GGUF stores it: `rows` rows of `cols` elements (ggml `ne[0] = cols`,
-/// `ne[1] = rows`), each row a whole number of `dtype` blocks.
+/// A weight matrix: `rows` rows of `cols` elements (ggml `ne[0] = cols`, `ne[1] = rows`),
+/// each row a whole number of `dtype` blocks, as GGUF stores it or [interleaved](Layout).
 #[derive(Clone, Copy)]
 pub struct Matrix<'a> {
     /// Element type of the weights.
     pub dtype: GgmlType,
-    /// The raw bytes: `rows` rows of `dtype.row_bytes(cols)` bytes.
+    /// The raw bytes: `rows` rows of `dtype.row_bytes(cols)` bytes, in `layout`.
     pub data: &'a [u8],
     /// Number of rows (outputs of [`matmul`]).
     pub rows: usize,
     /// Number of columns (inputs of [`matmul`]).
     pub cols: usize,
+    /// How the blocks are arranged.
+    pub layout: Layout,
+}
+
+/// The arrangement of a [`Matrix`]'s blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// GGUF's: row after row.
+    Rows,
+    /// Groups of 8 rows interleaved block by block ([`interleaved`]; Q4_0 and Q5_0), made
+    /// by [`interleaved::repack`] for a faster GEMM.
+    Interleaved8,
 }
 
 impl std::fmt::Debug for Matrix<'_> {
     /// Type and shape only (the data can be hundreds of megabytes).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Matrix({} {}x{})", self.dtype, self.rows, self.cols)
+        write!(
+            f,
+            "Matrix({} {}x{} {:?})",
+            self.dtype, self.rows, self.cols, self.layout
+        )
     }
 }
 
@@ -163,6 +182,34 @@ impl<'a> Matrix<'a> {
             data,
             rows,
             cols,
+            layout: Layout::Rows,
+        })
+    }
+
+    /// A view of weights [`interleaved::repack`]ed from the row layout.
+    ///
+    /// Errors: as [`Matrix::new`]; [`Error::UnsupportedType`] for a type that cannot be
+    /// interleaved, [`Error::BadShape`] when `rows` is not a multiple of 8.
+    pub fn interleaved(
+        dtype: GgmlType,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix<'a>> {
+        if !interleaved::supports(dtype) {
+            return Err(Error::UnsupportedType { dtype });
+        }
+        if !rows.is_multiple_of(interleaved::GROUP_ROWS) {
+            return Err(Error::BadShape {
+                name: "interleaved weight".to_string(),
+                shape: vec![cols as u64, rows as u64],
+                dtype,
+                reason: "rows must be a multiple of 8",
+            });
+        }
+        Ok(Matrix {
+            layout: Layout::Interleaved8,
+            ..Matrix::new(dtype, data, rows, cols)?
         })
     }
 
@@ -175,9 +222,10 @@ impl<'a> Matrix<'a> {
     /// The bytes of row `r`.
     ///
     /// # Panics
-    /// If `r >= rows`.
+    /// If `r >= rows`, or the matrix is not in the row layout.
     #[inline]
     pub fn row(&self, r: usize) -> &'a [u8] {
+        assert_eq!(self.layout, Layout::Rows, "rows of an interleaved matrix");
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
     }

@@ -94,7 +94,7 @@ impl Llama {
                 ),
             });
         }
-        let token_embd = l.linear("token_embd.weight", vocab, n_embd)?;
+        let token_embd = l.table("token_embd.weight", vocab, n_embd)?;
         let output = if l.has("output.weight") {
             l.linear("output.weight", vocab, n_embd)?
         } else {

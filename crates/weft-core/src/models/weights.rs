@@ -4,14 +4,17 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::kernels::Matrix;
+use crate::kernels::{interleaved, Matrix};
 use crate::quant;
 
-/// A weight matrix inside the model file (no copy: it is read from the mapped file).
+/// A weight matrix: read from the mapped file, or for Q4_0 / Q5_0 a copy
+/// [interleaved](crate::kernels::interleaved) by 8 rows at load time (the faster GEMM).
 #[derive(Debug, Clone)]
 pub struct Linear {
     /// Where the tensor lies in the file, kept so the forward pass needs no lookup by name.
     info: TensorInfo,
+    /// The interleaved copy, when there is one.
+    packed: Option<Arc<[u8]>>,
     /// Output features.
     pub rows: usize,
     /// Input features.
@@ -19,14 +22,13 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// The matrix view, borrowing the file's bytes.
-    pub fn matrix<'a>(&self, file: &'a GgufFile) -> Result<Matrix<'a>> {
-        Matrix::new(
-            self.info.dtype,
-            file.tensor_data(&self.info),
-            self.rows,
-            self.cols,
-        )
+    /// The matrix view, borrowing the file's bytes or the interleaved copy.
+    pub fn matrix<'a>(&'a self, file: &'a GgufFile) -> Result<Matrix<'a>> {
+        let (dtype, rows, cols) = (self.info.dtype, self.rows, self.cols);
+        match &self.packed {
+            Some(p) => Matrix::interleaved(dtype, p, rows, cols),
+            None => Matrix::new(dtype, file.tensor_data(&self.info), rows, cols),
+        }
     }
 }
 
@@ -66,8 +68,22 @@ impl Loader {
         Ok(self.file.opt_f64(&full)?.map(|v| v as f32))
     }
 
-    /// A weight matrix `name` of shape `rows × cols` (ggml `[cols, rows]`).
+    /// A weight matrix `name` of shape `rows × cols` (ggml `[cols, rows]`) for matmuls only:
+    /// Q4_0 and Q5_0 weights are interleaved (see [`Linear`]), and the file's pages they were
+    /// read from are released.
     pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+        let mut lin = self.table(name, rows, cols)?;
+        let data = self.file.tensor_data(&lin.info);
+        if interleaved::supports(lin.info.dtype) && rows.is_multiple_of(interleaved::GROUP_ROWS) {
+            lin.packed = Some(interleaved::repack(lin.info.dtype, data, rows, cols).into());
+            self.file.release(data);
+        }
+        Ok(lin)
+    }
+
+    /// A weight matrix `name` of shape `rows × cols` kept in the file's row layout (an
+    /// embedding table, whose rows are looked up one by one).
+    pub fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
         let info = self.file.tensor(name)?;
         if info.shape != [cols as u64, rows as u64] {
             return Err(bad(format!(
@@ -77,6 +93,7 @@ impl Loader {
         }
         let lin = Linear {
             info: info.clone(),
+            packed: None,
             rows,
             cols,
         };

@@ -1,0 +1,147 @@
+//! AVX2 twin of [`super::interleaved::tile`]: one group of 8 interleaved Q4_0 / Q5_0 rows ·
+//! 1 to 4 Q8_0 activation rows (see `interleaved` for the layout).
+
+use std::arch::x86_64::*;
+
+use super::interleaved::GROUP_ROWS;
+use super::quantize::{Q8_0Row, QK8};
+use super::x86::{load256, prefetch};
+
+/// The 4 activation bytes `y[i..i + 4]` in every 32-bit lane.
+#[inline(always)]
+unsafe fn bcast4(y: *const i8, i: usize) -> __m256i {
+    _mm256_set1_epi32((y.add(i) as *const i32).read_unaligned())
+}
+
+/// One group · `T` tokens. `HIGH`: Q5_0 (5th bits in `qh`), else Q4_0.
+///
+/// Per block: the 4 chunks of `qs` unpack to 8 vectors of unsigned quants (lane `r`: 4 quants
+/// of row `r`), each `maddubs`-multiplied with 4 broadcast activation bytes. Four products of
+/// at most `2 · 31 · 127` fit an i16 lane, so chunks 0–1 and 2–3 each sum in i16 before one
+/// `madd` widens them; then `(Σ q·y − offset·Σ y) · d_x` (8 rows at once) is added times `d_y`
+/// with one FMA per token — the scalar reference's order, so the bits agree.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_t<const HIGH: bool, const T: usize>(
+    w: &[u8],
+    ys: &[Q8_0Row],
+    sums: &[&[i32]],
+    out: &mut [[f32; 8]],
+) {
+    let bytes = GROUP_ROWS * if HIGH { 22 } else { 18 };
+    let qs0 = if HIGH { 48 } else { 16 };
+    let nb = w.len() / bytes;
+    assert!(w.len() == nb * bytes && ys.len() >= T && sums.len() >= T && out.len() >= T);
+    for t in 0..T {
+        assert!(ys[t].qs.len() == nb * QK8 && ys[t].d.len() == nb && sums[t].len() == nb);
+    }
+    let yq: [*const i8; T] = std::array::from_fn(|t| ys[t].qs.as_ptr());
+    let yd: [*const f32; T] = std::array::from_fn(|t| ys[t].d.as_ptr());
+    let ys_: [*const i32; T] = std::array::from_fn(|t| sums[t].as_ptr());
+    let (m4, m5, ones) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x10),
+        _mm256_set1_epi16(1),
+    );
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..nb {
+        let p = w.as_ptr().add(b * bytes);
+        prefetch(p);
+        let dx = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let bits = if HIGH {
+            load256(p.add(16))
+        } else {
+            _mm256_setzero_si256()
+        };
+        // Chunk c: quants of elements 4c.. (low nibbles, 5th bit = bit c of `bits`) and
+        // 16 + 4c.. (high nibbles, 5th bit = bit c + 4), moved to bit 4 by the shifts given.
+        macro_rules! chunk {
+            ($c:literal, $lo_bits:expr, $hi_bits:expr) => {{
+                let v = load256(p.add(qs0 + 32 * $c));
+                let mut lo = _mm256_and_si256(v, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                if HIGH {
+                    lo = _mm256_or_si256(lo, _mm256_and_si256($lo_bits, m5));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256($hi_bits, m5));
+                }
+                (lo, hi)
+            }};
+        }
+        let (w0, w1) = chunk!(0, _mm256_slli_epi16::<4>(bits), bits);
+        let (w2, w3) = chunk!(
+            1,
+            _mm256_slli_epi16::<3>(bits),
+            _mm256_srli_epi16::<1>(bits)
+        );
+        let mut s01 = [_mm256_setzero_si256(); T];
+        for t in 0..T {
+            let y = yq[t].add(b * QK8);
+            let a = _mm256_add_epi16(
+                _mm256_maddubs_epi16(w0, bcast4(y, 0)),
+                _mm256_maddubs_epi16(w1, bcast4(y, 16)),
+            );
+            let c = _mm256_add_epi16(
+                _mm256_maddubs_epi16(w2, bcast4(y, 4)),
+                _mm256_maddubs_epi16(w3, bcast4(y, 20)),
+            );
+            s01[t] = _mm256_madd_epi16(_mm256_add_epi16(a, c), ones);
+        }
+        let (w4, w5) = chunk!(
+            2,
+            _mm256_slli_epi16::<2>(bits),
+            _mm256_srli_epi16::<2>(bits)
+        );
+        let (w6, w7) = chunk!(
+            3,
+            _mm256_slli_epi16::<1>(bits),
+            _mm256_srli_epi16::<3>(bits)
+        );
+        for t in 0..T {
+            let y = yq[t].add(b * QK8);
+            let a = _mm256_add_epi16(
+                _mm256_maddubs_epi16(w4, bcast4(y, 8)),
+                _mm256_maddubs_epi16(w5, bcast4(y, 24)),
+            );
+            let c = _mm256_add_epi16(
+                _mm256_maddubs_epi16(w6, bcast4(y, 12)),
+                _mm256_maddubs_epi16(w7, bcast4(y, 28)),
+            );
+            let s = _mm256_add_epi32(s01[t], _mm256_madd_epi16(_mm256_add_epi16(a, c), ones));
+            let s = _mm256_sub_epi32(s, _mm256_set1_epi32(*ys_[t].add(b)));
+            let v = _mm256_mul_ps(_mm256_cvtepi32_ps(s), dx);
+            acc[t] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(&*yd[t].add(b)), acc[t]);
+        }
+    }
+    for t in 0..T {
+        _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
+}
+
+/// AVX2 twin of [`super::interleaved::tile`] for `ys.len()` of 1 to 4 tokens.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+///
+/// # Panics
+/// As the reference, or for more than 4 tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile(
+    dtype: crate::gguf::GgmlType,
+    w: &[u8],
+    ys: &[Q8_0Row],
+    sums: &[&[i32]],
+    out: &mut [[f32; 8]],
+) {
+    use crate::gguf::GgmlType::Q5_0;
+    match (dtype == Q5_0, ys.len()) {
+        (_, 0) => {}
+        (true, 1) => tile_t::<true, 1>(w, ys, sums, out),
+        (true, 2) => tile_t::<true, 2>(w, ys, sums, out),
+        (true, 3) => tile_t::<true, 3>(w, ys, sums, out),
+        (true, 4) => tile_t::<true, 4>(w, ys, sums, out),
+        (false, 1) => tile_t::<false, 1>(w, ys, sums, out),
+        (false, 2) => tile_t::<false, 2>(w, ys, sums, out),
+        (false, 3) => tile_t::<false, 3>(w, ys, sums, out),
+        (false, 4) => tile_t::<false, 4>(w, ys, sums, out),
+        (_, n) => panic!("a tile takes at most 4 rows, got {n}"),
+    }
+}
