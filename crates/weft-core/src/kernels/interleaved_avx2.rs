@@ -1,10 +1,10 @@
-//! AVX2 twin of [`super::interleaved::tile`]: one group of 8 interleaved Q4_0 / Q5_0 rows ·
-//! 1 to 4 Q8_0 activation rows (see `interleaved` for the layout).
+//! AVX2 twins of [`super::interleaved::tile`] and [`super::interleaved::tile_k4`]: one group
+//! of 8 interleaved rows · 1 to 4 activation rows (see `interleaved` for the layouts).
 
 use std::arch::x86_64::*;
 
-use super::interleaved::GROUP_ROWS;
-use super::quantize::{Q8_0Row, QK8};
+use super::interleaved::{GROUP_ROWS, K4_GROUP_BYTES};
+use super::quantize::{Q8KRow, Q8_0Row, QK8, QK_K};
 use super::x86::{load256, prefetch};
 
 /// The 4 activation bytes `y[i..i + 4]` in every 32-bit lane.
@@ -143,5 +143,106 @@ pub unsafe fn tile(
         (false, 3) => tile_t::<false, 3>(w, ys, sums, out),
         (false, 4) => tile_t::<false, 4>(w, ys, sums, out),
         (_, n) => panic!("a tile takes at most 4 rows, got {n}"),
+    }
+}
+
+/// One Q4_K group · `T` tokens.
+///
+/// Per sub-block of 32 columns: 8 `maddubs` of unsigned 4-bit quants (lane `r`: 4 quants of row
+/// `r`) with 4 broadcast activation bytes; all 8 fit an i16 lane (`8 · 2 · 15 · 127 < 2^15`),
+/// and one `madd` with the rows' scales (each in both i16 halves of its lane) widens and scales
+/// them at once. The mins meet the activation sums of two sub-blocks per `madd`. Then the
+/// scalar reference's two FMAs per super-block, 8 rows at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_k4_t<const T: usize>(w: &[u8], ys: &[Q8KRow], out: &mut [[f32; 8]]) {
+    let nb = w.len() / K4_GROUP_BYTES;
+    assert!(w.len() == nb * K4_GROUP_BYTES && ys.len() >= T && out.len() >= T);
+    for y in &ys[..T] {
+        assert!(y.qs.len() == nb * QK_K && y.d.len() == nb && y.bsums.len() == nb * 16);
+    }
+    let yq: [*const i8; T] = std::array::from_fn(|t| ys[t].qs.as_ptr());
+    let yd: [*const f32; T] = std::array::from_fn(|t| ys[t].d.as_ptr());
+    let ybs: [*const i16; T] = std::array::from_fn(|t| ys[t].bsums.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..nb {
+        let p = w.as_ptr().add(b * K4_GROUP_BYTES);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i));
+        let mut isum = [_mm256_setzero_si256(); T];
+        for s in 0..8 {
+            let q = p.add(160 + 128 * s);
+            prefetch(q);
+            // The 8 rows' scales of sub-block s, each in both i16 halves of its lane.
+            let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(32 + 8 * s) as *const __m128i));
+            let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
+            let mut s16 = [_mm256_setzero_si256(); T];
+            for c in 0..4 {
+                let v = load256(q.add(32 * c));
+                let lo = _mm256_and_si256(v, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                for t in 0..T {
+                    let y = yq[t].add(b * QK_K + 32 * s);
+                    let a = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, bcast4(y, 4 * c)),
+                        _mm256_maddubs_epi16(hi, bcast4(y, 16 + 4 * c)),
+                    );
+                    s16[t] = _mm256_add_epi16(s16[t], a);
+                }
+            }
+            for t in 0..T {
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s16[t], sc));
+            }
+        }
+        for t in 0..T {
+            // Sums of the 8 groups of 32 activations, as 4 pairs of i16 (one pair per i32).
+            let bs = load256(ybs[t].add(16 * b));
+            let pairs = _mm_hadd_epi16(
+                _mm256_castsi256_si128(bs),
+                _mm256_extracti128_si256::<1>(bs),
+            );
+            let mut msum = _mm256_setzero_si256();
+            for (i, pair) in [
+                _mm_shuffle_epi32::<0x00>(pairs),
+                _mm_shuffle_epi32::<0x55>(pairs),
+                _mm_shuffle_epi32::<0xAA>(pairs),
+                _mm_shuffle_epi32::<0xFF>(pairs),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let mins =
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(96 + 16 * i) as *const __m128i));
+                let ysum = _mm256_broadcastsi128_si256(pair);
+                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins, ysum));
+            }
+            let dy = _mm256_broadcast_ss(&*yd[t].add(b));
+            let v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[t]), d);
+            acc[t] = _mm256_fmadd_ps(v, dy, acc[t]);
+            let m = _mm256_mul_ps(_mm256_cvtepi32_ps(msum), dmin);
+            acc[t] = _mm256_fnmadd_ps(m, dy, acc[t]);
+        }
+    }
+    for t in 0..T {
+        _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
+}
+
+/// AVX2 twin of [`super::interleaved::tile_k4`] for `ys.len()` of 1 to 4 tokens.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+///
+/// # Panics
+/// As the reference, or for more than 4 tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile_k4(w: &[u8], ys: &[Q8KRow], out: &mut [[f32; 8]]) {
+    match ys.len() {
+        0 => {}
+        1 => tile_k4_t::<1>(w, ys, out),
+        2 => tile_k4_t::<2>(w, ys, out),
+        3 => tile_k4_t::<3>(w, ys, out),
+        4 => tile_k4_t::<4>(w, ys, out),
+        n => panic!("a tile takes at most 4 rows, got {n}"),
     }
 }

@@ -123,7 +123,7 @@ pub struct Matrix<'a> {
 pub enum Layout {
     /// GGUF's: row after row.
     Rows,
-    /// Groups of 8 rows interleaved block by block ([`interleaved`]; Q4_0 and Q5_0), made
+    /// Groups of 8 rows interleaved block by block ([`interleaved`]; Q4_0, Q5_0, Q4_K), made
     /// by [`interleaved::repack`] for a faster GEMM.
     Interleaved8,
 }
@@ -199,17 +199,28 @@ impl<'a> Matrix<'a> {
         if !interleaved::supports(dtype) {
             return Err(Error::UnsupportedType { dtype });
         }
+        let bad = |reason: &'static str| Error::BadShape {
+            name: "interleaved weight".to_string(),
+            shape: vec![cols as u64, rows as u64],
+            dtype,
+            reason,
+        };
         if !rows.is_multiple_of(interleaved::GROUP_ROWS) {
-            return Err(Error::BadShape {
-                name: "interleaved weight".to_string(),
-                shape: vec![cols as u64, rows as u64],
-                dtype,
-                reason: "rows must be a multiple of 8",
-            });
+            return Err(bad("rows must be a multiple of 8"));
+        }
+        if cols == 0 || !cols.is_multiple_of(dtype.block_size()) {
+            return Err(bad("columns must be a positive multiple of the block size"));
+        }
+        let groups = rows / interleaved::GROUP_ROWS;
+        if groups.checked_mul(interleaved::group_bytes(dtype, cols)) != Some(data.len()) {
+            return Err(bad("data length is not rows / 8 interleaved groups"));
         }
         Ok(Matrix {
+            dtype,
+            data,
+            rows,
+            cols,
             layout: Layout::Interleaved8,
-            ..Matrix::new(dtype, data, rows, cols)?
         })
     }
 
