@@ -176,33 +176,34 @@ fn repack_k4(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
     out
 }
 
-/// `offset · Σ q` of every 32-element block of `row` (an activation row's quants): the
-/// correction [`tile`] subtracts from `Σ q_w · q_y`.
-pub fn block_sums(offset: i32, row: &[i8], out: &mut Vec<i32>) {
+/// `offset · Σ q` of every 32-element block of `qs` (the quants of one or more activation
+/// rows), appended to `out`: the correction [`tile`] subtracts from `Σ q_w · q_y`.
+pub fn block_sums(offset: i32, qs: &[i8], out: &mut Vec<i32>) {
     out.extend(
-        row.chunks_exact(QK8)
+        qs.chunks_exact(QK8)
             .map(|b| offset * b.iter().map(|&v| i32::from(v)).sum::<i32>()),
     );
 }
 
-/// Scalar reference: one interleaved group (`w`, `nb` blocks of 8 rows) · `ys.len()` Q8_0
-/// activation rows; `sums[t]` are [`block_sums`] of `ys[t]`; `out[t][r]` gets row `r` · token
-/// `t`.
+/// Scalar reference: one interleaved group (`w`, `nb` blocks of 8 rows) · `n = out.len()`
+/// Q8_0 activation rows, given back to back in `ys` with their [`block_sums`] in `sums`;
+/// `out[t][r]` gets row `r` · token `t`.
 ///
 /// # Panics
 /// If the lengths disagree.
-pub fn tile(dtype: GgmlType, w: &[u8], ys: &[Q8_0Row], sums: &[&[i32]], out: &mut [[f32; 8]]) {
+pub fn tile(dtype: GgmlType, w: &[u8], ys: &Q8_0Row, sums: &[i32], out: &mut [[f32; 8]]) {
     let high = dtype == GgmlType::Q5_0;
     let bytes = GROUP_ROWS * dtype.type_size();
-    let nb = w.len() / bytes;
-    assert_eq!(w.len(), nb * bytes);
+    let (nb, n) = (w.len() / bytes, out.len());
+    assert!(w.len() == nb * bytes && ys.qs.len() == n * nb * QK8);
+    assert!(ys.d.len() == n * nb && sums.len() == n * nb);
     let qs0 = qs_at(high);
-    for ((y, s), o) in ys.iter().zip(sums).zip(out.iter_mut()) {
-        assert!(y.qs.len() == nb * QK8 && y.d.len() == nb && s.len() == nb);
+    for (t, o) in out.iter_mut().enumerate() {
         let mut acc = [0f32; GROUP_ROWS];
         for b in 0..nb {
             let blk = &w[b * bytes..][..bytes];
-            let yq = &y.qs[b * QK8..][..QK8];
+            let tb = t * nb + b;
+            let yq = &ys.qs[tb * QK8..][..QK8];
             for (r, acc) in acc.iter_mut().enumerate() {
                 let dx = half::f16::from_le_bytes([blk[2 * r], blk[2 * r + 1]]).to_f32();
                 let mut p = 0i32;
@@ -217,8 +218,8 @@ pub fn tile(dtype: GgmlType, w: &[u8], ys: &[Q8_0Row], sums: &[&[i32]], out: &mu
                         p += i32::from(hi) * i32::from(yq[16 + 4 * c + k]);
                     }
                 }
-                let v = (p - s[b]) as f32 * dx;
-                *acc = v.mul_add(y.d[b], *acc);
+                let v = (p - sums[tb]) as f32 * dx;
+                *acc = v.mul_add(ys.d[tb], *acc);
             }
         }
         *o = acc;
@@ -226,24 +227,26 @@ pub fn tile(dtype: GgmlType, w: &[u8], ys: &[Q8_0Row], sums: &[&[i32]], out: &mu
 }
 
 /// Scalar reference for Q4_K: one interleaved group (`w`, whole super-blocks of 8 rows) ·
-/// `ys.len()` Q8_K activation rows; `out[t][r]` gets row `r` · token `t`.
+/// `n = out.len()` Q8_K activation rows given back to back in `ys`; `out[t][r]` gets row `r` ·
+/// token `t`.
 ///
 /// Per super-block and row: `isum = Σ_s sc[s] · Σ q·y` and `msum = Σ_s mn[s] · Σ y` over the
 /// 8 sub-blocks, then `acc += (isum · d) · d_y` and `acc −= (msum · dmin) · d_y`, each one FMA.
 ///
 /// # Panics
 /// If the lengths disagree.
-pub fn tile_k4(w: &[u8], ys: &[Q8KRow], out: &mut [[f32; 8]]) {
-    let nb = w.len() / K4_GROUP_BYTES;
+pub fn tile_k4(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
+    let (nb, n) = (w.len() / K4_GROUP_BYTES, out.len());
     assert_eq!(w.len(), nb * K4_GROUP_BYTES);
+    assert!(ys.qs.len() == n * nb * QK_K && ys.d.len() == n * nb && ys.bsums.len() == n * nb * 16);
     let f16 = |b: &[u8], i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-    for (y, o) in ys.iter().zip(out.iter_mut()) {
-        assert!(y.qs.len() == nb * QK_K && y.d.len() == nb && y.bsums.len() == nb * 16);
+    for (t, o) in out.iter_mut().enumerate() {
         let mut acc = [0f32; GROUP_ROWS];
         for b in 0..nb {
             let blk = &w[b * K4_GROUP_BYTES..][..K4_GROUP_BYTES];
-            let yq = &y.qs[b * QK_K..][..QK_K];
-            let bs = &y.bsums[b * 16..][..16];
+            let tb = t * nb + b;
+            let yq = &ys.qs[tb * QK_K..][..QK_K];
+            let bs = &ys.bsums[tb * 16..][..16];
             for (r, acc) in acc.iter_mut().enumerate() {
                 let (mut isum, mut msum) = (0i32, 0i32);
                 for s in 0..8 {
@@ -259,7 +262,7 @@ pub fn tile_k4(w: &[u8], ys: &[Q8KRow], out: &mut [[f32; 8]]) {
                     let ysum = i32::from(bs[2 * s]) + i32::from(bs[2 * s + 1]);
                     msum += i32::from(blk[96 + 16 * (s / 2) + 2 * r + s % 2]) * ysum;
                 }
-                let dy = y.d[b];
+                let dy = ys.d[tb];
                 *acc = (isum as f32 * f16(blk, 2 * r)).mul_add(dy, *acc);
                 *acc = (msum as f32 * f16(blk, 16 + 2 * r)).mul_add(-dy, *acc);
             }
@@ -286,21 +289,15 @@ mod tests {
             let packed = repack(dtype, &wb, rows, cols);
             let mut acts = Q8Batch::default();
             acts.quantize(None, ActFormat::Q8_0, &rng.f32s(n * cols, 2.0), n, cols);
-            let ys: Vec<Q8_0Row> = (0..n).map(|t| acts.q8_0(t)).collect();
-            let sums: Vec<Vec<i32>> = ys
-                .iter()
-                .map(|y| {
-                    let mut s = Vec::new();
-                    block_sums(offset(dtype), y.qs, &mut s);
-                    s
-                })
-                .collect();
-            let sums: Vec<&[i32]> = sums.iter().map(|s| s.as_slice()).collect();
+            let mut sums = Vec::new();
+            block_sums(offset(dtype), acts.q8_0_rows(0, n).qs, &mut sums);
             let group = packed.len() / (rows / GROUP_ROWS);
             for g in 0..rows / GROUP_ROWS {
                 let mut out = vec![[0f32; 8]; n];
-                tile(dtype, &packed[g * group..][..group], &ys, &sums, &mut out);
-                for (t, y) in ys.iter().enumerate() {
+                let w = &packed[g * group..][..group];
+                tile(dtype, w, &acts.q8_0_rows(0, n), &sums, &mut out);
+                for (t, got) in out.iter().enumerate() {
+                    let y = &acts.q8_0(t);
                     for r in 0..GROUP_ROWS {
                         let row = &wb[(g * 8 + r) * (cols / 32 * dtype.type_size())..]
                             [..cols / 32 * dtype.type_size()];
@@ -308,7 +305,7 @@ mod tests {
                             GgmlType::Q4_0 => legacy::vec_dot_q4_0_q8_0(row, y),
                             _ => legacy::vec_dot_q5_0_q8_0(row, y),
                         };
-                        let got = out[t][r];
+                        let got = got[r];
                         assert!(
                             (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
                             "{dtype} row {} token {t}: {got} vs {want}",
@@ -330,18 +327,18 @@ mod tests {
         assert_eq!(packed.len(), rows / 8 * group_bytes(GgmlType::Q4_K, cols));
         let mut acts = Q8Batch::default();
         acts.quantize(None, ActFormat::Q8K, &rng.f32s(n * cols, 2.0), n, cols);
-        let ys: Vec<Q8KRow> = (0..n).map(|t| acts.q8_k(t)).collect();
         let (gb, rb) = (group_bytes(GgmlType::Q4_K, cols), cols / 256 * 144);
         for g in 0..rows / GROUP_ROWS {
             let mut out = vec![[0f32; 8]; n];
-            tile_k4(&packed[g * gb..][..gb], &ys, &mut out);
-            for (t, y) in ys.iter().enumerate() {
+            tile_k4(&packed[g * gb..][..gb], &acts.q8_k_rows(0, n), &mut out);
+            for (t, got) in out.iter().enumerate() {
+                let y = &acts.q8_k(t);
                 for r in 0..GROUP_ROWS {
                     let want = crate::kernels::kquants::vec_dot_q4_k_q8_k(
                         &wb[(g * 8 + r) * rb..][..rb],
                         y,
                     );
-                    let got = out[t][r];
+                    let got = got[r];
                     assert!(
                         (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
                         "row {} token {t}: {got} vs {want}",

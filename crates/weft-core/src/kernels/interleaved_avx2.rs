@@ -23,20 +23,18 @@ unsafe fn bcast4(y: *const i8, i: usize) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_t<const HIGH: bool, const T: usize>(
     w: &[u8],
-    ys: &[Q8_0Row],
-    sums: &[&[i32]],
+    ys: &Q8_0Row,
+    sums: &[i32],
     out: &mut [[f32; 8]],
 ) {
     let bytes = GROUP_ROWS * if HIGH { 22 } else { 18 };
     let qs0 = if HIGH { 48 } else { 16 };
     let nb = w.len() / bytes;
-    assert!(w.len() == nb * bytes && ys.len() >= T && sums.len() >= T && out.len() >= T);
-    for t in 0..T {
-        assert!(ys[t].qs.len() == nb * QK8 && ys[t].d.len() == nb && sums[t].len() == nb);
-    }
-    let yq: [*const i8; T] = std::array::from_fn(|t| ys[t].qs.as_ptr());
-    let yd: [*const f32; T] = std::array::from_fn(|t| ys[t].d.as_ptr());
-    let ys_: [*const i32; T] = std::array::from_fn(|t| sums[t].as_ptr());
+    assert!(w.len() == nb * bytes && out.len() == T && ys.qs.len() == T * nb * QK8);
+    assert!(ys.d.len() == T * nb && sums.len() == T * nb);
+    let yq: [*const i8; T] = std::array::from_fn(|t| ys.qs.as_ptr().add(t * nb * QK8));
+    let yd: [*const f32; T] = std::array::from_fn(|t| ys.d.as_ptr().add(t * nb));
+    let ys_: [*const i32; T] = std::array::from_fn(|t| sums.as_ptr().add(t * nb));
     let (m4, m5, ones) = (
         _mm256_set1_epi8(0x0F),
         _mm256_set1_epi8(0x10),
@@ -116,7 +114,7 @@ unsafe fn tile_t<const HIGH: bool, const T: usize>(
     }
 }
 
-/// AVX2 twin of [`super::interleaved::tile`] for `ys.len()` of 1 to 4 tokens.
+/// AVX2 twin of [`super::interleaved::tile`] for `out.len()` of 1 to 4 tokens.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
@@ -127,12 +125,12 @@ unsafe fn tile_t<const HIGH: bool, const T: usize>(
 pub unsafe fn tile(
     dtype: crate::gguf::GgmlType,
     w: &[u8],
-    ys: &[Q8_0Row],
-    sums: &[&[i32]],
+    ys: &Q8_0Row,
+    sums: &[i32],
     out: &mut [[f32; 8]],
 ) {
     use crate::gguf::GgmlType::Q5_0;
-    match (dtype == Q5_0, ys.len()) {
+    match (dtype == Q5_0, out.len()) {
         (_, 0) => {}
         (true, 1) => tile_t::<true, 1>(w, ys, sums, out),
         (true, 2) => tile_t::<true, 2>(w, ys, sums, out),
@@ -154,15 +152,13 @@ pub unsafe fn tile(
 /// them at once. The mins meet the activation sums of two sub-blocks per `madd`. Then the
 /// scalar reference's two FMAs per super-block, 8 rows at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_k4_t<const T: usize>(w: &[u8], ys: &[Q8KRow], out: &mut [[f32; 8]]) {
+unsafe fn tile_k4_t<const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
     let nb = w.len() / K4_GROUP_BYTES;
-    assert!(w.len() == nb * K4_GROUP_BYTES && ys.len() >= T && out.len() >= T);
-    for y in &ys[..T] {
-        assert!(y.qs.len() == nb * QK_K && y.d.len() == nb && y.bsums.len() == nb * 16);
-    }
-    let yq: [*const i8; T] = std::array::from_fn(|t| ys[t].qs.as_ptr());
-    let yd: [*const f32; T] = std::array::from_fn(|t| ys[t].d.as_ptr());
-    let ybs: [*const i16; T] = std::array::from_fn(|t| ys[t].bsums.as_ptr());
+    assert!(w.len() == nb * K4_GROUP_BYTES && out.len() == T && ys.qs.len() == T * nb * QK_K);
+    assert!(ys.d.len() == T * nb && ys.bsums.len() == T * nb * 16);
+    let yq: [*const i8; T] = std::array::from_fn(|t| ys.qs.as_ptr().add(t * nb * QK_K));
+    let yd: [*const f32; T] = std::array::from_fn(|t| ys.d.as_ptr().add(t * nb));
+    let ybs: [*const i16; T] = std::array::from_fn(|t| ys.bsums.as_ptr().add(t * nb * 16));
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..nb {
@@ -228,7 +224,7 @@ unsafe fn tile_k4_t<const T: usize>(w: &[u8], ys: &[Q8KRow], out: &mut [[f32; 8]
     }
 }
 
-/// AVX2 twin of [`super::interleaved::tile_k4`] for `ys.len()` of 1 to 4 tokens.
+/// AVX2 twin of [`super::interleaved::tile_k4`] for `out.len()` of 1 to 4 tokens.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
@@ -236,8 +232,8 @@ unsafe fn tile_k4_t<const T: usize>(w: &[u8], ys: &[Q8KRow], out: &mut [[f32; 8]
 /// # Panics
 /// As the reference, or for more than 4 tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_k4(w: &[u8], ys: &[Q8KRow], out: &mut [[f32; 8]]) {
-    match ys.len() {
+pub unsafe fn tile_k4(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
+    match out.len() {
         0 => {}
         1 => tile_k4_t::<1>(w, ys, out),
         2 => tile_k4_t::<2>(w, ys, out),

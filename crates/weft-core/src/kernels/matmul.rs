@@ -13,7 +13,7 @@ use crate::gguf::GgmlType;
 use crate::threadpool::ThreadPool;
 
 use super::interleaved::{self, GROUP_ROWS};
-use super::quantize::{ActFormat, Q8Batch, Q8_0Row};
+use super::quantize::{ActFormat, Q8Batch};
 #[cfg(target_arch = "x86_64")]
 use super::{interleaved_avx2, kquants_avx2, legacy_avx2};
 use super::{kquants, legacy, Layout, Matrix, SimdLevel};
@@ -197,6 +197,15 @@ impl OutPtr {
     unsafe fn write(self, i: usize, v: f32) {
         self.0.add(i).write(v)
     }
+
+    /// Writes `v` at indices `i..i + 8`.
+    ///
+    /// # Safety
+    /// As [`OutPtr::write`], for each of the 8 indices.
+    #[inline]
+    unsafe fn write8(self, i: usize, v: &[f32; 8]) {
+        std::ptr::copy_nonoverlapping(v.as_ptr(), self.0.add(i), 8)
+    }
 }
 
 /// Splits the rows of `w` into chunks handed out by an atomic counter and computes them.
@@ -276,9 +285,9 @@ fn run<R: Copy + Sync>(
     }
 }
 
-/// One group of 8 interleaved rows (its bytes) · the tokens `t0..t0 + n` (n ≤ 4), into
+/// One group of 8 interleaved rows (its bytes) · the tokens `t0..t0 + out.len()`, into
 /// `out[i][r]`.
-type GroupFn<'a> = dyn Fn(&[u8], usize, usize, &mut [[f32; GROUP_ROWS]; TILE_TOKENS]) + Sync + 'a;
+type GroupFn<'a> = dyn Fn(&[u8], usize, &mut [[f32; GROUP_ROWS]]) + Sync + 'a;
 
 /// [`matmul_with`] for an interleaved matrix: the activations quantized for its type (with the
 /// block sums the Q4_0 / Q5_0 kernels need), then [`run_interleaved`] with its group kernel.
@@ -296,38 +305,34 @@ fn matmul_interleaved(
     if dtype == GgmlType::Q4_K {
         acts.quantize(Some(pool), ActFormat::Q8K, x, n_tokens, w.cols);
         let acts = &*acts;
-        let kernel = |wg: &[u8], t0: usize, n: usize, out: &mut [[f32; 8]; TILE_TOKENS]| {
-            let ys: [_; TILE_TOKENS] = std::array::from_fn(|i| acts.q8_k(t0 + i.min(n - 1)));
+        let kernel = |wg: &[u8], t0: usize, out: &mut [[f32; 8]]| {
+            let ys = acts.q8_k_rows(t0, out.len());
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: `matmul_with` checked the CPU features for `simd`.
-                return unsafe { interleaved_avx2::tile_k4(wg, &ys[..n], out) };
+                return unsafe { interleaved_avx2::tile_k4(wg, &ys, out) };
             }
             let _ = simd;
-            interleaved::tile_k4(wg, &ys[..n], out)
+            interleaved::tile_k4(wg, &ys, out)
         };
         run_interleaved(pool, w, n_tokens, y, &kernel);
         return;
     }
     acts.quantize(Some(pool), ActFormat::Q8_0, x, n_tokens, w.cols);
     sums.clear();
-    for t in 0..n_tokens {
-        interleaved::block_sums(interleaved::offset(dtype), acts.q8_0(t).qs, sums);
-    }
+    let offset = interleaved::offset(dtype);
+    interleaved::block_sums(offset, acts.q8_0_rows(0, n_tokens).qs, sums);
     let (acts, sums, nb) = (&*acts, &*sums, w.cols / 32);
-    let kernel = |wg: &[u8], t0: usize, n: usize, out: &mut [[f32; 8]; TILE_TOKENS]| {
-        let ys: [Q8_0Row; TILE_TOKENS] = std::array::from_fn(|i| acts.q8_0(t0 + i.min(n - 1)));
-        let ss: [&[i32]; TILE_TOKENS] = std::array::from_fn(|i| {
-            let t = t0 + i.min(n - 1);
-            &sums[t * nb..(t + 1) * nb]
-        });
+    let kernel = |wg: &[u8], t0: usize, out: &mut [[f32; 8]]| {
+        let ys = acts.q8_0_rows(t0, out.len());
+        let ss = &sums[t0 * nb..(t0 + out.len()) * nb];
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: `matmul_with` checked the CPU features for `simd`.
-            return unsafe { interleaved_avx2::tile(dtype, wg, &ys[..n], &ss[..n], out) };
+            return unsafe { interleaved_avx2::tile(dtype, wg, &ys, ss, out) };
         }
         let _ = simd;
-        interleaved::tile(dtype, wg, &ys[..n], &ss[..n], out)
+        interleaved::tile(dtype, wg, &ys, ss, out)
     };
     run_interleaved(pool, w, n_tokens, y, &kernel);
 }
@@ -366,13 +371,11 @@ fn run_interleaved(
                 for t0 in (tb0..tb1).step_by(TILE_TOKENS) {
                     let nt = TILE_TOKENS.min(tb1 - t0);
                     let mut tile = [[0f32; GROUP_ROWS]; TILE_TOKENS];
-                    kernel(wg, t0, nt, &mut tile);
+                    kernel(wg, t0, &mut tile[..nt]);
                     for (i, vals) in tile[..nt].iter().enumerate() {
-                        for (r, &v) in vals.iter().enumerate() {
-                            // SAFETY: t0 + i < n_tokens and g · 8 + r < rows, so the index is
-                            // below y.len(); group g belongs to this thread's chunk.
-                            unsafe { out.write((t0 + i) * rows + g * GROUP_ROWS + r, v) };
-                        }
+                        // SAFETY: t0 + i < n_tokens and g · 8 + 8 ≤ rows, so the 8 indices are
+                        // below y.len(); group g belongs to this thread's chunk.
+                        unsafe { out.write8((t0 + i) * rows + g * GROUP_ROWS, vals) };
                     }
                 }
             }

@@ -347,10 +347,15 @@ impl Q8Batch {
 
     /// Row `t` of a batch quantized to Q8_0.
     pub fn q8_0(&self, t: usize) -> Q8_0Row<'_> {
+        self.q8_0_rows(t, 1)
+    }
+
+    /// Rows `t..t + n` of a batch quantized to Q8_0, back to back in one [`Q8_0Row`].
+    pub fn q8_0_rows(&self, t: usize, n: usize) -> Q8_0Row<'_> {
         let (c, nb) = (self.cols, self.cols / QK8);
         Q8_0Row {
-            qs: &self.qs[t * c..(t + 1) * c],
-            d: &self.d[t * nb..(t + 1) * nb],
+            qs: &self.qs[t * c..(t + n) * c],
+            d: &self.d[t * nb..(t + n) * nb],
         }
     }
 
@@ -365,11 +370,16 @@ impl Q8Batch {
 
     /// Row `t` of a batch quantized to Q8_K.
     pub fn q8_k(&self, t: usize) -> Q8KRow<'_> {
+        self.q8_k_rows(t, 1)
+    }
+
+    /// Rows `t..t + n` of a batch quantized to Q8_K, back to back in one [`Q8KRow`].
+    pub fn q8_k_rows(&self, t: usize, n: usize) -> Q8KRow<'_> {
         let (c, nb) = (self.cols, self.cols / QK_K);
         Q8KRow {
-            qs: &self.qs[t * c..(t + 1) * c],
-            d: &self.d[t * nb..(t + 1) * nb],
-            bsums: &self.bsums[t * (c / 16)..(t + 1) * (c / 16)],
+            qs: &self.qs[t * c..(t + n) * c],
+            d: &self.d[t * nb..(t + n) * nb],
+            bsums: &self.bsums[t * (c / 16)..(t + n) * (c / 16)],
         }
     }
 }
