@@ -212,22 +212,34 @@ pub unsafe fn dots_f32_f16(qs: &[f32], k: &[f16], out: &mut [f32]) {
     }
 }
 
+// `j` indexes the query rows and both accumulator arrays at once.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots_g<const G: usize>(qs: &[f32], k: &[f16], out: &mut [f32]) {
     let n = k.len();
     assert!(qs.len() == G * n && out.len() == G, "shape mismatch");
     let (qp, kp) = (qs.as_ptr(), k.as_ptr() as *const u8);
-    let mut acc = [_mm256_setzero_ps(); G];
+    // Two accumulators per row (even and odd 8-element chunks): 2·G independent FMA chains,
+    // enough to keep both FMA pipes busy for G ≥ 2. A row's sums never depend on G.
+    let mut acc = [[_mm256_setzero_ps(); G]; 2];
     let mut i = 0;
-    while i + 8 <= n {
-        let kv = load8::<true>(kp, i);
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * n + i)), kv, *a);
+    while i + 16 <= n {
+        let (k0, k1) = (load8::<true>(kp, i), load8::<true>(kp, i + 8));
+        for j in 0..G {
+            acc[0][j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * n + i)), k0, acc[0][j]);
+            acc[1][j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * n + i + 8)), k1, acc[1][j]);
+        }
+        i += 16;
+    }
+    if i + 8 <= n {
+        let k0 = load8::<true>(kp, i);
+        for j in 0..G {
+            acc[0][j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * n + i)), k0, acc[0][j]);
         }
         i += 8;
     }
     for (j, o) in out.iter_mut().enumerate() {
-        let mut s = hsum_ps(acc[j]);
+        let mut s = hsum_ps(_mm256_add_ps(acc[0][j], acc[1][j]));
         for t in i..n {
             s += qs[j * n + t] * k[t].to_f32();
         }
@@ -257,6 +269,8 @@ pub unsafe fn attend_f16(acc: &mut [f32], d: usize, w: &[f32], values: &[f16], r
     }
 }
 
+// `j` indexes the weights and both accumulator arrays at once.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_g<const G: usize>(
     acc: &mut [f32],
@@ -277,6 +291,27 @@ unsafe fn attend_g<const G: usize>(
     }
     let (ap, vp) = (acc.as_mut_ptr(), values.as_ptr() as *const u8);
     let mut c = 0;
+    // Two 8-wide slices at a time: 2·G accumulators in registers, independent FMA chains.
+    while c + 16 <= d {
+        let mut a: [[__m256; G]; 2] = std::array::from_fn(|h| {
+            std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c + 8 * h)))
+        });
+        for (i, &r) in rows.iter().enumerate() {
+            let v0 = load8::<true>(vp, r as usize * d + c);
+            let v1 = load8::<true>(vp, r as usize * d + c + 8);
+            for j in 0..G {
+                let wj = _mm256_broadcast_ss(&w[i * G + j]);
+                a[0][j] = _mm256_fmadd_ps(wj, v0, a[0][j]);
+                a[1][j] = _mm256_fmadd_ps(wj, v1, a[1][j]);
+            }
+        }
+        for (h, a) in a.iter().enumerate() {
+            for (j, a) in a.iter().enumerate() {
+                _mm256_storeu_ps(ap.add(j * d + c + 8 * h), *a);
+            }
+        }
+        c += 16;
+    }
     while c + 8 <= d {
         let mut a: [__m256; G] = std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c)));
         for (i, &r) in rows.iter().enumerate() {
