@@ -1,4 +1,5 @@
-//! Q4_0, Q5_0 and Q4_K weights interleaved by groups of 8 rows: the GEMM layout of prefill.
+//! Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K weights interleaved by groups of 8 rows: the GEMM layout of
+//! prefill.
 //!
 //! In the file's layout each row's blocks are contiguous, so a row · token product pays for its
 //! own sign trick, int → float conversion, scaling and final horizontal sum, for every block.
@@ -12,7 +13,8 @@
 //!
 //! One interleaved block (8 rows × 32 columns, `8 × dtype.type_size()` bytes):
 //! - `d`: 8 × f16, the rows' scales (16 bytes);
-//! - `qh` (Q5_0 only, 32 bytes): byte `4r + k`, bit `j` is the 5th bit of element `4j + k` of
+//! - `m` (Q4_1, Q5_1): 8 × f16, the rows' mins;
+//! - `qh` (Q5_0, Q5_1: 32 bytes): byte `4r + k`, bit `j` is the 5th bit of element `4j + k` of
 //!   row `r`;
 //! - `qs` (4 × 32 bytes): in chunk `c`, byte `4r + k` holds element `4c + k` of row `r` in its
 //!   low nibble and element `16 + 4c + k` in its high nibble.
@@ -25,16 +27,18 @@
 //!   so that one `madd` with pairs of activation sums covers two);
 //! - `qs`: 8 sub-blocks of 32 columns, each 4 chunks of 32 bytes arranged as above.
 //!
-//! Quants stay unsigned (`x = d · (q − offset)`, offset 8 for Q4_0 and 16 for Q5_0), because
-//! `maddubs` wants an unsigned operand: the integer dot product of a block is
-//! `Σ q·y − offset · Σ y`, and `offset · Σ y` of every activation block is computed once per
-//! matmul ([`block_sums`]). Per token and row, blocks accumulate `(p · d_x) · d_y` with one FMA
-//! in block order, the same in the scalar reference below and in the AVX2 kernel, so the two
-//! agree bit for bit and a token's result never depends on the tile it is computed in.
+//! Quants stay unsigned, because `maddubs` wants an unsigned operand. For the symmetric types
+//! (`x = d · (q − offset)`, offset 8 for Q4_0 and 16 for Q5_0) the integer dot product of a
+//! block is `Σ q·y − offset · Σ y`, and `offset · Σ y` of every activation block is computed
+//! once per matmul ([`block_sums`]); the offset types (`x = d · q + m`, Q8_1 activations) add
+//! `m · s_y` instead, as ggml does. Per token and row, blocks accumulate `(p · d_x) · d_y` (and
+//! then `m · s_y`) with one FMA each in block order, the same in the scalar references below
+//! and in the AVX2 kernels, so the two agree bit for bit and a token's result never depends on
+//! the tile it is computed in.
 
 use crate::gguf::GgmlType;
 
-use super::quantize::{Q8KRow, Q8_0Row, QK8, QK_K};
+use super::quantize::{Q8KRow, QK8, QK_K};
 use crate::quant::blocks::k4_scale_min;
 
 /// Rows per interleaved group.
@@ -45,7 +49,7 @@ pub const K4_GROUP_BYTES: usize = 32 + 64 + 64 + 8 * 128;
 
 /// Whether weights of `dtype` can be interleaved.
 pub fn supports(dtype: GgmlType) -> bool {
-    matches!(dtype, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4_K)
+    dtype == GgmlType::Q4_K || Legacy::of(dtype).is_some()
 }
 
 /// Bytes of one group of 8 interleaved rows of `cols` columns.
@@ -56,40 +60,72 @@ pub fn group_bytes(dtype: GgmlType, cols: usize) -> usize {
     }
 }
 
-/// Value offset of the unsigned quants of `dtype` (`x = d · (q − offset)`).
+/// Value offset of the unsigned quants of a symmetric type (`x = d · (q − offset)`); 0 for the
+/// offset types, whose min is added instead.
 pub fn offset(dtype: GgmlType) -> i32 {
     match dtype {
+        GgmlType::Q4_0 => 8,
         GgmlType::Q5_0 => 16,
-        _ => 8,
+        _ => 0,
     }
 }
 
-/// Byte offset of `qs` in an interleaved block: after the 8 scales and, for Q5_0, `qh`.
-fn qs_at(high: bool) -> usize {
-    if high {
-        48
-    } else {
-        16
-    }
+/// The shape of a 32-element type: a 5th bit (`qh`) or not, a min (`m`) or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Legacy {
+    pub high: bool,
+    pub min: bool,
 }
 
-/// The 32 unsigned quants of one block in the file's layout (Q4_0: `d, qs[16]`; Q5_0:
-/// `d, qh: u32, qs[16]`; element `e < 16` in the low nibble of `qs[e]`, `e ≥ 16` in the high
-/// nibble of `qs[e - 16]`, Q5_0's 5th bit in bit `e` of `qh`).
-fn unpack_block(high: bool, b: &[u8]) -> [u8; QK8] {
-    let (qh, qs) = if high {
-        (u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..22])
-    } else {
-        (0, &b[2..18])
-    };
-    std::array::from_fn(|e| {
-        let nibble = if e < 16 {
-            qs[e] & 0x0F
-        } else {
-            qs[e - 16] >> 4
+impl Legacy {
+    /// Q4_0, Q4_1, Q5_0 or Q5_1.
+    pub fn of(dtype: GgmlType) -> Option<Legacy> {
+        let (high, min) = match dtype {
+            GgmlType::Q4_0 => (false, false),
+            GgmlType::Q4_1 => (false, true),
+            GgmlType::Q5_0 => (true, false),
+            GgmlType::Q5_1 => (true, true),
+            _ => return None,
         };
-        nibble | (((qh >> e) & 1) as u8) << 4
-    })
+        Some(Legacy { high, min })
+    }
+
+    /// Bytes of one interleaved block of 8 rows.
+    pub fn bytes(self) -> usize {
+        GROUP_ROWS * (2 + 2 * usize::from(self.min) + 4 * usize::from(self.high) + 16)
+    }
+
+    /// Byte offset of `qh` in an interleaved block: after the scales and mins.
+    pub fn qh_at(self) -> usize {
+        16 + 16 * usize::from(self.min)
+    }
+
+    /// Byte offset of `qs` in an interleaved block.
+    pub fn qs_at(self) -> usize {
+        self.qh_at() + 32 * usize::from(self.high)
+    }
+
+    /// The 32 unsigned quants of one block in the file's layout (`d`, then `m` for offset
+    /// types, then `qh: u32` for 5-bit types, then `qs[16]`; element `e < 16` in the low
+    /// nibble of `qs[e]`, `e ≥ 16` in the high nibble of `qs[e - 16]`, the 5th bit in bit `e`
+    /// of `qh`).
+    fn unpack_block(self, b: &[u8]) -> [u8; QK8] {
+        let at = 2 + 2 * usize::from(self.min);
+        let (qh, qs) = if self.high {
+            let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+            (qh, &b[at + 4..at + 20])
+        } else {
+            (0, &b[at..at + 16])
+        };
+        std::array::from_fn(|e| {
+            let nibble = if e < 16 {
+                qs[e] & 0x0F
+            } else {
+                qs[e - 16] >> 4
+            };
+            nibble | (((qh >> e) & 1) as u8) << 4
+        })
+    }
 }
 
 /// Repacks `rows × cols` weights of `dtype` from the file's row layout into groups of
@@ -105,7 +141,7 @@ pub fn repack(dtype: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8>
     if dtype == GgmlType::Q4_K {
         return repack_k4(data, rows, cols);
     }
-    let high = dtype == GgmlType::Q5_0;
+    let kind = Legacy::of(dtype).expect("supported");
     let (src_bytes, nb) = (dtype.type_size(), cols / QK8);
     let row_bytes = nb * src_bytes;
     assert_eq!(
@@ -113,8 +149,8 @@ pub fn repack(dtype: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8>
         rows * row_bytes,
         "data is not rows × cols weights"
     );
-    let dst_bytes = GROUP_ROWS * src_bytes;
-    let qs0 = qs_at(high);
+    let dst_bytes = kind.bytes();
+    let (qh0, qs0) = (kind.qh_at(), kind.qs_at());
     let mut out = vec![0u8; data.len()];
     for g in 0..rows / GROUP_ROWS {
         for b in 0..nb {
@@ -122,11 +158,14 @@ pub fn repack(dtype: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8>
             for r in 0..GROUP_ROWS {
                 let src = &data[(g * GROUP_ROWS + r) * row_bytes + b * src_bytes..][..src_bytes];
                 dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
-                let q = unpack_block(high, src);
+                if kind.min {
+                    dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
+                }
+                let q = kind.unpack_block(src);
                 for k in 0..4 {
                     let lane = 4 * r + k;
-                    if high {
-                        dst[16 + lane] = (0..8).fold(0, |m, j| m | ((q[4 * j + k] >> 4) << j));
+                    if kind.high {
+                        dst[qh0 + lane] = (0..8).fold(0, |m, j| m | ((q[4 * j + k] >> 4) << j));
                     }
                     for c in 0..4 {
                         let (lo, hi) = (q[4 * c + k] & 0x0F, q[16 + 4 * c + k] & 0x0F);
@@ -177,7 +216,8 @@ fn repack_k4(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
 }
 
 /// `offset · Σ q` of every 32-element block of `qs` (the quants of one or more activation
-/// rows), appended to `out`: the correction [`tile`] subtracts from `Σ q_w · q_y`.
+/// rows), appended to `out`: the correction [`tile`] subtracts from `Σ q_w · q_y` for the
+/// symmetric types.
 pub fn block_sums(offset: i32, qs: &[i8], out: &mut Vec<i32>) {
     out.extend(
         qs.chunks_exact(QK8)
@@ -185,19 +225,38 @@ pub fn block_sums(offset: i32, qs: &[i8], out: &mut Vec<i32>) {
     );
 }
 
-/// Scalar reference: one interleaved group (`w`, `nb` blocks of 8 rows) · `n = out.len()`
-/// Q8_0 activation rows, given back to back in `ys` with their [`block_sums`] in `sums`;
-/// `out[t][r]` gets row `r` · token `t`.
+/// Back-to-back activation rows as the 32-element interleaved kernels read them.
+#[derive(Clone, Copy, Debug)]
+pub struct LegacyActs<'a> {
+    /// The quants of `n` rows.
+    pub qs: &'a [i8],
+    /// Per block, the scale `d_y`; for Q8_1 (offset weight types) followed by `s_y = d_y · Σ q`.
+    pub d: &'a [f32],
+    /// For the symmetric weight types, per block the [`block_sums`]; else empty.
+    pub sums: &'a [i32],
+}
+
+impl LegacyActs<'_> {
+    /// Floats per block in `d`: 2 with `s_y` (offset weight types), else 1.
+    fn d_stride(min: bool) -> usize {
+        1 + usize::from(min)
+    }
+}
+
+/// Scalar reference: one interleaved group of a 32-element type (`w`, `nb` blocks of 8 rows)
+/// · `n = out.len()` activation rows (Q8_0 with block sums for Q4_0 / Q5_0, Q8_1 for Q4_1 /
+/// Q5_1); `out[t][r]` gets row `r` · token `t`.
 ///
 /// # Panics
-/// If the lengths disagree.
-pub fn tile(dtype: GgmlType, w: &[u8], ys: &Q8_0Row, sums: &[i32], out: &mut [[f32; 8]]) {
-    let high = dtype == GgmlType::Q5_0;
-    let bytes = GROUP_ROWS * dtype.type_size();
-    let (nb, n) = (w.len() / bytes, out.len());
-    assert!(w.len() == nb * bytes && ys.qs.len() == n * nb * QK8);
-    assert!(ys.d.len() == n * nb && sums.len() == n * nb);
-    let qs0 = qs_at(high);
+/// If the type is not a 32-element one or the lengths disagree.
+pub fn tile(dtype: GgmlType, w: &[u8], ys: &LegacyActs, out: &mut [[f32; 8]]) {
+    let kind = Legacy::of(dtype).expect("a 32-element type");
+    let bytes = kind.bytes();
+    let (nb, n, ds) = (w.len() / bytes, out.len(), LegacyActs::d_stride(kind.min));
+    assert!(w.len() == nb * bytes && ys.qs.len() == n * nb * QK8 && ys.d.len() == n * nb * ds);
+    assert_eq!(ys.sums.len(), if kind.min { 0 } else { n * nb });
+    let (qh0, qs0) = (kind.qh_at(), kind.qs_at());
+    let f16 = |b: &[u8], i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
     for (t, o) in out.iter_mut().enumerate() {
         let mut acc = [0f32; GROUP_ROWS];
         for b in 0..nb {
@@ -205,21 +264,26 @@ pub fn tile(dtype: GgmlType, w: &[u8], ys: &Q8_0Row, sums: &[i32], out: &mut [[f
             let tb = t * nb + b;
             let yq = &ys.qs[tb * QK8..][..QK8];
             for (r, acc) in acc.iter_mut().enumerate() {
-                let dx = half::f16::from_le_bytes([blk[2 * r], blk[2 * r + 1]]).to_f32();
                 let mut p = 0i32;
                 for c in 0..4 {
                     for k in 0..4 {
                         let lane = 4 * r + k;
                         let packed = blk[qs0 + 32 * c + lane];
-                        let bits = if high { blk[16 + lane] } else { 0 };
+                        let bits = if kind.high { blk[qh0 + lane] } else { 0 };
                         let lo = (packed & 0x0F) | ((bits >> c) & 1) << 4;
                         let hi = (packed >> 4) | ((bits >> (c + 4)) & 1) << 4;
                         p += i32::from(lo) * i32::from(yq[4 * c + k]);
                         p += i32::from(hi) * i32::from(yq[16 + 4 * c + k]);
                     }
                 }
-                let v = (p - sums[tb]) as f32 * dx;
-                *acc = v.mul_add(ys.d[tb], *acc);
+                if !kind.min {
+                    p -= ys.sums[tb];
+                }
+                let v = p as f32 * f16(blk, 2 * r);
+                *acc = v.mul_add(ys.d[tb * ds], *acc);
+                if kind.min {
+                    *acc = f16(blk, 16 + 2 * r).mul_add(ys.d[tb * ds + 1], *acc);
+                }
             }
         }
         *o = acc;
@@ -283,29 +347,54 @@ mod tests {
     #[test]
     fn interleaved_tile_matches_row_kernels() {
         let mut rng = Rng::new(11);
-        for dtype in [GgmlType::Q4_0, GgmlType::Q5_0] {
+        for dtype in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+        ] {
             let (rows, cols, n) = (16, 5 * 32, 3);
             let wb = random_weights(&mut rng, dtype, rows, cols);
             let packed = repack(dtype, &wb, rows, cols);
+            let min = Legacy::of(dtype).unwrap().min;
+            let fmt = if min {
+                ActFormat::Q8_1
+            } else {
+                ActFormat::Q8_0
+            };
             let mut acts = Q8Batch::default();
-            acts.quantize(None, ActFormat::Q8_0, &rng.f32s(n * cols, 2.0), n, cols);
+            acts.quantize(None, fmt, &rng.f32s(n * cols, 2.0), n, cols);
             let mut sums = Vec::new();
-            block_sums(offset(dtype), acts.q8_0_rows(0, n).qs, &mut sums);
+            let ys = if min {
+                let y = acts.q8_1_rows(0, n);
+                LegacyActs {
+                    qs: y.qs,
+                    d: y.ds.as_flattened(),
+                    sums: &[],
+                }
+            } else {
+                let y = acts.q8_0_rows(0, n);
+                block_sums(offset(dtype), y.qs, &mut sums);
+                LegacyActs {
+                    qs: y.qs,
+                    d: y.d,
+                    sums: &sums,
+                }
+            };
             let group = packed.len() / (rows / GROUP_ROWS);
+            let rb = cols / 32 * dtype.type_size();
             for g in 0..rows / GROUP_ROWS {
                 let mut out = vec![[0f32; 8]; n];
-                let w = &packed[g * group..][..group];
-                tile(dtype, w, &acts.q8_0_rows(0, n), &sums, &mut out);
+                tile(dtype, &packed[g * group..][..group], &ys, &mut out);
                 for (t, got) in out.iter().enumerate() {
-                    let y = &acts.q8_0(t);
-                    for r in 0..GROUP_ROWS {
-                        let row = &wb[(g * 8 + r) * (cols / 32 * dtype.type_size())..]
-                            [..cols / 32 * dtype.type_size()];
+                    for (r, &got) in got.iter().enumerate() {
+                        let row = &wb[(g * 8 + r) * rb..][..rb];
                         let want = match dtype {
-                            GgmlType::Q4_0 => legacy::vec_dot_q4_0_q8_0(row, y),
-                            _ => legacy::vec_dot_q5_0_q8_0(row, y),
+                            GgmlType::Q4_0 => legacy::vec_dot_q4_0_q8_0(row, &acts.q8_0(t)),
+                            GgmlType::Q5_0 => legacy::vec_dot_q5_0_q8_0(row, &acts.q8_0(t)),
+                            GgmlType::Q4_1 => legacy::vec_dot_q4_1_q8_1(row, &acts.q8_1(t)),
+                            _ => legacy::vec_dot_q5_1_q8_1(row, &acts.q8_1(t)),
                         };
-                        let got = got[r];
                         assert!(
                             (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
                             "{dtype} row {} token {t}: {got} vs {want}",

@@ -3,9 +3,10 @@
 
 use std::arch::x86_64::*;
 
-use super::interleaved::{GROUP_ROWS, K4_GROUP_BYTES};
-use super::quantize::{Q8KRow, Q8_0Row, QK8, QK_K};
+use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES};
+use super::quantize::{Q8KRow, QK8, QK_K};
 use super::x86::{load256, prefetch};
+use crate::gguf::GgmlType;
 
 /// The 4 activation bytes `y[i..i + 4]` in every 32-bit lane.
 #[inline(always)]
@@ -13,28 +14,33 @@ unsafe fn bcast4(y: *const i8, i: usize) -> __m256i {
     _mm256_set1_epi32((y.add(i) as *const i32).read_unaligned())
 }
 
-/// One group · `T` tokens. `HIGH`: Q5_0 (5th bits in `qh`), else Q4_0.
+/// One group · `T` tokens. `HIGH`: a 5th bit in `qh` (Q5_0, Q5_1); `MIN`: a min per row
+/// and Q8_1 activations (Q4_1, Q5_1), else an offset corrected with the block sums.
 ///
 /// Per block: the 4 chunks of `qs` unpack to 8 vectors of unsigned quants (lane `r`: 4 quants
 /// of row `r`), each `maddubs`-multiplied with 4 broadcast activation bytes. Four products of
 /// at most `2 · 31 · 127` fit an i16 lane, so chunks 0–1 and 2–3 each sum in i16 before one
-/// `madd` widens them; then `(Σ q·y − offset·Σ y) · d_x` (8 rows at once) is added times `d_y`
-/// with one FMA per token — the scalar reference's order, so the bits agree.
+/// `madd` widens them; then `(Σ q·y [− offset·Σ y]) · d_x` (8 rows at once) is added times
+/// `d_y` with one FMA per token, and `m · s_y` with another — the scalar reference's order, so
+/// the bits agree.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_t<const HIGH: bool, const T: usize>(
+unsafe fn tile_t<const HIGH: bool, const MIN: bool, const T: usize>(
     w: &[u8],
-    ys: &Q8_0Row,
-    sums: &[i32],
+    ys: &LegacyActs,
     out: &mut [[f32; 8]],
 ) {
-    let bytes = GROUP_ROWS * if HIGH { 22 } else { 18 };
-    let qs0 = if HIGH { 48 } else { 16 };
+    let kind = Legacy {
+        high: HIGH,
+        min: MIN,
+    };
+    let (bytes, qh0, qs0) = (kind.bytes(), kind.qh_at(), kind.qs_at());
+    let ds = 1 + usize::from(MIN);
     let nb = w.len() / bytes;
     assert!(w.len() == nb * bytes && out.len() == T && ys.qs.len() == T * nb * QK8);
-    assert!(ys.d.len() == T * nb && sums.len() == T * nb);
+    assert!(ys.d.len() == T * nb * ds && ys.sums.len() == if MIN { 0 } else { T * nb });
     let yq: [*const i8; T] = std::array::from_fn(|t| ys.qs.as_ptr().add(t * nb * QK8));
-    let yd: [*const f32; T] = std::array::from_fn(|t| ys.d.as_ptr().add(t * nb));
-    let ys_: [*const i32; T] = std::array::from_fn(|t| sums.as_ptr().add(t * nb));
+    let yd: [*const f32; T] = std::array::from_fn(|t| ys.d.as_ptr().add(t * nb * ds));
+    let ysum: [*const i32; T] = std::array::from_fn(|t| ys.sums.as_ptr().wrapping_add(t * nb));
     let (m4, m5, ones) = (
         _mm256_set1_epi8(0x0F),
         _mm256_set1_epi8(0x10),
@@ -46,7 +52,7 @@ unsafe fn tile_t<const HIGH: bool, const T: usize>(
         prefetch(p);
         let dx = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
         let bits = if HIGH {
-            load256(p.add(16))
+            load256(p.add(qh0))
         } else {
             _mm256_setzero_si256()
         };
@@ -93,6 +99,11 @@ unsafe fn tile_t<const HIGH: bool, const T: usize>(
             _mm256_slli_epi16::<1>(bits),
             _mm256_srli_epi16::<3>(bits)
         );
+        let m = if MIN {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i))
+        } else {
+            _mm256_setzero_ps()
+        };
         for t in 0..T {
             let y = yq[t].add(b * QK8);
             let a = _mm256_add_epi16(
@@ -103,10 +114,16 @@ unsafe fn tile_t<const HIGH: bool, const T: usize>(
                 _mm256_maddubs_epi16(w6, bcast4(y, 12)),
                 _mm256_maddubs_epi16(w7, bcast4(y, 28)),
             );
-            let s = _mm256_add_epi32(s01[t], _mm256_madd_epi16(_mm256_add_epi16(a, c), ones));
-            let s = _mm256_sub_epi32(s, _mm256_set1_epi32(*ys_[t].add(b)));
+            let mut s = _mm256_add_epi32(s01[t], _mm256_madd_epi16(_mm256_add_epi16(a, c), ones));
+            if !MIN {
+                s = _mm256_sub_epi32(s, _mm256_set1_epi32(*ysum[t].add(b)));
+            }
             let v = _mm256_mul_ps(_mm256_cvtepi32_ps(s), dx);
-            acc[t] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(&*yd[t].add(b)), acc[t]);
+            let d = yd[t].add(b * ds);
+            acc[t] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(&*d), acc[t]);
+            if MIN {
+                acc[t] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(&*d.add(1)), acc[t]);
+            }
         }
     }
     for t in 0..T {
@@ -122,25 +139,25 @@ unsafe fn tile_t<const HIGH: bool, const T: usize>(
 /// # Panics
 /// As the reference, or for more than 4 tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile(
-    dtype: crate::gguf::GgmlType,
-    w: &[u8],
-    ys: &Q8_0Row,
-    sums: &[i32],
-    out: &mut [[f32; 8]],
-) {
-    use crate::gguf::GgmlType::Q5_0;
-    match (dtype == Q5_0, out.len()) {
-        (_, 0) => {}
-        (true, 1) => tile_t::<true, 1>(w, ys, sums, out),
-        (true, 2) => tile_t::<true, 2>(w, ys, sums, out),
-        (true, 3) => tile_t::<true, 3>(w, ys, sums, out),
-        (true, 4) => tile_t::<true, 4>(w, ys, sums, out),
-        (false, 1) => tile_t::<false, 1>(w, ys, sums, out),
-        (false, 2) => tile_t::<false, 2>(w, ys, sums, out),
-        (false, 3) => tile_t::<false, 3>(w, ys, sums, out),
-        (false, 4) => tile_t::<false, 4>(w, ys, sums, out),
-        (_, n) => panic!("a tile takes at most 4 rows, got {n}"),
+pub unsafe fn tile(dtype: GgmlType, w: &[u8], ys: &LegacyActs, out: &mut [[f32; 8]]) {
+    let kind = Legacy::of(dtype).expect("a 32-element type");
+    macro_rules! by_tokens {
+        ($high:literal, $min:literal) => {
+            match out.len() {
+                0 => {}
+                1 => tile_t::<$high, $min, 1>(w, ys, out),
+                2 => tile_t::<$high, $min, 2>(w, ys, out),
+                3 => tile_t::<$high, $min, 3>(w, ys, out),
+                4 => tile_t::<$high, $min, 4>(w, ys, out),
+                n => panic!("a tile takes at most 4 rows, got {n}"),
+            }
+        };
+    }
+    match (kind.high, kind.min) {
+        (false, false) => by_tokens!(false, false),
+        (false, true) => by_tokens!(false, true),
+        (true, false) => by_tokens!(true, false),
+        (true, true) => by_tokens!(true, true),
     }
 }
 

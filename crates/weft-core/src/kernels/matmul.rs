@@ -318,21 +318,42 @@ fn matmul_interleaved(
         run_interleaved(pool, w, n_tokens, y, &kernel);
         return;
     }
-    acts.quantize(Some(pool), ActFormat::Q8_0, x, n_tokens, w.cols);
+    // Q4_1 / Q5_1 take Q8_1 activations (with `s_y`); Q4_0 / Q5_0 take Q8_0 and block sums.
+    let min = interleaved::offset(dtype) == 0;
+    let nb = w.cols / 32;
     sums.clear();
-    let offset = interleaved::offset(dtype);
-    interleaved::block_sums(offset, acts.q8_0_rows(0, n_tokens).qs, sums);
-    let (acts, sums, nb) = (&*acts, &*sums, w.cols / 32);
+    if min {
+        acts.quantize(Some(pool), ActFormat::Q8_1, x, n_tokens, w.cols);
+    } else {
+        acts.quantize(Some(pool), ActFormat::Q8_0, x, n_tokens, w.cols);
+        let offset = interleaved::offset(dtype);
+        interleaved::block_sums(offset, acts.q8_0_rows(0, n_tokens).qs, sums);
+    }
+    let (acts, sums) = (&*acts, &*sums);
     let kernel = |wg: &[u8], t0: usize, out: &mut [[f32; 8]]| {
-        let ys = acts.q8_0_rows(t0, out.len());
-        let ss = &sums[t0 * nb..(t0 + out.len()) * nb];
+        let n = out.len();
+        let ys = if min {
+            let y = acts.q8_1_rows(t0, n);
+            interleaved::LegacyActs {
+                qs: y.qs,
+                d: y.ds.as_flattened(),
+                sums: &[],
+            }
+        } else {
+            let y = acts.q8_0_rows(t0, n);
+            interleaved::LegacyActs {
+                qs: y.qs,
+                d: y.d,
+                sums: &sums[t0 * nb..(t0 + n) * nb],
+            }
+        };
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: `matmul_with` checked the CPU features for `simd`.
-            return unsafe { interleaved_avx2::tile(dtype, wg, &ys, ss, out) };
+            return unsafe { interleaved_avx2::tile(dtype, wg, &ys, out) };
         }
         let _ = simd;
-        interleaved::tile(dtype, wg, &ys, ss, out)
+        interleaved::tile(dtype, wg, &ys, out)
     };
     run_interleaved(pool, w, n_tokens, y, &kernel);
 }
@@ -490,7 +511,7 @@ mod tests {
         }
     }
 
-    /// Interleaved Q4_0 / Q5_0 / Q4_K weights: `matmul` equals the row layout's up to rounding
+    /// Interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K weights: `matmul` equals the row layout's up to rounding
     /// (Q4_K's `d · Σ − dmin · Σ` cancels, hence 1e-3; a layout error would be O(1)) for
     /// every token count and thread count, AVX2 equals scalar bit for bit, and every token's
     /// outputs are the same bits whatever the batch.
@@ -499,7 +520,8 @@ mod tests {
         let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
         let mut scratch = MatmulScratch::default();
         let mut rng = Rng::new(17);
-        for dtype in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K] {
+        use GgmlType::*;
+        for dtype in [Q4_0, Q4_1, Q5_0, Q5_1, Q4_K] {
             let cols = if dtype == GgmlType::Q4_K {
                 3 * 256
             } else {

@@ -361,10 +361,15 @@ impl Q8Batch {
 
     /// Row `t` of a batch quantized to Q8_1.
     pub fn q8_1(&self, t: usize) -> Q8_1Row<'_> {
+        self.q8_1_rows(t, 1)
+    }
+
+    /// Rows `t..t + n` of a batch quantized to Q8_1, back to back in one [`Q8_1Row`].
+    pub fn q8_1_rows(&self, t: usize, n: usize) -> Q8_1Row<'_> {
         let (c, nb) = (self.cols, self.cols / QK8);
         Q8_1Row {
-            qs: &self.qs[t * c..(t + 1) * c],
-            ds: &self.ds[t * nb..(t + 1) * nb],
+            qs: &self.qs[t * c..(t + n) * c],
+            ds: &self.ds[t * nb..(t + n) * nb],
         }
     }
 
