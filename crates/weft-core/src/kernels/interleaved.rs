@@ -1,5 +1,5 @@
-//! Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K weights interleaved by groups of 8 rows: the GEMM layout of
-//! prefill.
+//! Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K weights interleaved by groups of 8 rows: the GEMM
+//! layout of prefill.
 //!
 //! In the file's layout each row's blocks are contiguous, so a row · token product pays for its
 //! own sign trick, int → float conversion, scaling and final horizontal sum, for every block.
@@ -19,13 +19,8 @@
 //! - `qs` (4 × 32 bytes): in chunk `c`, byte `4r + k` holds element `4c + k` of row `r` in its
 //!   low nibble and element `16 + 4c + k` in its high nibble.
 //!
-//! One interleaved Q4_K super-block (8 rows × 256 columns, [`K4_GROUP_BYTES`] — 32 bytes more
-//! than the file's 8 blocks, as the 6-bit scales are stored unpacked):
-//! - `d`, then `dmin`: 8 × f16 each;
-//! - `scales`: byte `8s + r`, the scale of sub-block `s` of row `r`;
-//! - `mins`: byte `16p + 2r + i`, the min of sub-block `2p + i` of row `r` (pairs of sub-blocks,
-//!   so that one `madd` with pairs of activation sums covers two);
-//! - `qs`: 8 sub-blocks of 32 columns, each 4 chunks of 32 bytes arranged as above.
+//! The k-quants (Q4_K, Q6_K) arrange each 32-column sub-block of their 256-column super-blocks
+//! the same way, with their scales unpacked beside (`interleaved_k`).
 //!
 //! Quants stay unsigned, because `maddubs` wants an unsigned operand. For the symmetric types
 //! (`x = d · (q − offset)`, offset 8 for Q4_0 and 16 for Q5_0) the integer dot product of a
@@ -38,24 +33,24 @@
 
 use crate::gguf::GgmlType;
 
-use super::quantize::{Q8KRow, QK8, QK_K};
-use crate::quant::blocks::k4_scale_min;
+use super::quantize::{QK8, QK_K};
+
+use super::interleaved_k::{repack_k4, repack_k6};
+pub use super::interleaved_k::{tile_k4, tile_k6, K4_GROUP_BYTES, K6_GROUP_BYTES};
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 8;
 
-/// Bytes of one interleaved Q4_K super-block of 8 rows.
-pub const K4_GROUP_BYTES: usize = 32 + 64 + 64 + 8 * 128;
-
 /// Whether weights of `dtype` can be interleaved.
 pub fn supports(dtype: GgmlType) -> bool {
-    dtype == GgmlType::Q4_K || Legacy::of(dtype).is_some()
+    matches!(dtype, GgmlType::Q4_K | GgmlType::Q6_K) || Legacy::of(dtype).is_some()
 }
 
 /// Bytes of one group of 8 interleaved rows of `cols` columns.
 pub fn group_bytes(dtype: GgmlType, cols: usize) -> usize {
     match dtype {
         GgmlType::Q4_K => cols / QK_K * K4_GROUP_BYTES,
+        GgmlType::Q6_K => cols / QK_K * K6_GROUP_BYTES,
         _ => cols / QK8 * GROUP_ROWS * dtype.type_size(),
     }
 }
@@ -138,8 +133,10 @@ impl Legacy {
 pub fn repack(dtype: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
     assert!(supports(dtype), "{dtype} cannot be interleaved");
     assert!(rows.is_multiple_of(GROUP_ROWS) && cols.is_multiple_of(dtype.block_size()));
-    if dtype == GgmlType::Q4_K {
-        return repack_k4(data, rows, cols);
+    match dtype {
+        GgmlType::Q4_K => return repack_k4(data, rows, cols),
+        GgmlType::Q6_K => return repack_k6(data, rows, cols),
+        _ => {}
     }
     let kind = Legacy::of(dtype).expect("supported");
     let (src_bytes, nb) = (dtype.type_size(), cols / QK8);
@@ -170,43 +167,6 @@ pub fn repack(dtype: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8>
                     for c in 0..4 {
                         let (lo, hi) = (q[4 * c + k] & 0x0F, q[16 + 4 * c + k] & 0x0F);
                         dst[qs0 + 32 * c + lane] = lo | hi << 4;
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
-/// [`repack`] for Q4_K.
-fn repack_k4(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
-    let (src_bytes, nb) = (GgmlType::Q4_K.type_size(), cols / QK_K);
-    let row_bytes = nb * src_bytes;
-    assert_eq!(
-        data.len(),
-        rows * row_bytes,
-        "data is not rows × cols weights"
-    );
-    let mut out = vec![0u8; rows / GROUP_ROWS * nb * K4_GROUP_BYTES];
-    for g in 0..rows / GROUP_ROWS {
-        for b in 0..nb {
-            let dst = &mut out[(g * nb + b) * K4_GROUP_BYTES..][..K4_GROUP_BYTES];
-            for r in 0..GROUP_ROWS {
-                let src = &data[(g * GROUP_ROWS + r) * row_bytes + b * src_bytes..][..src_bytes];
-                dst[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
-                dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
-                let (scales, qs) = (&src[4..16], &src[16..144]);
-                for s in 0..8 {
-                    let (sc, mn) = k4_scale_min(scales, s);
-                    dst[32 + 8 * s + r] = sc;
-                    dst[96 + 16 * (s / 2) + 2 * r + s % 2] = mn;
-                    // Sub-block s: low (s even) or high nibbles of qs[32 · (s / 2) ..][..32].
-                    let q = |l: usize| (qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0x0F;
-                    for c in 0..4 {
-                        for k in 0..4 {
-                            let (lo, hi) = (q(4 * c + k), q(16 + 4 * c + k));
-                            dst[160 + 128 * s + 32 * c + 4 * r + k] = lo | hi << 4;
-                        }
                     }
                 }
             }
@@ -290,51 +250,6 @@ pub fn tile(dtype: GgmlType, w: &[u8], ys: &LegacyActs, out: &mut [[f32; 8]]) {
     }
 }
 
-/// Scalar reference for Q4_K: one interleaved group (`w`, whole super-blocks of 8 rows) ·
-/// `n = out.len()` Q8_K activation rows given back to back in `ys`; `out[t][r]` gets row `r` ·
-/// token `t`.
-///
-/// Per super-block and row: `isum = Σ_s sc[s] · Σ q·y` and `msum = Σ_s mn[s] · Σ y` over the
-/// 8 sub-blocks, then `acc += (isum · d) · d_y` and `acc −= (msum · dmin) · d_y`, each one FMA.
-///
-/// # Panics
-/// If the lengths disagree.
-pub fn tile_k4(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
-    let (nb, n) = (w.len() / K4_GROUP_BYTES, out.len());
-    assert_eq!(w.len(), nb * K4_GROUP_BYTES);
-    assert!(ys.qs.len() == n * nb * QK_K && ys.d.len() == n * nb && ys.bsums.len() == n * nb * 16);
-    let f16 = |b: &[u8], i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-    for (t, o) in out.iter_mut().enumerate() {
-        let mut acc = [0f32; GROUP_ROWS];
-        for b in 0..nb {
-            let blk = &w[b * K4_GROUP_BYTES..][..K4_GROUP_BYTES];
-            let tb = t * nb + b;
-            let yq = &ys.qs[tb * QK_K..][..QK_K];
-            let bs = &ys.bsums[tb * 16..][..16];
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let (mut isum, mut msum) = (0i32, 0i32);
-                for s in 0..8 {
-                    let mut p = 0i32;
-                    for c in 0..4 {
-                        for k in 0..4 {
-                            let packed = blk[160 + 128 * s + 32 * c + 4 * r + k];
-                            p += i32::from(packed & 0x0F) * i32::from(yq[32 * s + 4 * c + k]);
-                            p += i32::from(packed >> 4) * i32::from(yq[32 * s + 16 + 4 * c + k]);
-                        }
-                    }
-                    isum += i32::from(blk[32 + 8 * s + r]) * p;
-                    let ysum = i32::from(bs[2 * s]) + i32::from(bs[2 * s + 1]);
-                    msum += i32::from(blk[96 + 16 * (s / 2) + 2 * r + s % 2]) * ysum;
-                }
-                let dy = ys.d[tb];
-                *acc = (isum as f32 * f16(blk, 2 * r)).mul_add(dy, *acc);
-                *acc = (msum as f32 * f16(blk, 16 + 2 * r)).mul_add(-dy, *acc);
-            }
-        }
-        *o = acc;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,38 +316,6 @@ mod tests {
                             g * 8 + r
                         );
                     }
-                }
-            }
-        }
-    }
-
-    /// The same for Q4_K against the row-layout scalar Q4_K · Q8_K dot product.
-    #[test]
-    fn interleaved_k4_matches_row_kernel() {
-        let mut rng = Rng::new(12);
-        let (rows, cols, n) = (16, 2 * 256, 3);
-        let wb = random_weights(&mut rng, GgmlType::Q4_K, rows, cols);
-        let packed = repack(GgmlType::Q4_K, &wb, rows, cols);
-        assert_eq!(packed.len(), rows / 8 * group_bytes(GgmlType::Q4_K, cols));
-        let mut acts = Q8Batch::default();
-        acts.quantize(None, ActFormat::Q8K, &rng.f32s(n * cols, 2.0), n, cols);
-        let (gb, rb) = (group_bytes(GgmlType::Q4_K, cols), cols / 256 * 144);
-        for g in 0..rows / GROUP_ROWS {
-            let mut out = vec![[0f32; 8]; n];
-            tile_k4(&packed[g * gb..][..gb], &acts.q8_k_rows(0, n), &mut out);
-            for (t, got) in out.iter().enumerate() {
-                let y = &acts.q8_k(t);
-                for r in 0..GROUP_ROWS {
-                    let want = crate::kernels::kquants::vec_dot_q4_k_q8_k(
-                        &wb[(g * 8 + r) * rb..][..rb],
-                        y,
-                    );
-                    let got = got[r];
-                    assert!(
-                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                        "row {} token {t}: {got} vs {want}",
-                        g * 8 + r
-                    );
                 }
             }
         }

@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES};
+use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES, K6_GROUP_BYTES};
 use super::quantize::{Q8KRow, QK8, QK_K};
 use super::x86::{load256, prefetch};
 use crate::gguf::GgmlType;
@@ -256,6 +256,119 @@ pub unsafe fn tile_k4(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
         2 => tile_k4_t::<2>(w, ys, out),
         3 => tile_k4_t::<3>(w, ys, out),
         4 => tile_k4_t::<4>(w, ys, out),
+        n => panic!("a tile takes at most 4 rows, got {n}"),
+    }
+}
+
+/// One Q6_K group · `T` tokens.
+///
+/// Per sub-block of 32 columns: the low nibbles and the 2 high bits (moved to bits 4–5) make
+/// 8 vectors of unsigned 6-bit quants; two `maddubs` products (at most `2 · 2 · 63 · 127`)
+/// fit an i16 lane, so each pair of chunks is widened by a `madd` with the scale of its
+/// 16-column group (in both i16 halves of each row's lane). The offset 32 leaves with one more
+/// `madd` per sub-block: `32 · sc` (pairs of groups) · the activations' pairs of 16-sums.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_k6_t<const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
+    let nb = w.len() / K6_GROUP_BYTES;
+    assert!(w.len() == nb * K6_GROUP_BYTES && out.len() == T && ys.qs.len() == T * nb * QK_K);
+    assert!(ys.d.len() == T * nb && ys.bsums.len() == T * nb * 16);
+    let yq: [*const i8; T] = std::array::from_fn(|t| ys.qs.as_ptr().add(t * nb * QK_K));
+    let yd: [*const f32; T] = std::array::from_fn(|t| ys.d.as_ptr().add(t * nb));
+    let ybs: [*const i16; T] = std::array::from_fn(|t| ys.bsums.as_ptr().add(t * nb * 16));
+    let (m4, m6) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    // Within each row's lane (sc[2s], sc[2s + 1]) → (sc[2s], sc[2s]) and (sc[2s+1], sc[2s+1]).
+    #[rustfmt::skip]
+    let (even, odd) = (
+        _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+                         0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13),
+        _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15,
+                         2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15),
+    );
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..nb {
+        let p = w.as_ptr().add(b * K6_GROUP_BYTES);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let mut isum = [_mm256_setzero_si256(); T];
+        for s in 0..8 {
+            let q = p.add(144 + 192 * s);
+            prefetch(q);
+            let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(16 + 16 * s) as *const __m128i));
+            let (sc_lo, sc_hi) = (
+                _mm256_shuffle_epi8(pair, even),
+                _mm256_shuffle_epi8(pair, odd),
+            );
+            let pair32 = _mm256_slli_epi16::<5>(pair);
+            let (ha, hb) = (load256(q.add(128)), load256(q.add(160)));
+            // Chunk c: low nibbles | high bits 2c..2c+2 of `ha` (elements 4c..), and high
+            // nibbles | those of `hb` (elements 16 + 4c..), the bits moved to 4–5 by $shift.
+            macro_rules! chunk {
+                ($c:literal, $shift:expr) => {{
+                    let v = load256(q.add(32 * $c));
+                    let lo = _mm256_and_si256(v, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                    let sh = |x: __m256i| _mm256_and_si256($shift(x), m6);
+                    (_mm256_or_si256(lo, sh(ha)), _mm256_or_si256(hi, sh(hb)))
+                }};
+            }
+            let (l0, h0) = chunk!(0, |x| _mm256_slli_epi16::<4>(x));
+            let (l1, h1) = chunk!(1, |x| _mm256_slli_epi16::<2>(x));
+            for t in 0..T {
+                let y = yq[t].add(b * QK_K + 32 * s);
+                let a = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(l0, bcast4(y, 0)),
+                    _mm256_maddubs_epi16(l1, bcast4(y, 4)),
+                );
+                let c = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(h0, bcast4(y, 16)),
+                    _mm256_maddubs_epi16(h1, bcast4(y, 20)),
+                );
+                let v = _mm256_add_epi32(_mm256_madd_epi16(a, sc_lo), _mm256_madd_epi16(c, sc_hi));
+                isum[t] = _mm256_add_epi32(isum[t], v);
+            }
+            let (l2, h2) = chunk!(2, |x| x);
+            let (l3, h3) = chunk!(3, |x| _mm256_srli_epi16::<2>(x));
+            for t in 0..T {
+                let y = yq[t].add(b * QK_K + 32 * s);
+                let a = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(l2, bcast4(y, 8)),
+                    _mm256_maddubs_epi16(l3, bcast4(y, 12)),
+                );
+                let c = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(h2, bcast4(y, 24)),
+                    _mm256_maddubs_epi16(h3, bcast4(y, 28)),
+                );
+                let v = _mm256_add_epi32(_mm256_madd_epi16(a, sc_lo), _mm256_madd_epi16(c, sc_hi));
+                // 32 · (sc[2s] · Σy[2s] + sc[2s+1] · Σy[2s+1]): the offset of both groups.
+                let sums = (ybs[t].add(16 * b + 2 * s) as *const i32).read_unaligned();
+                let off = _mm256_madd_epi16(pair32, _mm256_set1_epi32(sums));
+                isum[t] = _mm256_sub_epi32(_mm256_add_epi32(isum[t], v), off);
+            }
+        }
+        for t in 0..T {
+            let v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[t]), d);
+            acc[t] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(&*yd[t].add(b)), acc[t]);
+        }
+    }
+    for t in 0..T {
+        _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
+}
+
+/// AVX2 twin of [`super::interleaved::tile_k6`] for `out.len()` of 1 to 4 tokens.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+///
+/// # Panics
+/// As the reference, or for more than 4 tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile_k6(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
+    match out.len() {
+        0 => {}
+        1 => tile_k6_t::<1>(w, ys, out),
+        2 => tile_k6_t::<2>(w, ys, out),
+        3 => tile_k6_t::<3>(w, ys, out),
+        4 => tile_k6_t::<4>(w, ys, out),
         n => panic!("a tile takes at most 4 rows, got {n}"),
     }
 }

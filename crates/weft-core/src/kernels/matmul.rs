@@ -302,18 +302,29 @@ fn matmul_interleaved(
 ) {
     let (acts, sums) = (&mut scratch.acts, &mut scratch.sums);
     let dtype = w.dtype;
-    if dtype == GgmlType::Q4_K {
+    if matches!(dtype, GgmlType::Q4_K | GgmlType::Q6_K) {
         acts.quantize(Some(pool), ActFormat::Q8K, x, n_tokens, w.cols);
         let acts = &*acts;
+        let k6 = dtype == GgmlType::Q6_K;
         let kernel = |wg: &[u8], t0: usize, out: &mut [[f32; 8]]| {
             let ys = acts.q8_k_rows(t0, out.len());
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: `matmul_with` checked the CPU features for `simd`.
-                return unsafe { interleaved_avx2::tile_k4(wg, &ys, out) };
+                return unsafe {
+                    if k6 {
+                        interleaved_avx2::tile_k6(wg, &ys, out)
+                    } else {
+                        interleaved_avx2::tile_k4(wg, &ys, out)
+                    }
+                };
             }
             let _ = simd;
-            interleaved::tile_k4(wg, &ys, out)
+            if k6 {
+                interleaved::tile_k6(wg, &ys, out)
+            } else {
+                interleaved::tile_k4(wg, &ys, out)
+            }
         };
         run_interleaved(pool, w, n_tokens, y, &kernel);
         return;
@@ -511,7 +522,7 @@ mod tests {
         }
     }
 
-    /// Interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K weights: `matmul` equals the row layout's up to rounding
+    /// Interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q6_K weights: `matmul` equals the row layout's up to rounding
     /// (Q4_K's `d · Σ − dmin · Σ` cancels, hence 1e-3; a layout error would be O(1)) for
     /// every token count and thread count, AVX2 equals scalar bit for bit, and every token's
     /// outputs are the same bits whatever the batch.

@@ -27,6 +27,7 @@
 
 mod float;
 pub mod interleaved;
+mod interleaved_k;
 mod kquants;
 mod legacy;
 mod matmul;
@@ -123,7 +124,8 @@ pub struct Matrix<'a> {
 pub enum Layout {
     /// GGUF's: row after row.
     Rows,
-    /// Groups of 8 rows interleaved block by block ([`interleaved`]; Q4_0, Q5_0, Q4_K), made
+    /// Groups of 8 rows interleaved block by block ([`interleaved`]; Q4_0, Q4_1, Q5_0, Q5_1,
+    /// Q4_K, Q6_K), made
     /// by [`interleaved::repack`] for a faster GEMM.
     Interleaved8,
 }
