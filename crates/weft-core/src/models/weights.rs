@@ -14,7 +14,7 @@ pub struct Linear {
     /// Where the tensor lies in the file, kept so the forward pass needs no lookup by name.
     info: TensorInfo,
     /// The interleaved copy, when there is one.
-    packed: Option<Arc<[u8]>>,
+    packed: Option<Arc<Vec<u8>>>,
     /// Output features.
     pub rows: usize,
     /// Input features.
@@ -75,7 +75,7 @@ impl Loader {
         let mut lin = self.table(name, rows, cols)?;
         let data = self.file.tensor_data(&lin.info);
         if interleaved::supports(lin.info.dtype) && rows.is_multiple_of(interleaved::GROUP_ROWS) {
-            lin.packed = Some(interleaved::repack(lin.info.dtype, data, rows, cols).into());
+            lin.packed = Some(Arc::new(interleaved::repack(lin.info.dtype, data, rows, cols)));
             self.file.release(data);
         }
         Ok(lin)
