@@ -8,6 +8,20 @@ use super::quantize::{Q8KRow, QK8, QK_K};
 use super::x86::{load256, prefetch};
 use crate::gguf::GgmlType;
 
+/// Calls `$tile::<…, T>` with `T = $n` tokens (1 to 4) as a constant.
+macro_rules! by_tokens {
+    ($n:expr, $tile:ident $(::<$($c:tt),*>)? ($($arg:expr),*)) => {
+        match $n {
+            0 => {}
+            1 => $tile::<$($($c,)*)? 1>($($arg),*),
+            2 => $tile::<$($($c,)*)? 2>($($arg),*),
+            3 => $tile::<$($($c,)*)? 3>($($arg),*),
+            4 => $tile::<$($($c,)*)? 4>($($arg),*),
+            n => panic!("a tile takes at most 4 rows, got {n}"),
+        }
+    };
+}
+
 /// The 4 activation bytes `y[i..i + 4]` in every 32-bit lane.
 #[inline(always)]
 unsafe fn bcast4(y: *const i8, i: usize) -> __m256i {
@@ -140,24 +154,12 @@ unsafe fn tile_t<const HIGH: bool, const MIN: bool, const T: usize>(
 /// As the reference, or for more than 4 tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn tile(dtype: GgmlType, w: &[u8], ys: &LegacyActs, out: &mut [[f32; 8]]) {
-    let kind = Legacy::of(dtype).expect("a 32-element type");
-    macro_rules! by_tokens {
-        ($high:literal, $min:literal) => {
-            match out.len() {
-                0 => {}
-                1 => tile_t::<$high, $min, 1>(w, ys, out),
-                2 => tile_t::<$high, $min, 2>(w, ys, out),
-                3 => tile_t::<$high, $min, 3>(w, ys, out),
-                4 => tile_t::<$high, $min, 4>(w, ys, out),
-                n => panic!("a tile takes at most 4 rows, got {n}"),
-            }
-        };
-    }
+    let (kind, n) = (Legacy::of(dtype).expect("a 32-element type"), out.len());
     match (kind.high, kind.min) {
-        (false, false) => by_tokens!(false, false),
-        (false, true) => by_tokens!(false, true),
-        (true, false) => by_tokens!(true, false),
-        (true, true) => by_tokens!(true, true),
+        (false, false) => by_tokens!(n, tile_t::<false, false>(w, ys, out)),
+        (false, true) => by_tokens!(n, tile_t::<false, true>(w, ys, out)),
+        (true, false) => by_tokens!(n, tile_t::<true, false>(w, ys, out)),
+        (true, true) => by_tokens!(n, tile_t::<true, true>(w, ys, out)),
     }
 }
 
@@ -250,14 +252,7 @@ unsafe fn tile_k4_t<const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]])
 /// As the reference, or for more than 4 tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn tile_k4(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
-    match out.len() {
-        0 => {}
-        1 => tile_k4_t::<1>(w, ys, out),
-        2 => tile_k4_t::<2>(w, ys, out),
-        3 => tile_k4_t::<3>(w, ys, out),
-        4 => tile_k4_t::<4>(w, ys, out),
-        n => panic!("a tile takes at most 4 rows, got {n}"),
-    }
+    by_tokens!(out.len(), tile_k4_t(w, ys, out))
 }
 
 /// One Q6_K group · `T` tokens.
@@ -363,12 +358,5 @@ unsafe fn tile_k6_t<const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]])
 /// As the reference, or for more than 4 tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn tile_k6(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
-    match out.len() {
-        0 => {}
-        1 => tile_k6_t::<1>(w, ys, out),
-        2 => tile_k6_t::<2>(w, ys, out),
-        3 => tile_k6_t::<3>(w, ys, out),
-        4 => tile_k6_t::<4>(w, ys, out),
-        n => panic!("a tile takes at most 4 rows, got {n}"),
-    }
+    by_tokens!(out.len(), tile_k6_t(w, ys, out))
 }

@@ -182,8 +182,8 @@ pub(crate) fn matmul_with(
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 
-// SAFETY: the pointer is only written through `OutPtr::write`, at indices that the atomic
-// chunk counter hands to exactly one thread each (see `run`).
+// SAFETY: the pointer is only written through `OutPtr::write` / `write8`, at indices of the
+// rows that `split` hands to exactly one thread each.
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
@@ -226,36 +226,18 @@ fn run<R: Copy + Sync>(
     } else {
         (GROUP_BYTES / w.row_bytes()).clamp(4, 64)
     };
-    // Tokens per pass over a chunk: their quantized activations (about one byte per value)
-    // stay in L2 while the chunk's row groups stream past.
-    let token_block = (TOKEN_BLOCK_BYTES / w.cols)
-        .max(1)
-        .next_multiple_of(TILE_TOKENS);
-    let serial = pool.n_threads() == 1 || rows * w.cols * n_tokens < SERIAL_WORK;
-    let n_threads = if serial { 1 } else { pool.n_threads() };
-    // Chunks: a multiple of the row group, about CHUNKS_PER_THREAD per thread.
-    let chunk = rows
-        .div_ceil(n_threads * CHUNKS_PER_THREAD)
-        .div_ceil(group)
-        .max(1)
-        * group;
-    let n_chunks = rows.div_ceil(chunk);
-    let next = AtomicUsize::new(0);
+    let token_block = token_block(w.cols);
     let out = OutPtr(y.as_mut_ptr());
-    let body = |_: usize, _: usize| loop {
-        let c = next.fetch_add(1, Ordering::Relaxed);
-        if c >= n_chunks {
-            break;
-        }
-        let (r0, r1) = (c * chunk, ((c + 1) * chunk).min(rows));
+    // Chunks: a multiple of the row group.
+    split(pool, w, n_tokens, rows, group, &|r0, r1| {
         if n_tokens == 1 {
             let y0 = row(0);
             for r in r0..r1 {
                 // SAFETY: `dot` may be called (see `DotFn`); r < rows = y.len() for one token;
-                // chunk c (rows r0..r1) is handed to exactly one thread by the atomic counter.
+                // `split` hands rows r0..r1 to exactly one thread.
                 unsafe { out.write(r, dot(w.row(r), &y0)) };
             }
-            continue;
+            return;
         }
         for tb0 in (0..n_tokens).step_by(token_block) {
             let tb1 = (tb0 + token_block).min(n_tokens);
@@ -277,6 +259,43 @@ fn run<R: Copy + Sync>(
                 }
             }
         }
+    });
+}
+
+/// Tokens per pass over a chunk: their quantized activations (about one byte per value) stay
+/// in L2 while the chunk's rows stream past.
+fn token_block(cols: usize) -> usize {
+    (TOKEN_BLOCK_BYTES / cols)
+        .max(1)
+        .next_multiple_of(TILE_TOKENS)
+}
+
+/// Calls `work(u0, u1)` for chunks of `n_units` units (rows or row groups), a multiple of
+/// `granule` units each and about [`CHUNKS_PER_THREAD`] per thread, handed out by an atomic
+/// counter on the pool's threads — or all on the caller when the matmul is small.
+fn split(
+    pool: &ThreadPool,
+    w: &Matrix,
+    n_tokens: usize,
+    n_units: usize,
+    granule: usize,
+    work: &(dyn Fn(usize, usize) + Sync),
+) {
+    let serial = pool.n_threads() == 1 || w.rows * w.cols * n_tokens < SERIAL_WORK;
+    let n_threads = if serial { 1 } else { pool.n_threads() };
+    let chunk = n_units
+        .div_ceil(n_threads * CHUNKS_PER_THREAD)
+        .div_ceil(granule)
+        .max(1)
+        * granule;
+    let n_chunks = n_units.div_ceil(chunk);
+    let next = AtomicUsize::new(0);
+    let body = |_: usize, _: usize| loop {
+        let c = next.fetch_add(1, Ordering::Relaxed);
+        if c >= n_chunks {
+            break;
+        }
+        work(c * chunk, ((c + 1) * chunk).min(n_units));
     };
     if serial {
         body(0, 1);
@@ -381,21 +400,9 @@ fn run_interleaved(
     let rows = w.rows;
     let n_groups = rows / GROUP_ROWS;
     let group_bytes = interleaved::group_bytes(w.dtype, w.cols);
-    let token_block = (TOKEN_BLOCK_BYTES / w.cols)
-        .max(1)
-        .next_multiple_of(TILE_TOKENS);
-    let serial = pool.n_threads() == 1 || rows * w.cols * n_tokens < SERIAL_WORK;
-    let n_threads = if serial { 1 } else { pool.n_threads() };
-    let chunk = n_groups.div_ceil(n_threads * CHUNKS_PER_THREAD).max(1);
-    let n_chunks = n_groups.div_ceil(chunk);
-    let next = AtomicUsize::new(0);
+    let token_block = token_block(w.cols);
     let out = OutPtr(y.as_mut_ptr());
-    let body = |_: usize, _: usize| loop {
-        let c = next.fetch_add(1, Ordering::Relaxed);
-        if c >= n_chunks {
-            break;
-        }
-        let (g0, g1) = (c * chunk, ((c + 1) * chunk).min(n_groups));
+    split(pool, w, n_tokens, n_groups, 1, &|g0, g1| {
         for tb0 in (0..n_tokens).step_by(token_block) {
             let tb1 = (tb0 + token_block).min(n_tokens);
             for g in g0..g1 {
@@ -412,12 +419,7 @@ fn run_interleaved(
                 }
             }
         }
-    };
-    if serial {
-        body(0, 1);
-    } else {
-        pool.run(&body);
-    }
+    });
 }
 
 /// The float weight rows with the signatures of [`DotFn`] and [`DotsFn`] (the scalar

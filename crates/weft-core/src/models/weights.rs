@@ -75,7 +75,12 @@ impl Loader {
         let mut lin = self.table(name, rows, cols)?;
         let data = self.file.tensor_data(&lin.info);
         if interleaved::supports(lin.info.dtype) && rows.is_multiple_of(interleaved::GROUP_ROWS) {
-            lin.packed = Some(Arc::new(interleaved::repack(lin.info.dtype, data, rows, cols)));
+            lin.packed = Some(Arc::new(interleaved::repack(
+                lin.info.dtype,
+                data,
+                rows,
+                cols,
+            )));
             self.file.release(data);
         }
         Ok(lin)
