@@ -255,6 +255,28 @@ pub unsafe fn tile_k4(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
     by_tokens!(out.len(), tile_k4_t(w, ys, out))
 }
 
+/// One token's products with two chunks of a Q6_K sub-block, `[lo_a, lo_b, hi_a, hi_b]`: low
+/// halves against `y[i..i + 8]`, high halves against `y[16 + i..]`, each pair summed in i16 and
+/// widened by the scale of its 16-column group.
+#[inline(always)]
+unsafe fn k6_chunk_pair(
+    y: *const i8,
+    i: usize,
+    w: [__m256i; 4],
+    lo: __m256i,
+    hi: __m256i,
+) -> __m256i {
+    let a = _mm256_add_epi16(
+        _mm256_maddubs_epi16(w[0], bcast4(y, i)),
+        _mm256_maddubs_epi16(w[1], bcast4(y, i + 4)),
+    );
+    let c = _mm256_add_epi16(
+        _mm256_maddubs_epi16(w[2], bcast4(y, 16 + i)),
+        _mm256_maddubs_epi16(w[3], bcast4(y, 20 + i)),
+    );
+    _mm256_add_epi32(_mm256_madd_epi16(a, lo), _mm256_madd_epi16(c, hi))
+}
+
 /// One Q6_K group · `T` tokens.
 ///
 /// Per sub-block of 32 columns: the low nibbles and the 2 high bits (moved to bits 4–5) make
@@ -309,30 +331,14 @@ unsafe fn tile_k6_t<const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]])
             let (l1, h1) = chunk!(1, |x| _mm256_slli_epi16::<2>(x));
             for t in 0..T {
                 let y = yq[t].add(b * QK_K + 32 * s);
-                let a = _mm256_add_epi16(
-                    _mm256_maddubs_epi16(l0, bcast4(y, 0)),
-                    _mm256_maddubs_epi16(l1, bcast4(y, 4)),
-                );
-                let c = _mm256_add_epi16(
-                    _mm256_maddubs_epi16(h0, bcast4(y, 16)),
-                    _mm256_maddubs_epi16(h1, bcast4(y, 20)),
-                );
-                let v = _mm256_add_epi32(_mm256_madd_epi16(a, sc_lo), _mm256_madd_epi16(c, sc_hi));
+                let v = k6_chunk_pair(y, 0, [l0, l1, h0, h1], sc_lo, sc_hi);
                 isum[t] = _mm256_add_epi32(isum[t], v);
             }
             let (l2, h2) = chunk!(2, |x| x);
             let (l3, h3) = chunk!(3, |x| _mm256_srli_epi16::<2>(x));
             for t in 0..T {
                 let y = yq[t].add(b * QK_K + 32 * s);
-                let a = _mm256_add_epi16(
-                    _mm256_maddubs_epi16(l2, bcast4(y, 8)),
-                    _mm256_maddubs_epi16(l3, bcast4(y, 12)),
-                );
-                let c = _mm256_add_epi16(
-                    _mm256_maddubs_epi16(h2, bcast4(y, 24)),
-                    _mm256_maddubs_epi16(h3, bcast4(y, 28)),
-                );
-                let v = _mm256_add_epi32(_mm256_madd_epi16(a, sc_lo), _mm256_madd_epi16(c, sc_hi));
+                let v = k6_chunk_pair(y, 8, [l2, l3, h2, h3], sc_lo, sc_hi);
                 // 32 · (sc[2s] · Σy[2s] + sc[2s+1] · Σy[2s+1]): the offset of both groups.
                 let sums = (ybs[t].add(16 * b + 2 * s) as *const i32).read_unaligned();
                 let off = _mm256_madd_epi16(pair32, _mm256_set1_epi32(sums));
