@@ -235,9 +235,10 @@ impl GgufFile {
             if start < base || start + bytes.len() > base + map.len() || bytes.is_empty() {
                 return;
             }
-            // SAFETY: the mapping is private and read-only, so MADV_DONTNEED only drops this
-            // process's copies of clean file pages; a later access maps them in again from the
-            // page cache with the same contents. No reference into the range is invalidated.
+            // SAFETY: the mapping is read-only (shared, never written), so MADV_DONTNEED only
+            // unmaps clean file pages from this process; a later access maps them in again
+            // from the page cache with the same contents (the assumption `Mmap::map` already
+            // makes: nobody rewrites the file). No reference into the range is invalidated.
             let _ = unsafe {
                 map.unchecked_advise_range(
                     memmap2::UncheckedAdvice::DontNeed,

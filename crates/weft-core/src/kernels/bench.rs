@@ -37,7 +37,7 @@ struct Case {
     cold: bool,
 }
 
-/// `packed`: the weights interleaved by 8 rows (Q4_0, Q5_0), as the models load them.
+/// `packed`: the weights interleaved by 8 rows, as the models load them.
 fn bench_case(pool: &ThreadPool, c: &Case, packed: bool) -> String {
     let mut rng = Rng::new(1);
     let mut one = random_weights(&mut rng, c.dtype, c.rows, c.cols);

@@ -9,7 +9,8 @@
 //! partial sum per row; 8 such products cover the block, and one conversion, scaling and FMA
 //! then serve all 8 rows, whose outputs come out as one vector. Per row, token and block that
 //! is about 4 vector instructions instead of 10 — the idea of ggml's repacked `q4_0_8x8` GEMM.
-//! The weights are repacked once, when the model loads; the size does not change.
+//! The weights are repacked once, when the model loads; the size does not change (Q4_K grows
+//! by 32 bytes per 8 super-blocks, its scales stored unpacked).
 //!
 //! One interleaved block (8 rows × 32 columns, `8 × dtype.type_size()` bytes):
 //! - `d`: 8 × f16, the rows' scales (16 bytes);
@@ -88,6 +89,11 @@ impl Legacy {
     /// Bytes of one interleaved block of 8 rows.
     pub fn bytes(self) -> usize {
         GROUP_ROWS * (2 + 2 * usize::from(self.min) + 4 * usize::from(self.high) + 16)
+    }
+
+    /// Floats per block in [`LegacyActs::d`]: 2 with `s_y` (offset types), else 1.
+    pub fn d_stride(self) -> usize {
+        1 + usize::from(self.min)
     }
 
     /// Byte offset of `qh` in an interleaved block: after the scales and mins.
@@ -196,13 +202,6 @@ pub struct LegacyActs<'a> {
     pub sums: &'a [i32],
 }
 
-impl LegacyActs<'_> {
-    /// Floats per block in `d`: 2 with `s_y` (offset weight types), else 1.
-    fn d_stride(min: bool) -> usize {
-        1 + usize::from(min)
-    }
-}
-
 /// Scalar reference: one interleaved group of a 32-element type (`w`, `nb` blocks of 8 rows)
 /// · `n = out.len()` activation rows (Q8_0 with block sums for Q4_0 / Q5_0, Q8_1 for Q4_1 /
 /// Q5_1); `out[t][r]` gets row `r` · token `t`.
@@ -212,7 +211,7 @@ impl LegacyActs<'_> {
 pub fn tile(dtype: GgmlType, w: &[u8], ys: &LegacyActs, out: &mut [[f32; 8]]) {
     let kind = Legacy::of(dtype).expect("a 32-element type");
     let bytes = kind.bytes();
-    let (nb, n, ds) = (w.len() / bytes, out.len(), LegacyActs::d_stride(kind.min));
+    let (nb, n, ds) = (w.len() / bytes, out.len(), kind.d_stride());
     assert!(w.len() == nb * bytes && ys.qs.len() == n * nb * QK8 && ys.d.len() == n * nb * ds);
     assert_eq!(ys.sums.len(), if kind.min { 0 } else { n * nb });
     let (qh0, qs0) = (kind.qh_at(), kind.qs_at());

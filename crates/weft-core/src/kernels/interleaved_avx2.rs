@@ -1,5 +1,6 @@
-//! AVX2 twins of [`super::interleaved::tile`] and [`super::interleaved::tile_k4`]: one group
-//! of 8 interleaved rows · 1 to 4 activation rows (see `interleaved` for the layouts).
+//! AVX2 twins of [`super::interleaved::tile`], [`super::interleaved::tile_k4`] and
+//! [`super::interleaved::tile_k6`]: one group of 8 interleaved rows · 1 to 4 activation rows
+//! (see `interleaved` and `interleaved_k` for the layouts).
 
 use std::arch::x86_64::*;
 
@@ -48,7 +49,7 @@ unsafe fn tile_t<const HIGH: bool, const MIN: bool, const T: usize>(
         min: MIN,
     };
     let (bytes, qh0, qs0) = (kind.bytes(), kind.qh_at(), kind.qs_at());
-    let ds = 1 + usize::from(MIN);
+    let ds = kind.d_stride();
     let nb = w.len() / bytes;
     assert!(w.len() == nb * bytes && out.len() == T && ys.qs.len() == T * nb * QK8);
     assert!(ys.d.len() == T * nb * ds && ys.sums.len() == if MIN { 0 } else { T * nb });

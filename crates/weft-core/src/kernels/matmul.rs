@@ -349,7 +349,7 @@ fn matmul_interleaved(
         return;
     }
     // Q4_1 / Q5_1 take Q8_1 activations (with `s_y`); Q4_0 / Q5_0 take Q8_0 and block sums.
-    let min = interleaved::offset(dtype) == 0;
+    let min = interleaved::Legacy::of(dtype).is_some_and(|k| k.min);
     let nb = w.cols / 32;
     sums.clear();
     if min {
@@ -534,8 +534,8 @@ mod tests {
         let mut scratch = MatmulScratch::default();
         let mut rng = Rng::new(17);
         use GgmlType::*;
-        for dtype in [Q4_0, Q4_1, Q5_0, Q5_1, Q4_K] {
-            let cols = if dtype == GgmlType::Q4_K {
+        for dtype in [Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K] {
+            let cols = if dtype.block_size() == 256 {
                 3 * 256
             } else {
                 9 * 32
@@ -558,7 +558,7 @@ mod tests {
                             "{level:?} {dtype}: y[{i}] interleaved {got} vs rows {want}"
                         );
                     }
-                    let sizes = [1, 2, 3, 4, 5, 8, 9, 17, 33];
+                    let sizes = [1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33];
                     check_batch_invariance(level, &pools, &mut scratch, &wp, &x, &sizes, "packed");
                     by_level.push(b);
                 }

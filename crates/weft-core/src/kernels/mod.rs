@@ -116,7 +116,8 @@ fn use_avx2() -> bool {
 pub struct Matrix<'a> {
     /// Element type of the weights.
     pub dtype: GgmlType,
-    /// The raw bytes: `rows` rows of `dtype.row_bytes(cols)` bytes, in `layout`.
+    /// The raw bytes: `rows` rows of `dtype.row_bytes(cols)` bytes, or for
+    /// [`Layout::Interleaved8`] `rows / 8` groups of [`interleaved::group_bytes`].
     pub data: &'a [u8],
     /// Number of rows (outputs of [`matmul`]).
     pub rows: usize,

@@ -22,7 +22,8 @@ pub const QK8: usize = 32;
 /// Elements per Q8_K block.
 pub const QK_K: usize = 256;
 
-/// One activation row quantized to Q8_0 (pairs with Q4_0, Q5_0 and Q8_0 weights).
+/// One activation row quantized to Q8_0 (pairs with Q4_0, Q5_0 and Q8_0 weights), or several
+/// back to back ([`Q8Batch::q8_0_rows`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Q8_0Row<'a> {
     /// The quants, a whole number of 32-element blocks.
@@ -31,7 +32,8 @@ pub struct Q8_0Row<'a> {
     pub d: &'a [f32],
 }
 
-/// One activation row quantized to Q8_1 (pairs with Q4_1 and Q5_1 weights).
+/// One activation row quantized to Q8_1 (pairs with Q4_1 and Q5_1 weights), or several back
+/// to back ([`Q8Batch::q8_1_rows`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Q8_1Row<'a> {
     /// The quants, a whole number of 32-element blocks.
@@ -40,7 +42,8 @@ pub struct Q8_1Row<'a> {
     pub ds: &'a [[f32; 2]],
 }
 
-/// One activation row quantized to Q8_K (pairs with Q4_K, Q5_K and Q6_K weights).
+/// One activation row quantized to Q8_K (pairs with Q4_K, Q5_K and Q6_K weights), or several
+/// back to back ([`Q8Batch::q8_k_rows`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Q8KRow<'a> {
     /// The quants, a whole number of 256-element blocks.

@@ -7,8 +7,9 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::{interleaved, Matrix};
 use crate::quant;
 
-/// A weight matrix: read from the mapped file, or for Q4_0 / Q5_0 a copy
-/// [interleaved](crate::kernels::interleaved) by 8 rows at load time (the faster GEMM).
+/// A weight matrix: read from the mapped file, or for the types that can be
+/// [interleaved](crate::kernels::interleaved) a copy interleaved by 8 rows at load time (the
+/// faster GEMM).
 #[derive(Debug, Clone)]
 pub struct Linear {
     /// Where the tensor lies in the file, kept so the forward pass needs no lookup by name.
@@ -69,8 +70,9 @@ impl Loader {
     }
 
     /// A weight matrix `name` of shape `rows × cols` (ggml `[cols, rows]`) for matmuls only:
-    /// Q4_0 and Q5_0 weights are interleaved (see [`Linear`]), and the file's pages they were
-    /// read from are released.
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K weights with a multiple of 8 rows are interleaved
+    /// (see [`Linear`]), and the file's pages they were read from are released (a file read
+    /// into memory rather than mapped keeps both copies).
     pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
         let mut lin = self.table(name, rows, cols)?;
         let data = self.file.tensor_data(&lin.info);
