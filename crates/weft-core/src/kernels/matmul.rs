@@ -524,10 +524,10 @@ mod tests {
         }
     }
 
-    /// Interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q6_K weights: `matmul` equals the row layout's up to rounding
-    /// (Q4_K's `d · Σ − dmin · Σ` cancels, hence 1e-3; a layout error would be O(1)) for
-    /// every token count and thread count, AVX2 equals scalar bit for bit, and every token's
-    /// outputs are the same bits whatever the batch.
+    /// Interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q6_K weights: `matmul` equals the row
+    /// layout's up to rounding (Q4_K's `d · Σ − dmin · Σ` cancels, hence 1e-3; a layout error
+    /// would be O(1)), AVX2 equals scalar bit for bit, and every token's outputs are the same
+    /// bits whatever the batch and the thread count.
     #[test]
     fn interleaved_matches_rows_and_is_batch_invariant() {
         let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
