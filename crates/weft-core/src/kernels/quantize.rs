@@ -23,7 +23,7 @@ pub const QK8: usize = 32;
 pub const QK_K: usize = 256;
 
 /// One activation row quantized to Q8_0 (pairs with Q4_0, Q5_0 and Q8_0 weights), or several
-/// back to back ([`Q8Batch::q8_0_rows`]).
+/// back to back (as the interleaved kernels take them).
 #[derive(Clone, Copy, Debug)]
 pub struct Q8_0Row<'a> {
     /// The quants, a whole number of 32-element blocks.
@@ -33,7 +33,7 @@ pub struct Q8_0Row<'a> {
 }
 
 /// One activation row quantized to Q8_1 (pairs with Q4_1 and Q5_1 weights), or several back
-/// to back ([`Q8Batch::q8_1_rows`]).
+/// to back (as the interleaved kernels take them).
 #[derive(Clone, Copy, Debug)]
 pub struct Q8_1Row<'a> {
     /// The quants, a whole number of 32-element blocks.
@@ -43,7 +43,7 @@ pub struct Q8_1Row<'a> {
 }
 
 /// One activation row quantized to Q8_K (pairs with Q4_K, Q5_K and Q6_K weights), or several
-/// back to back ([`Q8Batch::q8_k_rows`]).
+/// back to back (as the interleaved kernels take them).
 #[derive(Clone, Copy, Debug)]
 pub struct Q8KRow<'a> {
     /// The quants, a whole number of 256-element blocks.
