@@ -29,6 +29,22 @@ unsafe fn bcast4(y: *const i8, i: usize) -> __m256i {
     _mm256_set1_epi32((y.add(i) as *const i32).read_unaligned())
 }
 
+/// One token's products with two chunks of a 32-element block, `[lo_a, hi_a, lo_b, hi_b]`:
+/// low halves against `y[i..i + 8]`, high halves against `y[16 + i..]`; the four products sum
+/// in i16 (at most `4 · 2 · 31 · 127 < 2^15`) before one `madd` with ones widens them.
+#[inline(always)]
+unsafe fn chunk_pair(y: *const i8, i: usize, w: [__m256i; 4], ones: __m256i) -> __m256i {
+    let a = _mm256_add_epi16(
+        _mm256_maddubs_epi16(w[0], bcast4(y, i)),
+        _mm256_maddubs_epi16(w[1], bcast4(y, 16 + i)),
+    );
+    let c = _mm256_add_epi16(
+        _mm256_maddubs_epi16(w[2], bcast4(y, i + 4)),
+        _mm256_maddubs_epi16(w[3], bcast4(y, 20 + i)),
+    );
+    _mm256_madd_epi16(_mm256_add_epi16(a, c), ones)
+}
+
 /// One group · `T` tokens. `HIGH`: a 5th bit in `qh` (Q5_0, Q5_1); `MIN`: a min per row
 /// and Q8_1 activations (Q4_1, Q5_1), else an offset corrected with the block sums.
 ///
@@ -93,16 +109,7 @@ unsafe fn tile_t<const HIGH: bool, const MIN: bool, const T: usize>(
         );
         let mut s01 = [_mm256_setzero_si256(); T];
         for t in 0..T {
-            let y = yq[t].add(b * QK8);
-            let a = _mm256_add_epi16(
-                _mm256_maddubs_epi16(w0, bcast4(y, 0)),
-                _mm256_maddubs_epi16(w1, bcast4(y, 16)),
-            );
-            let c = _mm256_add_epi16(
-                _mm256_maddubs_epi16(w2, bcast4(y, 4)),
-                _mm256_maddubs_epi16(w3, bcast4(y, 20)),
-            );
-            s01[t] = _mm256_madd_epi16(_mm256_add_epi16(a, c), ones);
+            s01[t] = chunk_pair(yq[t].add(b * QK8), 0, [w0, w1, w2, w3], ones);
         }
         let (w4, w5) = chunk!(
             2,
@@ -120,16 +127,8 @@ unsafe fn tile_t<const HIGH: bool, const MIN: bool, const T: usize>(
             _mm256_setzero_ps()
         };
         for t in 0..T {
-            let y = yq[t].add(b * QK8);
-            let a = _mm256_add_epi16(
-                _mm256_maddubs_epi16(w4, bcast4(y, 8)),
-                _mm256_maddubs_epi16(w5, bcast4(y, 24)),
-            );
-            let c = _mm256_add_epi16(
-                _mm256_maddubs_epi16(w6, bcast4(y, 12)),
-                _mm256_maddubs_epi16(w7, bcast4(y, 28)),
-            );
-            let mut s = _mm256_add_epi32(s01[t], _mm256_madd_epi16(_mm256_add_epi16(a, c), ones));
+            let s23 = chunk_pair(yq[t].add(b * QK8), 8, [w4, w5, w6, w7], ones);
+            let mut s = _mm256_add_epi32(s01[t], s23);
             if !MIN {
                 s = _mm256_sub_epi32(s, _mm256_set1_epi32(*ysum[t].add(b)));
             }
