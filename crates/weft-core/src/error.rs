@@ -119,6 +119,9 @@ pub enum Error {
     /// A sequence id that is not (or no longer) in the KV cache.
     #[error("sequence {seq} is not in the KV cache")]
     UnknownSequence { seq: u32 },
+    /// A sequence id that is already in the KV cache.
+    #[error("sequence {seq} is already in the KV cache")]
+    SequenceExists { seq: u32 },
     /// A rewind to a point whose sliding-window keys were already released.
     #[error("cannot rewind sequence {seq} to {to} tokens: the sliding-window keys it needs were already released")]
     RewindPastWindow { seq: u32, to: usize },

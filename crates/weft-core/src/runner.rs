@@ -138,6 +138,16 @@ impl ModelRunner {
         self.kv.new_sequence()
     }
 
+    /// Starts an empty sequence under a caller-chosen id (see [`KvCache::insert_sequence`]).
+    pub fn insert_sequence(&mut self, seq: SeqId) -> Result<()> {
+        self.kv.insert_sequence(seq)
+    }
+
+    /// [`ModelRunner::fork`] under a caller-chosen id (see [`KvCache::fork_as`]).
+    pub fn fork_as(&mut self, seq: SeqId, id: SeqId) -> Result<()> {
+        self.kv.fork_as(seq, id)
+    }
+
     /// Drops a sequence and frees its pages.
     pub fn free_sequence(&mut self, seq: SeqId) {
         self.kv.free_sequence(seq);

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::forward::Forward;
 use crate::generator::Generator;
 use crate::probe::Logits;
+use crate::scheduler::Command;
 
 /// One sequence in the engine: the tokens already run (their keys and values live in the KV
 /// cache's pages), tokens filled but not yet run (the pending buffer, run by the next pass),
@@ -52,14 +53,15 @@ impl std::fmt::Debug for Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        self.engine.inner.shared.forget(self.seq);
-        self.engine.inner.shared.runner().free_sequence(self.seq);
+        let shared = &self.engine.inner.shared;
+        shared.forget(self.seq);
+        shared.command(Command::Free(self.seq));
     }
 }
 
 impl Context {
     pub(crate) fn new(engine: Engine) -> Context {
-        let seq = engine.inner.shared.runner().new_sequence();
+        let seq = engine.inner.shared.create_sequence();
         Context {
             engine,
             seq,
@@ -154,19 +156,18 @@ impl Context {
         Ok(())
     }
 
-    /// A copy of this context (tokens, pending buffer, random state) that shares every full
-    /// KV page with it and copies only the partial last one.
+    /// A copy of this context (tokens, pending buffer, random state) that shares every KV page
+    /// with it; a page is copied only when one of them first writes into it (the partial last
+    /// page, on the next pass). Forking does not wait for the engine's current step.
     pub fn fork(&self) -> Result<Context> {
         let shared = &self.engine.inner.shared;
+        let mut n = self.tokens.len();
         if self.inflight {
+            // A dropped pass may have failed: the cache then holds fewer tokens than recorded.
             shared.wait_idle(self.seq);
+            n = n.min(shared.runner().kv().len(self.seq).unwrap_or(0));
         }
-        let (seq, cached) = {
-            let mut runner = shared.runner();
-            let seq = runner.fork(self.seq)?;
-            (seq, runner.kv().len(seq)?)
-        };
-        let n = cached.min(self.tokens.len());
+        let seq = shared.fork_sequence(self.seq);
         Ok(Context {
             engine: self.engine.clone(),
             seq,
@@ -188,7 +189,15 @@ impl Context {
                 len: self.tokens.len(),
             });
         }
-        self.engine.inner.shared.runner().truncate(self.seq, n)?;
+        if n < self.tokens.len() {
+            let (reply, done) = std::sync::mpsc::sync_channel(1);
+            let seq = self.seq;
+            self.engine
+                .inner
+                .shared
+                .command(Command::Truncate { seq, n, reply });
+            done.recv().unwrap_or(Err(Error::EngineStopped))?;
+        }
         self.tokens.truncate(n);
         self.positions.truncate(n);
         self.pending.clear();

@@ -215,8 +215,12 @@ impl Engine {
         })
     }
 
-    /// The scheduler's counters and the KV pool's state.
+    /// The scheduler's counters and the KV pool's state. Context operations issued before
+    /// the call (a context dropped, forked, truncated) are counted: if the scheduler has not
+    /// applied them yet, this waits until it has (at most until its current step ends). See
+    /// [`Engine::kv_pages`] for a reading that never waits.
     pub fn metrics(&self) -> Metrics {
+        self.inner.shared.wait_applied();
         let c = &self.inner.shared.counters;
         let steps = c.steps.load(Ordering::Relaxed);
         let per_step = |v: u64| {
@@ -226,7 +230,6 @@ impl Engine {
                 v as f64 / steps as f64
             }
         };
-        let usage = self.inner.shared.runner().kv_usage();
         Metrics {
             steps,
             passes: c.passes.load(Ordering::Relaxed),
@@ -235,8 +238,18 @@ impl Engine {
             mean_batch_tokens: per_step(c.step_tokens.load(Ordering::Relaxed)),
             tokens_prefilled: c.prefilled.load(Ordering::Relaxed),
             tokens_decoded: c.decoded.load(Ordering::Relaxed),
-            kv_pages_used: usage.iter().map(|u| u.total - u.free).sum(),
-            kv_pages_free: usage.iter().map(|u| u.free).sum(),
+            kv_pages_used: c.kv_used.load(Ordering::Relaxed),
+            kv_pages_free: c.kv_free.load(Ordering::Relaxed),
         }
+    }
+
+    /// KV pages `(used, free)` over all layer groups as of the scheduler's last step or
+    /// context operation: never waits (for admission decisions and dashboards).
+    pub fn kv_pages(&self) -> (usize, usize) {
+        let c = &self.inner.shared.counters;
+        (
+            c.kv_used.load(Ordering::Relaxed),
+            c.kv_free.load(Ordering::Relaxed),
+        )
     }
 }

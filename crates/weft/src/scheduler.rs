@@ -2,6 +2,9 @@
 //! batched model call per step (continuous batching).
 //!
 //! Policy, per step:
+//! 0. Apply the context operations queued since the last step ([`Command`]: create, fork,
+//!    truncate, free). Contexts never lock the model runner themselves, so making, forking or
+//!    dropping one never waits for a step to finish — what an async server's handlers need.
 //! 1. Wait for work. If contexts that took part in the last step said they will submit again
 //!    (their `horizon` was above zero), wait for them — at most [`EngineConfig::batch_wait`] —
 //!    so that concurrent generations share model calls instead of drifting apart.
@@ -19,7 +22,7 @@
 //! [`EngineConfig::step_tokens`]: crate::EngineConfig::step_tokens
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -75,6 +78,24 @@ pub(crate) struct PassResult {
 
 type Reply = oneshot::Sender<Result<PassResult>>;
 
+/// A context operation, applied by the scheduler thread before its next step. A context's
+/// commands and passes reach the runner in the order the context issued them.
+pub(crate) enum Command {
+    /// Start an empty sequence under this id.
+    Create(SeqId),
+    /// Start `to` as a copy of `from` sharing all its pages.
+    Fork { from: SeqId, to: SeqId },
+    /// Keep the first `n` tokens of a sequence.
+    Truncate {
+        seq: SeqId,
+        n: usize,
+        /// A plain channel: the context waits on it from blocking code or inside a future.
+        reply: std::sync::mpsc::SyncSender<Result<()>>,
+    },
+    /// Drop a sequence and free its pages.
+    Free(SeqId),
+}
+
 /// A pass being run, possibly over several steps.
 struct Active {
     req: PassRequest,
@@ -99,11 +120,16 @@ pub(crate) struct Counters {
     pub max_step_passes: AtomicU64,
     pub prefilled: AtomicU64,
     pub decoded: AtomicU64,
+    /// KV pages in use and free over all layer groups, published after every step and
+    /// every batch of commands.
+    pub kv_used: AtomicUsize,
+    pub kv_free: AtomicUsize,
 }
 
 #[derive(Default)]
 struct Queue {
     incoming: VecDeque<(PassRequest, Reply)>,
+    commands: Vec<Command>,
     /// Contexts expected to submit again soon.
     expected: HashSet<SeqId>,
     shutdown: bool,
@@ -117,6 +143,12 @@ pub(crate) struct Shared {
     busy: Mutex<HashMap<SeqId, usize>>,
     idle: Condvar,
     runner: Mutex<ModelRunner>,
+    /// The next sequence id to hand out (contexts get theirs without waiting for the runner).
+    next_seq: AtomicU32,
+    /// Commands queued so far, and applied so far (see [`Shared::wait_applied`]).
+    issued: AtomicU64,
+    applied: Mutex<u64>,
+    applied_cv: Condvar,
     pub counters: Counters,
     step_tokens: usize,
     batch_wait: Duration,
@@ -124,13 +156,20 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn new(runner: ModelRunner, step_tokens: usize, batch_wait: Duration) -> Shared {
+        let counters = Counters::default();
+        let free: usize = runner.kv_usage().iter().map(|u| u.free).sum();
+        counters.kv_free.store(free, Ordering::Relaxed);
         Shared {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             busy: Mutex::new(HashMap::new()),
             idle: Condvar::new(),
             runner: Mutex::new(runner),
-            counters: Counters::default(),
+            next_seq: AtomicU32::new(0),
+            issued: AtomicU64::new(0),
+            applied: Mutex::new(0),
+            applied_cv: Condvar::new(),
+            counters,
             step_tokens: step_tokens.max(1),
             batch_wait,
         }
@@ -141,6 +180,87 @@ impl Shared {
         // A panic while holding the lock cannot leave the runner half-updated in a way later
         // calls could observe (its methods validate first and roll back on error).
         self.runner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands out a new sequence id and queues its creation.
+    pub fn create_sequence(&self) -> SeqId {
+        let seq = SeqId(self.next_seq.fetch_add(1, Ordering::Relaxed));
+        self.command(Command::Create(seq));
+        seq
+    }
+
+    /// Hands out a new sequence id and queues it as a fork of `from`.
+    pub fn fork_sequence(&self, from: SeqId) -> SeqId {
+        let to = SeqId(self.next_seq.fetch_add(1, Ordering::Relaxed));
+        self.command(Command::Fork { from, to });
+        to
+    }
+
+    /// Queues a context operation for the scheduler thread (which wakes up for it).
+    pub fn command(&self, c: Command) {
+        let mut q = self.queue();
+        if q.shutdown {
+            if let Command::Truncate { reply, .. } = c {
+                let _ = reply.send(Err(Error::EngineStopped));
+            }
+            return;
+        }
+        q.commands.push(c);
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Blocks until every command queued before the call has been applied (at most until the
+    /// current step ends), so counters read afterwards reflect them.
+    pub fn wait_applied(&self) {
+        let target = self.issued.load(Ordering::Relaxed);
+        let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        while *applied < target && !self.queue().shutdown {
+            applied = self
+                .applied_cv
+                .wait_timeout(applied, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Applies queued context operations to the runner, in order.
+    fn apply(&self, commands: Vec<Command>) {
+        if commands.is_empty() {
+            return;
+        }
+        let count = commands.len() as u64;
+        let mut runner = self.runner();
+        for c in commands {
+            match c {
+                // A fresh id cannot be taken, and a context forks only a sequence it holds:
+                // should either fail, the context's first pass reports the unknown sequence.
+                Command::Create(seq) => {
+                    let _ = runner.insert_sequence(seq);
+                }
+                Command::Fork { from, to } => {
+                    let _ = runner.fork_as(from, to);
+                }
+                Command::Truncate { seq, n, reply } => {
+                    let _ = reply.send(runner.truncate(seq, n).map_err(Error::from));
+                }
+                Command::Free(seq) => runner.free_sequence(seq),
+            }
+        }
+        self.publish_usage(&runner);
+        drop(runner);
+        *self.applied.lock().unwrap_or_else(|e| e.into_inner()) += count;
+        self.applied_cv.notify_all();
+    }
+
+    /// Publishes the KV pool's page counts for [`crate::Engine::metrics`].
+    fn publish_usage(&self, runner: &ModelRunner) {
+        let usage = runner.kv_usage();
+        let c = &self.counters;
+        let free: usize = usage.iter().map(|u| u.free).sum();
+        let total: usize = usage.iter().map(|u| u.total).sum();
+        c.kv_free.store(free, Ordering::Relaxed);
+        c.kv_used.store(total - free, Ordering::Relaxed);
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {
@@ -220,12 +340,21 @@ impl Shared {
         let _guard = OnPanic(self);
         let mut active: Vec<Active> = Vec::new();
         loop {
-            {
+            let commands = {
                 let mut q = self.queue();
-                while active.is_empty() && q.incoming.is_empty() && !q.shutdown {
+                while active.is_empty()
+                    && q.incoming.is_empty()
+                    && q.commands.is_empty()
+                    && !q.shutdown
+                {
                     q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
                 }
                 if q.shutdown {
+                    for c in q.commands.drain(..) {
+                        if let Command::Truncate { reply, .. } = c {
+                            let _ = reply.send(Err(Error::EngineStopped));
+                        }
+                    }
                     for (req, reply) in q.incoming.drain(..) {
                         self.answer(req.seq, reply, Err(Error::EngineStopped));
                     }
@@ -251,8 +380,14 @@ impl Shared {
                 for (req, reply) in q.incoming.drain(..) {
                     active.push(Active::new(req, reply));
                 }
+                std::mem::take(&mut q.commands)
+            };
+            // Commands were queued before the passes just taken (a context waits for its own
+            // passes before it forks, truncates or drops), so they go first.
+            self.apply(commands);
+            if !active.is_empty() {
+                self.step(&mut active);
             }
-            self.step(&mut active);
         }
     }
 
@@ -311,6 +446,7 @@ impl Shared {
                     }
                 }
             }
+            self.publish_usage(&runner);
         }
         let c = &self.counters;
         let n_tokens: usize = ran.iter().map(|&(_, a, b)| b - a).sum();

@@ -319,38 +319,43 @@ impl KvCache {
         Ok(())
     }
 
-    /// A new sequence with the same contents as `seq`: full pages are shared, the partial last
-    /// page is copied (a later write to a shared page copies it too).
+    /// Starts an empty sequence under a caller-chosen id (an engine that hands out ids itself,
+    /// without waiting for the cache). Errors if the id is taken.
+    pub fn insert_sequence(&mut self, id: SeqId) -> Result<()> {
+        if self.seqs.contains_key(&id) {
+            return Err(Error::SequenceExists { seq: id.0 });
+        }
+        let seq = Sequence {
+            tables: vec![Vec::new(); self.groups.len()],
+            ..Sequence::default()
+        };
+        self.seqs.insert(id, seq);
+        Ok(())
+    }
+
+    /// A new sequence with the same contents as `seq`, sharing every page with it. Nothing is
+    /// copied here, so a fork never needs a free page: the first write into a shared page (the
+    /// partial last one, or any page after a rewind) copies it then (see [`KvCache::append`]).
     pub fn fork(&mut self, seq: SeqId) -> Result<SeqId> {
-        let parent = self.seq(seq)?.clone();
-        let partial = parent.positions.len() % PAGE_SIZE != 0;
-        for (g, group) in self.groups.iter().enumerate() {
-            let needed =
-                usize::from(partial && parent.tables[g].last().is_some_and(|p| p.is_some()));
-            if needed > group.pool.n_free() {
-                return Err(Error::KvCacheFull {
-                    needed_pages: needed,
-                    free_pages: group.pool.n_free(),
-                });
-            }
-        }
-        let mut child = parent;
-        for (g, group) in self.groups.iter_mut().enumerate() {
-            let n = child.tables[g].len();
-            for (i, slot) in child.tables[g].iter_mut().enumerate() {
-                let Some(page) = *slot else { continue };
-                // The child holds every page; its partial last page is then swapped for a copy
-                // (which drops the child's hold on the original).
-                group.pool.retain(page);
-                if partial && i + 1 == n {
-                    *slot = Some(group.copy_page(page)?);
-                }
-            }
-        }
         let id = SeqId(self.next_id);
+        self.fork_as(seq, id)?;
         self.next_id = self.next_id.wrapping_add(1);
-        self.seqs.insert(id, child);
         Ok(id)
+    }
+
+    /// [`KvCache::fork`] under a caller-chosen id. Errors if `seq` is unknown or `id` taken.
+    pub fn fork_as(&mut self, seq: SeqId, id: SeqId) -> Result<()> {
+        if self.seqs.contains_key(&id) {
+            return Err(Error::SequenceExists { seq: id.0 });
+        }
+        let child = self.seq(seq)?.clone();
+        for (g, group) in self.groups.iter_mut().enumerate() {
+            for page in child.tables[g].iter().flatten() {
+                group.pool.retain(*page);
+            }
+        }
+        self.seqs.insert(id, child);
+        Ok(())
     }
 
     /// Where slot `slot` of `seq` lives in `layer`'s storage: (page, offset in page).
@@ -498,11 +503,25 @@ mod tests {
             kv.write(0, a, slot, &[x, x], &[-x, -x]).unwrap();
         }
         let b = kv.fork(a).unwrap();
-        // One shared full page, one copied partial page: 3 pages used in group 0.
-        assert_eq!(kv.usage()[0].free, 5);
+        // Both pages shared, nothing copied yet: 2 pages used in group 0.
+        assert_eq!(kv.usage()[0].free, 6);
         let (ka, _) = kv.view(0, a).unwrap().page(1, 0).unwrap();
         let (kb, _) = kv.view(0, b).unwrap().page(1, 0).unwrap();
         assert_eq!(ka[..16], kb[..16]);
+        // Writing into the shared partial page copies it for the writer only.
+        kv.append(a, &[40]).unwrap();
+        kv.write(0, a, 40, &[7.0, 7.0], &[0.0, 0.0]).unwrap();
+        assert_eq!(kv.usage()[0].free, 5);
+        // Slot 40 is slot 8 of page 1; a slot holds head_dim = 2 values.
+        let (ka, _) = kv.view(0, a).unwrap().page(1, 0).unwrap();
+        let (kb, _) = kv.view(0, b).unwrap().page(1, 0).unwrap();
+        assert_eq!(ka[16].to_f32(), 7.0);
+        assert_eq!(
+            kb[16].to_f32(),
+            0.0,
+            "the fork does not see the parent's new slot"
+        );
+        kv.truncate(a, 40).unwrap();
         // Rewinding b into the shared page and writing there copies the page first.
         kv.truncate(b, 20).unwrap();
         kv.append(b, &[20]).unwrap();
