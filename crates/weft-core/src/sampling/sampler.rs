@@ -131,6 +131,18 @@ pub enum Sampler {
         /// Softmax temperature, ≥ 0 (0 = greedy).
         temperature: f32,
     },
+    /// The whole chain: top-k, then top-p, then min-p, each off at its neutral value (what an
+    /// OpenAI-style request with `top_k`, `top_p` and `min_p` asks for).
+    Chain {
+        /// How many of the most likely tokens to keep, ≥ 1 (≥ vocabulary: off).
+        k: usize,
+        /// Probability mass to keep, in `(0, 1]` (1: off).
+        p: f32,
+        /// Fraction of the top probability a token needs, in `[0, 1]` (0: off).
+        min_p: f32,
+        /// Softmax temperature, ≥ 0 (0 = greedy).
+        temperature: f32,
+    },
 }
 
 /// Reusable working memory for [`Sampler::sample_with`]: keep one per generation loop (or per
@@ -157,7 +169,8 @@ impl Sampler {
             | Sampler::TopK { temperature, .. }
             | Sampler::TopP { temperature, .. }
             | Sampler::MinP { temperature, .. }
-            | Sampler::TopKTopP { temperature, .. } => temperature,
+            | Sampler::TopKTopP { temperature, .. }
+            | Sampler::Chain { temperature, .. } => temperature,
         }
     }
 
@@ -178,11 +191,19 @@ impl Sampler {
             return Err(SamplerError::Temperature { temperature });
         }
         match *self {
-            Sampler::TopK { k: 0, .. } | Sampler::TopKTopP { k: 0, .. } => Err(SamplerError::TopK),
-            Sampler::TopP { p, .. } | Sampler::TopKTopP { p, .. } if !(p > 0.0 && p <= 1.0) => {
+            Sampler::TopK { k: 0, .. }
+            | Sampler::TopKTopP { k: 0, .. }
+            | Sampler::Chain { k: 0, .. } => Err(SamplerError::TopK),
+            Sampler::TopP { p, .. } | Sampler::TopKTopP { p, .. } | Sampler::Chain { p, .. }
+                if !(p > 0.0 && p <= 1.0) =>
+            {
                 Err(SamplerError::TopP { p })
             }
-            Sampler::MinP { p, .. } if !(0.0..=1.0).contains(&p) => Err(SamplerError::MinP { p }),
+            Sampler::MinP { p, .. } | Sampler::Chain { min_p: p, .. }
+                if !(0.0..=1.0).contains(&p) =>
+            {
+                Err(SamplerError::MinP { p })
+            }
             _ => Ok(()),
         }
     }
@@ -210,6 +231,7 @@ impl Sampler {
             Sampler::TopP { p, .. } => (n, p, 0.0),
             Sampler::MinP { p, .. } => (n, 1.0, p),
             Sampler::TopKTopP { k, p, .. } => (k, p, 0.0),
+            Sampler::Chain { k, p, min_p, .. } => (k, p, min_p),
         };
         let k = k.clamp(1, n);
         let (top_k, top_p, use_min_p) = (k < n, p < 1.0, min_p > 0.0);

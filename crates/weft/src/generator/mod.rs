@@ -60,6 +60,10 @@ pub struct Generator<'c> {
     ctx: &'c mut Context,
     sampler: Sampler,
     max_tokens: usize,
+    min_tokens: usize,
+    /// The model's end-of-turn set (off with `ignore_eos`) and the caller's stop ids.
+    eos: HashSet<u32>,
+    ignore_eos: bool,
     stops: HashSet<u32>,
     stop_sequences: Vec<Vec<u32>>,
     stop_strings: Vec<String>,
@@ -103,12 +107,15 @@ const DEFAULT_DRAFT: usize = 6;
 
 impl<'c> Generator<'c> {
     pub(crate) fn new(ctx: &'c mut Context, sampler: Sampler) -> Generator<'c> {
-        let stops = ctx.engine.stop_tokens().iter().copied().collect();
+        let eos = ctx.engine.stop_tokens().iter().copied().collect();
         Generator {
             ctx,
             sampler,
             max_tokens: DEFAULT_MAX_TOKENS,
-            stops,
+            min_tokens: 0,
+            eos,
+            ignore_eos: false,
+            stops: HashSet::new(),
             stop_sequences: Vec::new(),
             stop_strings: Vec::new(),
             penalties: None,
@@ -180,6 +187,41 @@ impl<'c> Generator<'c> {
     pub fn max_tokens(mut self, n: usize) -> Self {
         self.max_tokens = n;
         self
+    }
+
+    /// Do not stop on the model's end-of-turn set (EOS and end-of-turn markers): generate
+    /// until `max_tokens` or another stop rule. Those tokens are then ordinary output.
+    pub fn ignore_eos(mut self) -> Self {
+        self.ignore_eos = true;
+        self
+    }
+
+    /// Generate at least `n` tokens: until then the stop ids (end-of-turn set and
+    /// [`Generator::stop`]) cannot be sampled. Stop strings and sequences still apply.
+    pub fn min_tokens(mut self, n: usize) -> Self {
+        self.min_tokens = n;
+        self
+    }
+
+    /// Whether `t` ends generation by id.
+    fn is_stop(&self, t: u32) -> bool {
+        self.stops.contains(&t) || (!self.ignore_eos && self.eos.contains(&t))
+    }
+
+    /// The logit bias of the next step: the caller's, plus `-inf` on every stop id while
+    /// fewer than `min_tokens` were generated.
+    fn step_bias(&self) -> Vec<(u32, f32)> {
+        let mut bias = self.bias.clone();
+        if self.generated.len() < self.min_tokens {
+            let eos = self.eos.iter().filter(|_| !self.ignore_eos);
+            bias.extend(
+                self.stops
+                    .iter()
+                    .chain(eos)
+                    .map(|&t| (t, f32::NEG_INFINITY)),
+            );
+        }
+        bias
     }
 
     /// Also stop on these ids (added to the model's end-of-turn set, which stays).
@@ -312,7 +354,7 @@ impl<'c> Generator<'c> {
                 self.next_input.push(t);
             }
             self.generated.push(t);
-            if self.stops.contains(&t) {
+            if self.is_stop(t) {
                 self.generated.pop();
                 self.finish(StopReason::StopToken(t));
                 return i + 1;

@@ -123,6 +123,7 @@ async fn run(
         }
     }
     let horizon = gen.max_tokens.saturating_sub(gen.generated.len() + 1);
+    let bias = gen.step_bias();
     let mut fwd: Forward<'_> = gen.ctx.forward();
     fwd.input(input);
     let last = fwd.len() - 1;
@@ -142,7 +143,7 @@ async fn run(
     if let Some(p) = gen.penalties.clone() {
         fwd.penalties(p);
     }
-    fwd.logit_bias(&gen.bias).horizon(horizon);
+    fwd.logit_bias(&bias).horizon(horizon);
     let output = fwd.execute().await?;
     let Some(chosen) = h.and_then(|h| output.tokens(h)).map(<[u32]>::to_vec) else {
         return Ok(StepOutput {

@@ -393,3 +393,33 @@ fn sample_temperature_keeps_its_original_stream() {
         }
     }
 }
+
+#[test]
+fn chain_applies_top_k_then_top_p_then_min_p() {
+    // [0.4, 0.3, 0.2, 0.06, 0.04]: top-k 4 drops 0.04; top-p 0.9 over the renormalized four
+    // (0.417, 0.729, 0.9375) keeps three; min-p 0.6 keeps p ≥ 0.24: 0.4 and 0.3 → [4/7, 3/7].
+    let logits = ln(&[0.4, 0.3, 0.2, 0.06, 0.04]);
+    let chain = Sampler::Chain {
+        k: 4,
+        p: 0.9,
+        min_p: 0.6,
+        temperature: 1.0,
+    };
+    chain.validate(logits.len()).unwrap();
+    check_frequencies(&chain, &logits, &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0, 0.0]);
+    // Every filter at its neutral value is plain temperature sampling.
+    let off = Sampler::Chain {
+        k: 5,
+        p: 1.0,
+        min_p: 0.0,
+        temperature: 1.0,
+    };
+    check_frequencies(&off, &logits, &[0.4, 0.3, 0.2, 0.06, 0.04]);
+    let bad = Sampler::Chain {
+        k: 1,
+        p: 1.0,
+        min_p: 1.5,
+        temperature: 1.0,
+    };
+    assert!(bad.validate(5).is_err());
+}
