@@ -233,8 +233,37 @@ impl ChatTemplate {
             .iter()
             .map(|m| context! { role => m.role.as_str(), content => m.content.as_str() })
             .collect();
+        self.render_values(Value::from(messages), None, add_generation_prompt)
+    }
+
+    /// Renders messages given as JSON (OpenAI's shape: `role`, `content`, and whatever else a
+    /// template reads, such as `tool_calls` or `tool_call_id`) with the template's `tools`
+    /// variable set to `tools` when given.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let tools = tools.map(|t| Value::from(t.iter().map(json_value).collect::<Vec<_>>()));
+        let messages = Value::from(messages.iter().map(json_value).collect::<Vec<_>>());
+        self.render_values(messages, tools, add_generation_prompt)
+    }
+
+    /// Whether the template reads a `tools` variable (it can list tools in the prompt itself).
+    pub fn supports_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    fn render_values(
+        &self,
+        messages: Value,
+        tools: Option<Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
         let ctx = context! {
             messages,
+            tools,
             add_generation_prompt,
             bos_token => self.bos.as_str(),
             eos_token => self.eos.as_str(),
@@ -253,6 +282,23 @@ impl ChatTemplate {
             }
             ChatError::Render(e.to_string())
         })
+    }
+}
+
+/// A JSON value as a template value (objects keep serde_json's key order).
+fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(a) => Value::from(a.iter().map(json_value).collect::<Vec<_>>()),
+        J::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
     }
 }
 

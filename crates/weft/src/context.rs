@@ -204,6 +204,29 @@ impl Context {
         Ok(())
     }
 
+    /// Gives the context's KV pages back to the pool but keeps its tokens: they become pending
+    /// again, and the next pass recomputes them (preemption by recomputation, as vLLM does
+    /// when the pool runs out). Only for contexts whose tokens sit at consecutive positions
+    /// from 0 (anything filled and generated normally); others get [`Error::Config`].
+    pub fn evict(&mut self) -> Result<()> {
+        self.settle();
+        if self.positions.iter().enumerate().any(|(i, &p)| p as usize != i) {
+            return Err(Error::Config(
+                "evict: the context has custom positions and cannot be recomputed".into(),
+            ));
+        }
+        let mut tokens = std::mem::take(&mut self.tokens);
+        let pending = std::mem::take(&mut self.pending);
+        self.tokens = tokens.clone();
+        if let Err(e) = self.truncate(0) {
+            self.pending = pending;
+            return Err(e);
+        }
+        tokens.extend(pending);
+        self.pending = tokens;
+        Ok(())
+    }
+
     /// Drops run tokens past the first `n` but keeps the pending buffer (speculative
     /// rollback: the generator may have left its next input there).
     pub(crate) fn truncate_keep_pending(&mut self, n: usize) -> Result<()> {

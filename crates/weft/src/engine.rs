@@ -252,4 +252,10 @@ impl Engine {
             c.kv_free.load(Ordering::Relaxed),
         )
     }
+
+    /// Tokens that fit in the free KV pages of the fullest layer group, as of the scheduler's
+    /// last step or context operation: never waits.
+    pub fn kv_free_tokens(&self) -> usize {
+        self.inner.shared.counters.kv_free_min.load(Ordering::Relaxed) * weft_core::kv::PAGE_SIZE
+    }
 }

@@ -124,6 +124,8 @@ pub(crate) struct Counters {
     /// every batch of commands.
     pub kv_used: AtomicUsize,
     pub kv_free: AtomicUsize,
+    /// Free pages of the layer group with the fewest.
+    pub kv_free_min: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -159,6 +161,8 @@ impl Shared {
         let counters = Counters::default();
         let free: usize = runner.kv_usage().iter().map(|u| u.free).sum();
         counters.kv_free.store(free, Ordering::Relaxed);
+        let min = runner.kv_usage().iter().map(|u| u.free).min().unwrap_or(0);
+        counters.kv_free_min.store(min, Ordering::Relaxed);
         Shared {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
@@ -261,6 +265,8 @@ impl Shared {
         let total: usize = usage.iter().map(|u| u.total).sum();
         c.kv_free.store(free, Ordering::Relaxed);
         c.kv_used.store(total - free, Ordering::Relaxed);
+        let min = usage.iter().map(|u| u.free).min().unwrap_or(0);
+        c.kv_free_min.store(min, Ordering::Relaxed);
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {

@@ -265,6 +265,26 @@ impl<'c> Generator<'c> {
         ProbeHandle::new(self.each_step.len() - 1)
     }
 
+    /// Gives the context's KV pages back to the pool (see [`crate::Context::evict`]); the next
+    /// step recomputes everything, so the output goes on exactly as if nothing happened. A
+    /// server does this to a request whose step failed because the KV pool is full.
+    pub fn evict(&mut self) -> Result<()> {
+        if let Some(r) = self.restart.take() {
+            self.ctx.settle();
+            if self.ctx.len() > r.ctx_len {
+                self.ctx.truncate(r.ctx_len)?;
+            }
+            self.ctx.pending = r.pending;
+            self.next_input = r.input;
+        }
+        self.ctx.evict()
+    }
+
+    /// The context this generator runs on.
+    pub fn context(&self) -> &Context {
+        self.ctx
+    }
+
     /// Whether the generator has stopped.
     pub fn is_done(&self) -> bool {
         self.stopped.is_some()
