@@ -19,6 +19,9 @@ struct Cli {
 enum Command {
     /// Complete a prompt (raw, no chat template), streaming the text.
     Run(commands::run::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming,
+    /// structured output, tools, metrics).
+    Serve(commands::serve::Args),
     /// Measure prefill and decode speed (like llama-bench and llama-batched-bench).
     Bench(commands::bench::Args),
     /// Perplexity of a text file (as llama-perplexity computes it).
@@ -45,15 +48,21 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The server logs one line per request by default; other commands only warnings.
+    let default_filter = match cli.command {
+        Command::Serve(_) => "warn,weft_server=info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     match cli.command {
+        Command::Serve(args) => commands::serve::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Perplexity(args) => commands::perplexity::run(args),

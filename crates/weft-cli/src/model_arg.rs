@@ -50,7 +50,7 @@ impl ThreadsArg {
     }
 
     /// `--threads`, if given, after checking its range.
-    fn checked(&self) -> anyhow::Result<Option<usize>> {
+    pub fn checked(&self) -> anyhow::Result<Option<usize>> {
         if let Some(t) = self.threads {
             anyhow::ensure!(
                 (1..=256).contains(&t),

@@ -210,7 +210,12 @@ impl Context {
     /// from 0 (anything filled and generated normally); others get [`Error::Config`].
     pub fn evict(&mut self) -> Result<()> {
         self.settle();
-        if self.positions.iter().enumerate().any(|(i, &p)| p as usize != i) {
+        if self
+            .positions
+            .iter()
+            .enumerate()
+            .any(|(i, &p)| p as usize != i)
+        {
             return Err(Error::Config(
                 "evict: the context has custom positions and cannot be recomputed".into(),
             ));

@@ -256,6 +256,11 @@ impl Engine {
     /// Tokens that fit in the free KV pages of the fullest layer group, as of the scheduler's
     /// last step or context operation: never waits.
     pub fn kv_free_tokens(&self) -> usize {
-        self.inner.shared.counters.kv_free_min.load(Ordering::Relaxed) * weft_core::kv::PAGE_SIZE
+        self.inner
+            .shared
+            .counters
+            .kv_free_min
+            .load(Ordering::Relaxed)
+            * weft_core::kv::PAGE_SIZE
     }
 }

@@ -69,5 +69,13 @@ pub enum Error {
     EngineStopped,
 }
 
+impl Error {
+    /// Whether the KV cache had no free page for the pass: not the caller's fault, and worth
+    /// a retry once other contexts have given pages back (see [`crate::Context::evict`]).
+    pub fn is_kv_full(&self) -> bool {
+        matches!(self, Error::Core(weft_core::Error::KvCacheFull { .. }))
+    }
+}
+
 /// `Result` with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;

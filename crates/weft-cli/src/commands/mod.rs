@@ -5,4 +5,5 @@ pub mod inspect;
 pub mod perplexity;
 pub mod pull;
 pub mod run;
+pub mod serve;
 pub mod tokenize;

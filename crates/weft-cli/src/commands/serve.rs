@@ -1,0 +1,125 @@
+//! `weft serve`: the OpenAI-compatible HTTP server (`weft-server`) on one model.
+//!
+//! The socket is bound first (and its address printed), then the model loads in the
+//! background: `/health` answers 503 until it is ready, like llama-server's.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use weft_server::{ServerConfig, State};
+
+use crate::model_arg::{ModelArg, ThreadsArg};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArg,
+    #[command(flatten)]
+    threads: ThreadsArg,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on the API (`/health`, `/v1/models` and `/metrics`
+    /// stay open).
+    #[arg(long, conflicts_with = "api_key_file")]
+    api_key: Option<String>,
+    /// Read the API key from the first line of FILE.
+    #[arg(long, value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
+    /// KV cache capacity in tokens, shared by all requests (default 16384). A request's
+    /// context is at most this long (and at most the model's training context).
+    #[arg(long, value_name = "N")]
+    kv_tokens: Option<usize>,
+    /// Requests that may wait for admission; one more gets 429 (default 256).
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    max_queue: usize,
+    /// Requests generating at once; the engine batches all of them into shared model calls
+    /// (default 64).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    parallel: usize,
+    /// Largest request body in MiB; a larger one gets 413.
+    #[arg(long, value_name = "MIB", default_value_t = 8)]
+    max_body_mib: usize,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let api_key = match (&args.api_key, &args.api_key_file) {
+        (Some(k), _) => Some(k.clone()),
+        (None, Some(f)) => {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read the API key file {}", f.display()))?;
+            let key = text.lines().next().unwrap_or("").trim().to_string();
+            anyhow::ensure!(!key.is_empty(), "the API key file {} is empty", f.display());
+            Some(key)
+        }
+        (None, None) => None,
+    };
+    anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
+    if let Some(k) = args.kv_tokens {
+        anyhow::ensure!(k >= 32, "--kv-tokens must be at least 32");
+    }
+    let mut engine_cfg = weft::EngineConfig::default();
+    engine_cfg.n_threads = args.threads.checked()?.unwrap_or(engine_cfg.n_threads);
+    if let Some(k) = args.kv_tokens {
+        engine_cfg.kv_tokens = k;
+    }
+    let model_id = served_name(&args.model.model);
+    let config = ServerConfig {
+        model_id,
+        api_key,
+        parallel: args.parallel,
+        max_queue: args.max_queue,
+        body_limit: args.max_body_mib.max(1) << 20,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        println!("weft serve: listening on http://{local}");
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        let state = Arc::new(State::new(config));
+        let loading = state.clone();
+        let model = args.model.clone();
+        tokio::task::spawn_blocking(move || {
+            let loaded = model.path().and_then(|path| {
+                weft::Engine::open(&path, engine_cfg)
+                    .with_context(|| format!("cannot load model {}", path.display()))
+            });
+            match loaded {
+                Ok(engine) => {
+                    tracing::info!(target: "weft_server", "model loaded: ready");
+                    loading.set_engine(engine);
+                }
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    loading.set_load_error(format!("{e:#}"));
+                }
+            }
+        });
+        weft_server::serve(listener, state).await?;
+        anyhow::Ok(())
+    })
+}
+
+/// The id a model is served under: a known name as given, a file path by its file name.
+fn served_name(model: &str) -> String {
+    let p = std::path::Path::new(model);
+    if model.ends_with(".gguf") || p.components().count() > 1 {
+        p.file_name()
+            .map_or_else(|| model.to_string(), |n| n.to_string_lossy().into_owned())
+    } else {
+        model.to_string()
+    }
+}

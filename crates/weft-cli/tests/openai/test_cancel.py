@@ -1,0 +1,137 @@
+"""Client disconnects end their generations and free their KV pages; KV pressure queues or
+preempts requests but never fails them."""
+
+import asyncio
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from conftest import HTTP_TIMEOUT, kv_idle, make_client, sse_data, start_server, user
+
+CHAT = "/v1/chat/completions"
+ABORT_EARLY = -1  # abort while the request is in flight, maybe before the response head
+AFTER_HEAD = 0  # close as soon as the response head arrives, before any chunk
+
+
+async def _disconnect(ac: httpx.AsyncClient, body: dict, after: int, rng: random.Random):
+    """Streams `body` and walks away after `after` chunks (or earlier, see the constants)."""
+    if after == ABORT_EARLY:
+        try:
+            await asyncio.wait_for(_disconnect(ac, body, 10**9, rng), rng.uniform(0.05, 0.4))
+        except asyncio.TimeoutError:
+            pass
+        return
+    async with ac.stream("POST", CHAT, json=body) as r:
+        assert r.status_code == 200, (await r.aread())[:300]
+        if after == AFTER_HEAD:
+            return
+        chunks = 0
+        async for line in r.aiter_lines():
+            if line.startswith("data:"):
+                chunks += 1
+                if chunks >= after:
+                    return
+    raise AssertionError("a stream meant to be abandoned ran to its end")
+
+
+async def _finish(ac: httpx.AsyncClient, body: dict):
+    """Streams `body` to the end and checks that the answer is complete."""
+    async with ac.stream("POST", CHAT, json=body) as r:
+        assert r.status_code == 200, (await r.aread())[:300]
+        events = sse_data([line async for line in r.aiter_lines()])
+    assert events and events[-1] == "[DONE]", events[-3:]
+    finishes = [
+        ch["finish_reason"] for c in events[:-1] for ch in c["choices"] if ch["finish_reason"]
+    ]
+    assert finishes in (["stop"], ["length"]), finishes
+
+
+def test_disconnected_streams_end_and_return_their_kv_pages(server, model):
+    rng = random.Random(4321)
+    plans = [ABORT_EARLY, AFTER_HEAD] + [
+        rng.choice([ABORT_EARLY, AFTER_HEAD, *range(1, 11)]) for _ in range(30)
+    ]
+
+    async def main():
+        limits = httpx.Limits(max_connections=128, max_keepalive_connections=0)
+        async with httpx.AsyncClient(
+            base_url=server.base_url, timeout=HTTP_TIMEOUT, limits=limits
+        ) as ac:
+            leaving = [
+                _disconnect(
+                    ac,
+                    {
+                        "model": model,
+                        "messages": user(f"Write a very long essay about topic number {i}."),
+                        "max_tokens": 1000,
+                        "temperature": 1.0,
+                        "seed": i,
+                        "ignore_eos": True,
+                        "stream": True,
+                    },
+                    after,
+                    random.Random(i),
+                )
+                for i, after in enumerate(plans)
+            ]
+            staying = [
+                _finish(
+                    ac,
+                    {
+                        "model": model,
+                        "messages": user(f"Tell me one fact about the number {i}."),
+                        "max_tokens": 24,
+                        "temperature": 0,
+                        "stream": True,
+                    },
+                )
+                for i in range(32)
+            ]
+            tasks = leaving + staying
+            rng.shuffle(tasks)
+            await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    kv_idle(server.base_url)
+
+
+def test_kv_pressure_queues_or_preempts_but_completes_every_request(server, model):
+    srv = start_server("--kv-tokens", "512")
+    c = make_client(srv)
+    try:
+
+        def run(i: int):
+            return c.chat.completions.create(
+                model=model,
+                messages=user(f"Tell me story number {i}."),
+                max_tokens=200,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+
+        with ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(run, range(6)))
+        for i, r in enumerate(results):
+            assert r.usage.completion_tokens == 200, (i, r.usage)
+            assert r.choices[0].finish_reason == "length", i
+        metrics = kv_idle(srv.base_url)
+        # Six 237-token requests in a 512-token pool: some were preempted and recomputed.
+        assert metrics["weft:num_preemptions_total"] > 0, metrics
+        # Preemption recomputes the evicted tokens; greedy output is the same as unhindered.
+        alone = make_client(server)
+        try:
+            for i in (0, 5):
+                ref = alone.chat.completions.create(
+                    model=model,
+                    messages=user(f"Tell me story number {i}."),
+                    max_tokens=200,
+                    temperature=0,
+                    extra_body={"ignore_eos": True},
+                )
+                assert results[i].choices[0].message.content == ref.choices[0].message.content, i
+        finally:
+            alone.close()
+    finally:
+        c.close()
+        srv.stop()

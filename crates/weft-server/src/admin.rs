@@ -1,0 +1,112 @@
+//! The small endpoints: `/health`, `/v1/models`, `/metrics`, `/tokenize`, `/detokenize`
+//! (the last two in llama-server's shapes).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State as Extract;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::state::{unix_time, State};
+
+/// `GET /health`: 200 once the model is loaded, 503 before.
+pub async fn health(Extract(state): Extract<Arc<State>>) -> Result<Json<Value>, ApiError> {
+    state.engine()?;
+    Ok(Json(json!({"status": "ok"})))
+}
+
+/// `GET /v1/models`: the one model served.
+pub async fn models(Extract(state): Extract<Arc<State>>) -> Json<Value> {
+    let mut model = json!({
+        "id": state.config.model_id, "object": "model", "created": unix_time(), "owned_by": "weft",
+    });
+    if let Ok(engine) = state.engine() {
+        model["meta"] = json!({
+            "n_ctx": engine.n_ctx(),
+            "n_vocab": engine.info().vocab_size,
+            "architecture": format!("{:?}", engine.info().arch),
+        });
+    }
+    Json(json!({"object": "list", "data": [model]}))
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(Extract(state): Extract<Arc<State>>) -> Response {
+    // The engine's counters are exact once its queued context operations are applied,
+    // which may take until the end of the current step: read them off the async workers.
+    let s = state.clone();
+    let gauges = tokio::task::spawn_blocking(move || s.gauges())
+        .await
+        .unwrap_or_else(|_| state.gauges());
+    let text = state.metrics.render(&gauges);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// `POST /tokenize`: `{"content", "add_special"?, "with_pieces"?}` → `{"tokens": [...]}`.
+pub async fn tokenize(
+    Extract(state): Extract<Arc<State>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let engine = state.engine()?;
+    let body = body.map_err(|r| ApiError::body(r.status(), r.body_text()))?;
+    let body = Body::parse(&body)?;
+    let content = body
+        .string("content")?
+        .ok_or_else(|| ApiError::param("content", "'content' is required."))?;
+    let add_special = body.flag("add_special")?;
+    let parse_special = body
+        .get::<bool>("parse_special", "a boolean")?
+        .unwrap_or(true);
+    let ids = engine
+        .tokenizer()
+        .encode(&content, add_special, parse_special);
+    let tokens: Vec<Value> = if body.flag("with_pieces")? {
+        ids.iter()
+            .map(|&id| {
+                let piece = engine
+                    .tokenizer()
+                    .token_to_piece(id, true)
+                    .unwrap_or_default();
+                json!({"id": id, "piece": piece})
+            })
+            .collect()
+    } else {
+        ids.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(Json(json!({ "tokens": tokens })))
+}
+
+/// `POST /detokenize`: `{"tokens": [...]}` → `{"content"}`.
+pub async fn detokenize(
+    Extract(state): Extract<Arc<State>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let engine = state.engine()?;
+    let body = body.map_err(|r| ApiError::body(r.status(), r.body_text()))?;
+    let body = Body::parse(&body)?;
+    let vocab = engine.info().vocab_size;
+    let ids = body
+        .get::<Vec<u32>>("tokens", "a list of token ids")?
+        .ok_or_else(|| ApiError::param("tokens", "'tokens' is required."))?;
+    if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(ApiError::param(
+            "tokens",
+            format!("Token id {bad} is not below the vocabulary size {vocab}."),
+        ));
+    }
+    let content = engine.detokenize(&ids)?;
+    Ok(Json(json!({ "content": content })))
+}

@@ -1,0 +1,430 @@
+//! `POST /v1/chat/completions`: messages rendered with the model's chat template, tools,
+//! streaming and not.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State as Extract;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::generate::{Event, Finish, Job};
+use crate::params::{GenParams, MAX_TOP_LOGPROBS};
+use crate::respond::{self, chat_logprob, usage, Chunker};
+use crate::state::{unix_time, State};
+use crate::text::TokenLogprob;
+use crate::tools::{ToolCall, Tools};
+
+/// The handler.
+pub async fn handle(
+    Extract(state): Extract<Arc<State>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let engine = state.engine()?.clone();
+    let body = body.map_err(|r| ApiError::body(r.status(), r.body_text()))?;
+    let body = Body::parse(&body)?;
+    state.check_model(body.get::<String>("model", "a string")?.as_deref())?;
+    let mut params = GenParams::parse(&body, engine.info().vocab_size)?;
+    let logprobs = body.flag("logprobs")?;
+    let top = body.integer("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
+    if top.is_some() && !logprobs {
+        return Err(ApiError::param(
+            "top_logprobs",
+            "'top_logprobs' needs 'logprobs': true.",
+        ));
+    }
+    params.logprobs = logprobs.then_some(top.unwrap_or(0) as usize);
+    let tools = Tools::parse(&body)?;
+    if let Some(t) = tools.as_ref().filter(|t| t.forced()) {
+        if params.schema.is_some() {
+            return Err(ApiError::param(
+                "tool_choice",
+                "A forced tool call cannot be combined with 'response_format', 'grammar' or 'regex'.",
+            ));
+        }
+        params.schema = Some(weft::Schema::JsonSchema(t.schema()));
+    }
+    let prompt = render(&engine, &body, tools.as_ref())?;
+    respond::check_length("messages", prompt.len(), params.max_tokens, engine.n_ctx())?;
+    respond::check_schema(&engine, params.schema.as_ref())?;
+    let id = state.new_id("chatcmpl");
+    let job = Job {
+        prompts: vec![prompt],
+        seed: params.seed.unwrap_or_else(|| state.random()),
+        params: params.clone(),
+        arrived,
+    };
+    let prompt_tokens = job.prompts[0].len();
+    let rx = respond::start(&state, &engine, job, &id).await?;
+    let meta = Meta {
+        id,
+        created: unix_time(),
+        model: state.config.model_id.clone(),
+    };
+    if params.stream {
+        let first = (0..params.n)
+            .map(|i| {
+                meta.chunk(
+                    json!([{"index": i, "delta": {"role": "assistant", "content": ""},
+                "logprobs": null, "finish_reason": null}]),
+                    params.include_usage,
+                )
+            })
+            .collect();
+        let chunker = ChatChunker {
+            choices: (0..params.n).map(|_| Streamed::default()).collect(),
+            tools,
+            meta,
+            include_usage: params.include_usage,
+            prompt_tokens,
+            completion_tokens: 0,
+        };
+        Ok(respond::sse(first, rx, chunker).into_response())
+    } else {
+        collect(rx, params.n, tools.as_ref(), &meta, prompt_tokens).await
+    }
+}
+
+/// The request's id, time and model, shared by every chunk.
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Meta {
+    fn chunk(&self, choices: Value, include_usage: bool) -> Value {
+        let mut v = json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model, "system_fingerprint": null, "choices": choices,
+        });
+        if include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+}
+
+/// Renders the conversation to prompt tokens.
+fn render(engine: &weft::Engine, body: &Body, tools: Option<&Tools>) -> Result<Vec<u32>, ApiError> {
+    let template = engine
+        .chat_template()
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let native = tools.is_some() && template.supports_tools();
+    let mut messages = messages(body, !native)?;
+    if let (Some(t), false) = (tools, native) {
+        let text = t.instruction();
+        match messages.first_mut() {
+            Some(m) if m["role"] == "system" => {
+                let content = m["content"].as_str().unwrap_or_default().to_string();
+                m["content"] = Value::String(format!("{content}\n\n{text}"));
+            }
+            _ => messages.insert(0, json!({"role": "system", "content": text})),
+        }
+    }
+    let tools_json = tools.filter(|_| native).map(Tools::as_json);
+    let text = template
+        .render_json(&messages, tools_json.as_deref(), true)
+        .map_err(|e| ApiError::param("messages", e.to_string()))?;
+    Ok(engine.tokenize(&text))
+}
+
+/// The messages as the template reads them: `content` always a string. Without native tool
+/// support, tool calls and results are written as text in the built-in format.
+fn messages(body: &Body, fold_tools: bool) -> Result<Vec<Value>, ApiError> {
+    let bad = |m: String| ApiError::param("messages", m);
+    let list = match body.raw("messages") {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => return Err(bad("'messages' must not be empty.".into())),
+        None => return Err(bad("'messages' is required.".into())),
+        Some(_) => return Err(bad("'messages' must be a list of messages.".into())),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let obj = m
+            .as_object()
+            .ok_or_else(|| bad(format!("messages[{i}] must be an object.")))?;
+        let role = obj
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("messages[{i}] needs a 'role' string.")))?;
+        let role = match role {
+            "developer" => "system",
+            "system" | "user" | "assistant" | "tool" => role,
+            _ => return Err(bad(format!("messages[{i}] has an unknown role '{role}'."))),
+        };
+        let tool_calls = obj.get("tool_calls").filter(|v| !v.is_null());
+        let content = match obj.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            None | Some(Value::Null) if role == "assistant" && tool_calls.is_some() => {
+                String::new()
+            }
+            Some(Value::Array(parts)) => {
+                let mut s = String::new();
+                for p in parts {
+                    match (
+                        p.get("type").and_then(Value::as_str),
+                        p.get("text").and_then(Value::as_str),
+                    ) {
+                        (Some("text"), Some(t)) => s.push_str(t),
+                        _ => {
+                            return Err(bad(format!(
+                                "messages[{i}].content: only text parts are supported."
+                            )))
+                        }
+                    }
+                }
+                s
+            }
+            _ => return Err(bad(format!("messages[{i}] needs a 'content' string."))),
+        };
+        let mut msg = json!({"role": role, "content": content});
+        if let Some(calls) = tool_calls {
+            let calls = calls
+                .as_array()
+                .ok_or_else(|| bad(format!("messages[{i}].tool_calls must be a list.")))?;
+            if fold_tools {
+                let listed: Vec<Value> = calls
+                    .iter()
+                    .map(|c| {
+                        let f = &c["function"];
+                        let args = f["arguments"]
+                            .as_str()
+                            .and_then(|a| serde_json::from_str::<Value>(a).ok())
+                            .unwrap_or_else(|| json!({}));
+                        json!({"name": f["name"], "arguments": args})
+                    })
+                    .collect();
+                let text = format!("{content}<tool_call>{}</tool_call>", Value::from(listed));
+                msg["content"] = Value::String(text);
+            } else {
+                msg["tool_calls"] = Value::Array(calls.clone());
+            }
+        }
+        if role == "tool" {
+            if fold_tools {
+                msg = json!({"role": "user",
+                    "content": format!("<tool_response>\n{content}\n</tool_response>")});
+            } else if let Some(id) = obj.get("tool_call_id") {
+                msg["tool_call_id"] = id.clone();
+            }
+        }
+        out.push(msg);
+    }
+    Ok(out)
+}
+
+/// The `tool_calls` list of a message or delta.
+fn calls_json(calls: &[ToolCall], ids: &[String], with_index: bool) -> Value {
+    calls
+        .iter()
+        .zip(ids)
+        .enumerate()
+        .map(|(i, (c, id))| {
+            let mut v = json!({"id": id, "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments}});
+            if with_index {
+                v["index"] = json!(i);
+            }
+            v
+        })
+        .collect()
+}
+
+fn call_ids(n: usize) -> Vec<String> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    (0..n)
+        .map(|_| {
+            format!(
+                "call_{:016x}",
+                NEXT.fetch_add(1, Ordering::Relaxed) ^ unix_time().rotate_left(40)
+            )
+        })
+        .collect()
+}
+
+/// A non-streaming answer: every event gathered into one response.
+async fn collect(
+    mut rx: mpsc::Receiver<Event>,
+    n: usize,
+    tools: Option<&Tools>,
+    meta: &Meta,
+    prompt_tokens: usize,
+) -> Result<Response, ApiError> {
+    let mut text = vec![String::new(); n];
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut finish = vec![Finish::Stop; n];
+    let mut completion = 0;
+    while let Some(e) = rx.recv().await {
+        match e {
+            Event::Delta { choice, delta } => {
+                text[choice].push_str(&delta.text);
+                lps[choice].extend(delta.logprobs);
+            }
+            Event::Finish {
+                choice,
+                finish: f,
+                tokens,
+            } => {
+                finish[choice] = f;
+                completion += tokens;
+            }
+            Event::Failed(e) => return Err(e),
+        }
+    }
+    let choices: Vec<Value> = (0..n)
+        .map(|i| {
+            let logprobs = if lps[i].is_empty() {
+                Value::Null
+            } else {
+                json!({"content": lps[i].iter().map(chat_logprob).collect::<Vec<_>>()})
+            };
+            let call = tools.and_then(|t| t.parse_output(&text[i]));
+            let (message, reason) = match call {
+                Some((before, calls)) => {
+                    let ids = call_ids(calls.len());
+                    let content = if before.is_empty() {
+                        Value::Null
+                    } else {
+                        Value::String(before)
+                    };
+                    (
+                        json!({"role": "assistant", "content": content,
+                            "tool_calls": calls_json(&calls, &ids, false)}),
+                        "tool_calls",
+                    )
+                }
+                None => (
+                    json!({"role": "assistant", "content": text[i]}),
+                    finish[i].as_str(),
+                ),
+            };
+            json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
+        "system_fingerprint": null, "choices": choices, "usage": usage(prompt_tokens, completion),
+    }))
+    .into_response())
+}
+
+/// How a streamed choice's text is being shown.
+#[derive(Debug, Default)]
+struct Streamed {
+    /// Text held back because it may be a tool call.
+    held: String,
+    /// The text is plain content: stream it as it comes.
+    content: bool,
+}
+
+/// Whether `text` may still turn out to be a tool call.
+fn may_be_call(text: &str) -> bool {
+    let t = text.trim_start();
+    ["<tool_call>", "[{"]
+        .iter()
+        .any(|m| t.starts_with(m) || m.starts_with(t))
+}
+
+struct ChatChunker {
+    choices: Vec<Streamed>,
+    tools: Option<Tools>,
+    meta: Meta,
+    include_usage: bool,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+}
+
+impl ChatChunker {
+    fn delta(&self, i: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
+        self.meta.chunk(
+            json!([{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]),
+            self.include_usage,
+        )
+    }
+
+    fn content(&self, i: usize, text: String, lps: &[TokenLogprob]) -> Value {
+        let logprobs = if lps.is_empty() {
+            Value::Null
+        } else {
+            json!({"content": lps.iter().map(chat_logprob).collect::<Vec<_>>()})
+        };
+        self.delta(i, json!({"content": text}), logprobs, None)
+    }
+}
+
+impl Chunker for ChatChunker {
+    fn event(&mut self, e: Event) -> Vec<Value> {
+        match e {
+            Event::Delta { choice: i, delta } => {
+                let Some(tools) = &self.tools else {
+                    return vec![self.content(i, delta.text, &delta.logprobs)];
+                };
+                let c = &mut self.choices[i];
+                if c.content {
+                    return vec![self.content(i, delta.text, &delta.logprobs)];
+                }
+                c.held.push_str(&delta.text);
+                if tools.forced() || may_be_call(&c.held) {
+                    return Vec::new();
+                }
+                c.content = true;
+                let held = std::mem::take(&mut c.held);
+                vec![self.content(i, held, &delta.logprobs)]
+            }
+            Event::Finish {
+                choice: i,
+                finish,
+                tokens,
+            } => {
+                self.completion_tokens += tokens;
+                let mut out = Vec::new();
+                let held = std::mem::take(&mut self.choices[i].held);
+                let call = self.tools.as_ref().and_then(|t| t.parse_output(&held));
+                match call {
+                    Some((before, calls)) => {
+                        if !before.is_empty() {
+                            out.push(self.content(i, before, &[]));
+                        }
+                        let ids = call_ids(calls.len());
+                        for (k, (c, id)) in calls.iter().zip(&ids).enumerate() {
+                            // The call's header, then its arguments as a delta to append.
+                            let head = json!({"tool_calls": [{"index": k, "id": id, "type": "function",
+                                "function": {"name": c.name, "arguments": ""}}]});
+                            out.push(self.delta(i, head, Value::Null, None));
+                            let args = json!({"tool_calls": [{"index": k,
+                                "function": {"arguments": c.arguments}}]});
+                            out.push(self.delta(i, args, Value::Null, None));
+                        }
+                        out.push(self.delta(i, json!({}), Value::Null, Some("tool_calls")));
+                    }
+                    None => {
+                        if !held.is_empty() {
+                            out.push(self.content(i, held, &[]));
+                        }
+                        out.push(self.delta(i, json!({}), Value::Null, Some(finish.as_str())));
+                    }
+                }
+                out
+            }
+            Event::Failed(e) => vec![e.body_json()],
+        }
+    }
+
+    fn end(&mut self) -> Vec<Value> {
+        if !self.include_usage {
+            return Vec::new();
+        }
+        let mut v = self.meta.chunk(json!([]), true);
+        v["usage"] = usage(self.prompt_tokens, self.completion_tokens);
+        vec![v]
+    }
+}

@@ -1,0 +1,280 @@
+//! `POST /v1/completions`: raw text completion of one or several prompts (strings or token
+//! ids), streaming and not.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State as Extract;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::generate::{Event, Finish, Job};
+use crate::params::{GenParams, MAX_TOP_LOGPROBS};
+use crate::respond::{self, usage, Chunker};
+use crate::state::{unix_time, State};
+use crate::text::TokenLogprob;
+
+/// The handler.
+pub async fn handle(
+    Extract(state): Extract<Arc<State>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let engine = state.engine()?.clone();
+    let body = body.map_err(|r| ApiError::body(r.status(), r.body_text()))?;
+    let body = Body::parse(&body)?;
+    state.check_model(body.get::<String>("model", "a string")?.as_deref())?;
+    if body.raw("suffix").is_some() {
+        return Err(ApiError::param(
+            "suffix",
+            "'suffix' (fill-in-the-middle) is not supported by this server.",
+        ));
+    }
+    let mut params = GenParams::parse(&body, engine.info().vocab_size)?;
+    params.logprobs = body
+        .integer("logprobs", 0, MAX_TOP_LOGPROBS)?
+        .map(|k| k as usize);
+    let echo = body.flag("echo")?;
+    let prompts = prompts(&body, &engine)?;
+    for (ids, _) in &prompts {
+        respond::check_length("prompt", ids.len(), params.max_tokens, engine.n_ctx())?;
+    }
+    respond::check_schema(&engine, params.schema.as_ref())?;
+    let id = state.new_id("cmpl");
+    let prompt_tokens = prompts.iter().map(|p| p.0.len()).sum();
+    let n = params.n;
+    let echoes: Vec<String> = prompts
+        .iter()
+        .flat_map(|(_, text)| {
+            std::iter::repeat_n(if echo { text.clone() } else { String::new() }, n)
+        })
+        .collect();
+    let job = Job {
+        prompts: prompts.into_iter().map(|p| p.0).collect(),
+        seed: params.seed.unwrap_or_else(|| state.random()),
+        params: params.clone(),
+        arrived,
+    };
+    let rx = respond::start(&state, &engine, job, &id).await?;
+    let meta = Meta {
+        id,
+        created: unix_time(),
+        model: state.config.model_id.clone(),
+    };
+    if params.stream {
+        let mut chunker = CompletionChunker {
+            offsets: vec![0; echoes.len()],
+            meta,
+            include_usage: params.include_usage,
+            prompt_tokens,
+            completion_tokens: 0,
+        };
+        let first = echoes
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| !e.is_empty())
+            .map(|(i, e)| chunker.chunk(i, e.clone(), Value::Null, None))
+            .collect::<Vec<_>>();
+        Ok(respond::sse(first, rx, chunker).into_response())
+    } else {
+        collect(rx, echoes, &meta, prompt_tokens, params.logprobs.is_some()).await
+    }
+}
+
+/// The prompts with their text: a string, a list of strings, a list of token ids, or a list
+/// of such lists. Strings get the model's BOS like llama-server's; ids are used as given.
+fn prompts(body: &Body, engine: &weft::Engine) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
+    let bad = |m: &str| ApiError::param("prompt", m.to_string());
+    let vocab = engine.info().vocab_size;
+    let from_text = |s: &str| (engine.tokenizer().encode(s, true, true), s.to_string());
+    let from_ids = |ids: &[Value]| -> Result<(Vec<u32>, String), ApiError> {
+        let ids = ids
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .filter(|&i| (i as usize) < vocab)
+                    .map(|i| i as u32)
+            })
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| bad(&format!("Token ids must be integers below {vocab}.")))?;
+        if ids.is_empty() {
+            return Err(bad("A prompt of token ids must not be empty."));
+        }
+        let text = engine.detokenize(&ids).unwrap_or_default();
+        Ok((ids, text))
+    };
+    let out = match body.raw("prompt") {
+        None => return Err(bad("'prompt' is required.")),
+        Some(Value::String(s)) => vec![from_text(s)],
+        Some(Value::Array(a)) if a.is_empty() => return Err(bad("'prompt' must not be empty.")),
+        Some(Value::Array(a)) => match &a[0] {
+            Value::String(_) => a
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(from_text)
+                        .ok_or_else(|| bad("A list of prompts must hold only strings."))
+                })
+                .collect::<Result<_, _>>()?,
+            Value::Number(_) => vec![from_ids(a)?],
+            Value::Array(_) => a
+                .iter()
+                .map(|v| match v {
+                    Value::Array(ids) => from_ids(ids),
+                    _ => Err(bad("A list of token-id prompts must hold only lists.")),
+                })
+                .collect::<Result<_, _>>()?,
+            _ => {
+                return Err(bad(
+                    "'prompt' must be a string, a list of strings or token ids.",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(bad(
+                "'prompt' must be a string, a list of strings or token ids.",
+            ))
+        }
+    };
+    Ok(out)
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+/// Log-probabilities in the legacy completions shape; offsets count from `start` bytes.
+fn legacy_logprobs(lps: &[TokenLogprob], start: usize) -> Value {
+    let mut offset = start;
+    let mut offsets = Vec::with_capacity(lps.len());
+    for t in lps {
+        offsets.push(offset);
+        offset += t.token.len();
+    }
+    json!({
+        "tokens": lps.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": lps.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": lps.iter().map(|t| {
+            let mut m = Map::new();
+            for (tok, _, lp) in &t.top {
+                m.entry(tok.clone()).or_insert(json!(lp));
+            }
+            Value::Object(m)
+        }).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+async fn collect(
+    mut rx: mpsc::Receiver<Event>,
+    echoes: Vec<String>,
+    meta: &Meta,
+    prompt_tokens: usize,
+    logprobs: bool,
+) -> Result<Response, ApiError> {
+    let n = echoes.len();
+    let mut text = echoes.clone();
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut finish = vec![Finish::Stop; n];
+    let mut completion = 0;
+    while let Some(e) = rx.recv().await {
+        match e {
+            Event::Delta { choice, delta } => {
+                text[choice].push_str(&delta.text);
+                lps[choice].extend(delta.logprobs);
+            }
+            Event::Finish {
+                choice,
+                finish: f,
+                tokens,
+            } => {
+                finish[choice] = f;
+                completion += tokens;
+            }
+            Event::Failed(e) => return Err(e),
+        }
+    }
+    let choices: Vec<Value> = (0..n)
+        .map(|i| {
+            let lp = if logprobs {
+                legacy_logprobs(&lps[i], echoes[i].len())
+            } else {
+                Value::Null
+            };
+            json!({"index": i, "text": text[i], "logprobs": lp, "finish_reason": finish[i].as_str()})
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
+        "system_fingerprint": null, "choices": choices, "usage": usage(prompt_tokens, completion),
+    }))
+    .into_response())
+}
+
+struct CompletionChunker {
+    /// Per choice, bytes of text sent so far (for `text_offset`).
+    offsets: Vec<usize>,
+    meta: Meta,
+    include_usage: bool,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+}
+
+impl CompletionChunker {
+    fn chunk(&mut self, i: usize, text: String, logprobs: Value, finish: Option<&str>) -> Value {
+        self.offsets[i] += text.len();
+        let mut v = json!({
+            "id": self.meta.id, "object": "text_completion", "created": self.meta.created,
+            "model": self.meta.model, "system_fingerprint": null,
+            "choices": [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+}
+
+impl Chunker for CompletionChunker {
+    fn event(&mut self, e: Event) -> Vec<Value> {
+        match e {
+            Event::Delta { choice, delta } => {
+                let lp = if delta.logprobs.is_empty() {
+                    Value::Null
+                } else {
+                    legacy_logprobs(&delta.logprobs, self.offsets[choice])
+                };
+                vec![self.chunk(choice, delta.text, lp, None)]
+            }
+            Event::Finish {
+                choice,
+                finish,
+                tokens,
+            } => {
+                self.completion_tokens += tokens;
+                vec![self.chunk(choice, String::new(), Value::Null, Some(finish.as_str()))]
+            }
+            Event::Failed(e) => vec![e.body_json()],
+        }
+    }
+
+    fn end(&mut self) -> Vec<Value> {
+        if !self.include_usage {
+            return Vec::new();
+        }
+        let mut v = json!({
+            "id": self.meta.id, "object": "text_completion", "created": self.meta.created,
+            "model": self.meta.model, "system_fingerprint": null, "choices": [],
+        });
+        v["usage"] = usage(self.prompt_tokens, self.completion_tokens);
+        vec![v]
+    }
+}

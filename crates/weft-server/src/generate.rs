@@ -1,0 +1,273 @@
+//! Running one request on the engine: each prompt is prefilled once and forked into its `n`
+//! choices (so they share the prompt's KV pages), every choice runs its own generator, and
+//! their outputs go to the response as [`Event`]s over a channel. A closed channel (the
+//! client went away) ends the generation at the next step, and dropping the contexts gives
+//! their pages back.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use weft::{Context, Engine, Logits, StopReason};
+
+use crate::error::ApiError;
+use crate::params::GenParams;
+use crate::state::State;
+use crate::text::{logprob_entry, Delta, TextTracker};
+
+/// What one request runs.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// One token list per prompt; each gets `params.n` choices.
+    pub prompts: Vec<Vec<u32>>,
+    pub params: GenParams,
+    /// The seed of choice 0; choice `i` uses `seed + i`.
+    pub seed: u64,
+    /// When the request arrived (for time-to-first-token).
+    pub arrived: Instant,
+}
+
+/// Why a choice ended, in OpenAI's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// What the generation tells the response.
+#[derive(Debug)]
+pub enum Event {
+    /// New visible output of a choice.
+    Delta { choice: usize, delta: Delta },
+    /// A choice ended after `tokens` generated tokens.
+    Finish {
+        choice: usize,
+        finish: Finish,
+        tokens: usize,
+    },
+    /// The engine failed; nothing more follows.
+    Failed(ApiError),
+}
+
+/// How a request went, for the log and the counters.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub prompt_tokens: usize,
+    pub tokens: usize,
+    pub first_token: Option<Instant>,
+    /// One per finished choice.
+    pub finishes: Vec<Finish>,
+    pub cancelled: bool,
+    pub error: Option<String>,
+}
+
+/// Per-request counts the choices update.
+#[derive(Debug, Default)]
+struct Stats {
+    tokens: AtomicUsize,
+    first_token: Mutex<Option<Instant>>,
+    finishes: Mutex<Vec<Finish>>,
+}
+
+/// Runs `job` to the end (or until `tx` closes), sending its events.
+pub async fn run(state: Arc<State>, engine: Engine, job: Job, tx: mpsc::Sender<Event>) -> Summary {
+    let n = job.params.n;
+    let stats = Stats::default();
+    let runs = job
+        .prompts
+        .iter()
+        .enumerate()
+        .map(|(p, prompt)| run_prompt(&state, &engine, &job, prompt, p * n, &tx, &stats));
+    let results = futures_util::future::join_all(runs).await;
+    let error = results.into_iter().find_map(Result::err);
+    let cancelled = tx.is_closed();
+    if let Some(e) = &error {
+        let _ = tx.send(Event::Failed(e.clone())).await;
+    }
+    let first_token = *stats.first_token.lock().unwrap_or_else(|e| e.into_inner());
+    let finishes = std::mem::take(&mut *stats.finishes.lock().unwrap_or_else(|e| e.into_inner()));
+    Summary {
+        prompt_tokens: job.prompts.iter().map(Vec::len).sum::<usize>(),
+        tokens: stats.tokens.load(Ordering::Relaxed),
+        first_token,
+        finishes,
+        cancelled: cancelled && error.is_none(),
+        error: error.map(|e| e.message),
+    }
+}
+
+/// Prefills `prompt` once and runs its choices `first..first + n`.
+async fn run_prompt(
+    state: &State,
+    engine: &Engine,
+    job: &Job,
+    prompt: &[u32],
+    first: usize,
+    tx: &mpsc::Sender<Event>,
+    stats: &Stats,
+) -> Result<(), ApiError> {
+    let n = job.params.n;
+    let mut base = engine.context();
+    let mut contexts = Vec::with_capacity(n);
+    if n > 1 && prompt.len() > 1 {
+        // Everything but the last prompt token runs once; the choices fork from it and
+        // each runs the last token itself (its logits start the choice).
+        let (shared, last) = prompt.split_at(prompt.len() - 1);
+        base.fill_tokens(shared)?;
+        loop {
+            if tx.is_closed() {
+                return Ok(());
+            }
+            match base.forward().execute().await {
+                Ok(_) => break,
+                Err(e) if e.is_kv_full() => state.preempted(engine, prompt.len()).await,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for _ in 0..n {
+            let mut c = base.fork()?;
+            c.fill_tokens(last)?;
+            contexts.push(c);
+        }
+        drop(base);
+    } else {
+        base.fill_tokens(prompt)?;
+        for _ in 1..n {
+            contexts.push(base.fork()?);
+        }
+        contexts.insert(0, base);
+    }
+    let choices = contexts
+        .iter_mut()
+        .enumerate()
+        .map(|(i, ctx)| run_choice(state, engine, job, prompt.len(), ctx, first + i, tx, stats));
+    for r in futures_util::future::join_all(choices).await {
+        r?;
+    }
+    Ok(())
+}
+
+/// Runs one choice on `ctx` (its prompt already filled).
+#[allow(clippy::too_many_arguments)]
+async fn run_choice(
+    state: &State,
+    engine: &Engine,
+    job: &Job,
+    prompt_len: usize,
+    ctx: &mut Context,
+    choice: usize,
+    tx: &mpsc::Sender<Event>,
+    stats: &Stats,
+) -> Result<(), ApiError> {
+    let p = &job.params;
+    ctx.set_seed(job.seed.wrapping_add(choice as u64));
+    let max_tokens = p
+        .max_tokens
+        .unwrap_or(usize::MAX)
+        .min(engine.n_ctx().saturating_sub(prompt_len));
+    let mut gen = ctx
+        .generate(p.sampler.clone())
+        .max_tokens(max_tokens)
+        .min_tokens(p.min_tokens)
+        .logit_bias(&p.bias);
+    if p.ignore_eos {
+        gen = gen.ignore_eos();
+    }
+    if let Some(pen) = p.penalties.clone() {
+        gen = gen.penalties(pen);
+    }
+    for s in &p.stop {
+        gen = gen.stop_string(s);
+    }
+    if let Some(schema) = &p.schema {
+        gen = gen.constrain_with(schema.clone());
+    }
+    let logits = p.logprobs.map(|_| gen.probe_each_step(0, Logits));
+    let tok = engine.tokenizer();
+    let mut text = TextTracker::new(p.stop.clone());
+    let mut seen = 0;
+    let mut last_token: Option<Instant> = None;
+    loop {
+        if tx.is_closed() {
+            return Ok(());
+        }
+        let Some(step) = gen.next()? else { break };
+        let out = match step.execute().await {
+            Ok(out) => out,
+            Err(e) if e.is_kv_full() => {
+                // Preempted: give the pages back, wait for room, recompute.
+                gen.evict()?;
+                let need = gen.context().pending().len() + 1;
+                state.preempted(engine, need).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let now = Instant::now();
+        match last_token {
+            None => {
+                let mut first = stats.first_token.lock().unwrap_or_else(|e| e.into_inner());
+                if first.is_none() {
+                    *first = Some(now);
+                    state.metrics.ttft.observe(now - job.arrived);
+                }
+            }
+            Some(t) => state.metrics.itl.observe(now - t),
+        }
+        last_token = Some(now);
+        let row = logits.and_then(|h| out.logits(h));
+        let new = &gen.tokens()[seen..];
+        let new = new.to_vec();
+        for (k, &id) in new.iter().enumerate() {
+            let lp = match (row, p.logprobs) {
+                (Some(row), Some(top)) if k == 0 => Some(logprob_entry(tok, row, id, top)),
+                _ => None,
+            };
+            text.push(tok, id, lp);
+        }
+        seen = gen.tokens().len();
+        stats.tokens.fetch_add(new.len(), Ordering::Relaxed);
+        state
+            .metrics
+            .generation_tokens
+            .fetch_add(new.len() as u64, Ordering::Relaxed);
+        let delta = text.delta();
+        if !(delta.text.is_empty() && delta.logprobs.is_empty())
+            && tx.send(Event::Delta { choice, delta }).await.is_err()
+        {
+            return Ok(());
+        }
+    }
+    let finish = match gen.stop_reason() {
+        Some(StopReason::MaxTokens) => Finish::Length,
+        _ => Finish::Stop,
+    };
+    let tokens = gen.tokens_generated();
+    stats
+        .finishes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(finish);
+    let delta = text.finish();
+    if !(delta.text.is_empty() && delta.logprobs.is_empty()) {
+        let _ = tx.send(Event::Delta { choice, delta }).await;
+    }
+    let _ = tx
+        .send(Event::Finish {
+            choice,
+            finish,
+            tokens,
+        })
+        .await;
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! The sampling and stopping fields both endpoints share, checked and turned into what the
+//! `weft` generator takes.
+
+use weft::{Penalties, Sampler, Schema};
+
+use crate::body::Body;
+use crate::error::ApiError;
+
+/// Most stop strings a request may give (OpenAI's limit).
+const MAX_STOP: usize = 4;
+/// Most choices per request.
+const MAX_N: i64 = 128;
+/// Most alternatives per token in `top_logprobs`.
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+
+/// Everything a request asks of the generation, checked.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    /// `max_tokens` / `max_completion_tokens` (`None`: up to the context's end).
+    pub max_tokens: Option<usize>,
+    pub min_tokens: usize,
+    pub n: usize,
+    pub sampler: Sampler,
+    pub penalties: Option<Penalties>,
+    pub bias: Vec<(u32, f32)>,
+    pub stop: Vec<String>,
+    pub seed: Option<u64>,
+    /// Top alternatives per token when log-probabilities are asked for (`Some(0)`: only
+    /// the chosen token's).
+    pub logprobs: Option<usize>,
+    pub ignore_eos: bool,
+    /// The output's shape, when constrained (`response_format`, `grammar`, `regex`).
+    pub schema: Option<Schema>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl GenParams {
+    /// Reads the shared fields of `body` for a model with `vocab` tokens.
+    pub fn parse(body: &Body, vocab: usize) -> Result<GenParams, ApiError> {
+        let max_tokens = match body.integer("max_completion_tokens", 1, i64::from(u32::MAX))? {
+            Some(m) => Some(m),
+            None => body.integer("max_tokens", 1, i64::from(u32::MAX))?,
+        };
+        let n = body.integer("n", 1, MAX_N)?.unwrap_or(1) as usize;
+        let temperature = body.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;
+        let top_p = body.number("top_p", f64::MIN_POSITIVE, 1.0)?;
+        let top_k = body.integer("top_k", -1, i64::from(u32::MAX))?;
+        let min_p = body.number("min_p", 0.0, 1.0)?;
+        let sampler = if temperature == 0.0 {
+            Sampler::Argmax
+        } else {
+            Sampler::Chain {
+                k: match top_k {
+                    Some(k) if k > 0 => k as usize,
+                    _ => vocab,
+                },
+                p: top_p.unwrap_or(1.0) as f32,
+                min_p: min_p.unwrap_or(0.0) as f32,
+                temperature,
+            }
+        };
+        let presence = body.number("presence_penalty", -2.0, 2.0)?;
+        let frequency = body.number("frequency_penalty", -2.0, 2.0)?;
+        let repetition = body.number("repetition_penalty", f64::MIN_POSITIVE, 10.0)?;
+        let penalties =
+            (presence.is_some() || frequency.is_some() || repetition.is_some()).then(|| {
+                Penalties {
+                    repetition: repetition.unwrap_or(1.0) as f32,
+                    presence: presence.unwrap_or(0.0) as f32,
+                    frequency: frequency.unwrap_or(0.0) as f32,
+                    ..Penalties::default()
+                }
+            });
+        let seed = match body.raw("seed") {
+            None => None,
+            Some(v) => Some(
+                v.as_i64()
+                    .map(|s| s as u64)
+                    .or_else(|| v.as_u64())
+                    .ok_or_else(|| ApiError::param("seed", "'seed' must be an integer."))?,
+            ),
+        };
+        let min_tokens = body
+            .integer("min_tokens", 0, i64::from(u32::MAX))?
+            .unwrap_or(0) as usize;
+        if let Some(m) = max_tokens {
+            if min_tokens as i64 > m {
+                return Err(ApiError::param(
+                    "min_tokens",
+                    format!("'min_tokens' ({min_tokens}) must not exceed 'max_tokens' ({m})."),
+                ));
+            }
+        }
+        let stream = body.flag("stream")?;
+        let include_usage = match body.raw("stream_options") {
+            None => false,
+            Some(serde_json::Value::Object(o)) => match o.get("include_usage") {
+                None | Some(serde_json::Value::Null) => false,
+                Some(serde_json::Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ApiError::param(
+                        "stream_options",
+                        "'stream_options.include_usage' must be a boolean.",
+                    ))
+                }
+            },
+            Some(_) => {
+                return Err(ApiError::param(
+                    "stream_options",
+                    "'stream_options' must be an object.",
+                ))
+            }
+        };
+        Ok(GenParams {
+            max_tokens: max_tokens.map(|m| m as usize),
+            min_tokens,
+            n,
+            sampler,
+            penalties,
+            bias: logit_bias(body, vocab)?,
+            stop: stop(body)?,
+            seed,
+            logprobs: None,
+            ignore_eos: body.flag("ignore_eos")?,
+            schema: extra_schema(body)?,
+            stream,
+            include_usage,
+        })
+    }
+}
+
+/// `stop`: a string or a list of up to four strings.
+fn stop(body: &Body) -> Result<Vec<String>, ApiError> {
+    let list = match body.raw("stop") {
+        None => Vec::new(),
+        Some(serde_json::Value::String(s)) => vec![s.clone()],
+        Some(_) => body
+            .get::<Vec<String>>("stop", "a string or a list of strings")?
+            .unwrap_or_default(),
+    };
+    if list.len() > MAX_STOP {
+        return Err(ApiError::param(
+            "stop",
+            format!(
+                "'stop' takes at most {MAX_STOP} strings, got {}.",
+                list.len()
+            ),
+        ));
+    }
+    Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+/// `logit_bias`: token id (as a string) → bias in `[-100, 100]`, added to the logit.
+fn logit_bias(body: &Body, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = body.get::<serde_json::Map<String, serde_json::Value>>(
+        "logit_bias",
+        "an object mapping token ids to biases",
+    )?
+    else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, v) in &map {
+        let id = k
+            .parse::<u32>()
+            .ok()
+            .filter(|&id| (id as usize) < vocab)
+            .ok_or_else(|| {
+                ApiError::param(
+                    "logit_bias",
+                    format!("'logit_bias' key {k:?} is not a token id below {vocab}."),
+                )
+            })?;
+        let b = v
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| {
+                ApiError::param(
+                    "logit_bias",
+                    format!(
+                        "'logit_bias' values must be numbers between -100 and 100 (token {k})."
+                    ),
+                )
+            })?;
+        out.push((id, b as f32));
+    }
+    Ok(out)
+}
+
+/// The constraint a request asks for: `response_format` (`json_object`, `json_schema`) or
+/// the extra fields `grammar` (Lark, or GBNF when it defines `root ::=`) and `regex`.
+fn extra_schema(body: &Body) -> Result<Option<Schema>, ApiError> {
+    let mut found = Vec::new();
+    if let Some(rf) = body.raw("response_format") {
+        let obj = rf.as_object().ok_or_else(|| {
+            ApiError::param("response_format", "'response_format' must be an object.")
+        })?;
+        match obj.get("type").and_then(|t| t.as_str()) {
+            Some("text") => {}
+            Some("json_object") => found.push(Schema::AnyJson),
+            Some("json_schema") => {
+                let schema = obj
+                    .get("json_schema")
+                    .and_then(|j| j.as_object())
+                    .and_then(|j| j.get("schema"))
+                    .filter(|s| s.is_object() || s.is_boolean())
+                    .ok_or_else(|| {
+                        ApiError::param(
+                            "response_format",
+                            "'response_format.json_schema.schema' must be a JSON Schema object.",
+                        )
+                    })?;
+                found.push(Schema::JsonSchema(schema.clone()));
+            }
+            _ => {
+                return Err(ApiError::param(
+                    "response_format",
+                    "'response_format.type' must be 'text', 'json_object' or 'json_schema'.",
+                ))
+            }
+        }
+    }
+    if let Some(g) = body.string("grammar")? {
+        if g.contains("::=") {
+            found.push(Schema::Gbnf(g));
+        } else {
+            found.push(Schema::Lark(g));
+        }
+    }
+    if let Some(r) = body.string("regex")? {
+        found.push(Schema::Regex(r));
+    }
+    if found.len() > 1 {
+        return Err(ApiError::param(
+            "response_format",
+            "Give only one of 'response_format' (json), 'grammar' and 'regex'.",
+        ));
+    }
+    Ok(found.pop())
+}

@@ -1,0 +1,178 @@
+//! What both generation endpoints share: admitting a job and running it on its own task,
+//! the SSE stream, and the per-request log line.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::response::sse::{Event as SseEvent, Sse};
+use futures_util::Stream;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use weft::Engine;
+
+use crate::error::ApiError;
+use crate::generate::{self, Event, Job};
+use crate::state::State;
+use crate::text::TokenLogprob;
+
+/// Events a job may have in flight before the response reads them.
+const CHANNEL: usize = 256;
+
+/// Admits `job` (waiting in the queue if needed) and starts it on its own task. The task
+/// ends when the job does or when the receiver is dropped (the client went away).
+pub async fn start(
+    state: &Arc<State>,
+    engine: &Engine,
+    job: Job,
+    id: &str,
+) -> Result<mpsc::Receiver<Event>, ApiError> {
+    let prompt: usize = job.prompts.iter().map(Vec::len).sum();
+    let need = prompt + job.params.n * job.prompts.len() * weft::kv::PAGE_SIZE;
+    let permit = state.admission.admit(engine, need).await?;
+    state
+        .metrics
+        .prompt_tokens
+        .fetch_add(prompt as u64, Ordering::Relaxed);
+    let (tx, rx) = mpsc::channel(CHANNEL);
+    let (state, engine, id) = (state.clone(), engine.clone(), id.to_string());
+    tokio::spawn(async move {
+        let _permit = permit;
+        let arrived = job.arrived;
+        let s = generate::run(state.clone(), engine, job, tx).await;
+        let m = &state.metrics;
+        let outcome = if let Some(e) = &s.error {
+            m.requests_failed.fetch_add(1, Ordering::Relaxed);
+            format!("error: {e}")
+        } else if s.cancelled {
+            m.requests_cancelled.fetch_add(1, Ordering::Relaxed);
+            "cancelled".to_string()
+        } else {
+            m.requests_ok.fetch_add(1, Ordering::Relaxed);
+            m.e2e.observe(arrived.elapsed());
+            let f: Vec<&str> = s.finishes.iter().map(|f| f.as_str()).collect();
+            f.join(",")
+        };
+        let ttft = s.first_token.map(|t| t - arrived);
+        let gen_secs = s.first_token.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let tps = if gen_secs > 0.0 && s.tokens > 1 {
+            (s.tokens - 1) as f64 / gen_secs
+        } else {
+            0.0
+        };
+        tracing::info!(
+            target: "weft_server",
+            "{id}: prompt {} tokens, generated {} tokens, ttft {} ms, {tps:.1} tokens/s, {outcome}",
+            s.prompt_tokens,
+            s.tokens,
+            ttft.map_or(0, |t| t.as_millis()),
+        );
+    });
+    Ok(rx)
+}
+
+/// Turns a job's events into the JSON chunks of one endpoint's stream.
+pub trait Chunker: Send + 'static {
+    /// Chunks for one event (none, one or several).
+    fn event(&mut self, e: Event) -> Vec<Value>;
+    /// Chunks after the last event (the usage chunk).
+    fn end(&mut self) -> Vec<Value>;
+}
+
+/// The SSE response: `first` chunks, then the chunker's, then `data: [DONE]`.
+pub fn sse<C: Chunker>(
+    first: Vec<Value>,
+    rx: mpsc::Receiver<Event>,
+    chunker: C,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    struct S<C> {
+        out: VecDeque<String>,
+        rx: Option<mpsc::Receiver<Event>>,
+        chunker: C,
+    }
+    let init = S {
+        out: first.iter().map(Value::to_string).collect(),
+        rx: Some(rx),
+        chunker,
+    };
+    let stream = futures_util::stream::unfold(init, |mut s| async move {
+        loop {
+            if let Some(data) = s.out.pop_front() {
+                return Some((Ok(SseEvent::default().data(data)), s));
+            }
+            let rx = s.rx.as_mut()?;
+            match rx.recv().await {
+                Some(e) => {
+                    let failed = matches!(e, Event::Failed(_));
+                    s.out
+                        .extend(s.chunker.event(e).iter().map(Value::to_string));
+                    if failed {
+                        s.rx = None;
+                        s.out.push_back("[DONE]".into());
+                    }
+                }
+                None => {
+                    s.rx = None;
+                    s.out.extend(s.chunker.end().iter().map(Value::to_string));
+                    s.out.push_back("[DONE]".into());
+                }
+            }
+        }
+    });
+    Sse::new(stream)
+}
+
+/// A token's log-probability in the chat shape.
+pub fn chat_logprob(t: &TokenLogprob) -> Value {
+    json!({
+        "token": t.token,
+        "logprob": t.logprob,
+        "bytes": t.bytes,
+        "top_logprobs": t.top.iter().map(|(tok, bytes, lp)| json!({
+            "token": tok, "logprob": lp, "bytes": bytes,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Usage counts in OpenAI's shape.
+pub fn usage(prompt: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+/// Checks that a prompt leaves room in the context: 400 `context_length_exceeded` if not.
+pub fn check_length(
+    param: &str,
+    prompt: usize,
+    max_tokens: Option<usize>,
+    n_ctx: usize,
+) -> Result<(), ApiError> {
+    if prompt >= n_ctx {
+        return Err(ApiError::context_length(param, prompt, None, n_ctx));
+    }
+    if let Some(m) = max_tokens {
+        if prompt + m > n_ctx {
+            return Err(ApiError::context_length(param, prompt, Some(m), n_ctx));
+        }
+    }
+    Ok(())
+}
+
+/// Compiles the request's constraint once up front, so an invalid schema, grammar or regex
+/// is a 400 before anything runs.
+pub fn check_schema(engine: &Engine, schema: Option<&weft::Schema>) -> Result<(), ApiError> {
+    let Some(schema) = schema else { return Ok(()) };
+    weft::constraint::compile(engine, schema).map_err(|e| {
+        let param = match schema {
+            weft::Schema::Regex(_) => "regex",
+            weft::Schema::Lark(_) | weft::Schema::Gbnf(_) => "grammar",
+            _ => "response_format",
+        };
+        ApiError::param(param, e.to_string())
+    })?;
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! What every handler shares: the configuration, the engine once it is loaded, the
+//! admission gate and the counters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use weft::Engine;
+
+use crate::admission::Admission;
+use crate::error::ApiError;
+use crate::metrics::{Gauges, ServerMetrics};
+
+/// How a server behaves. `Default` suits one user on one machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// The id the model is served under (`/v1/models`, the `model` field).
+    pub model_id: String,
+    /// Requests to the API need `Authorization: Bearer KEY` when set.
+    pub api_key: Option<String>,
+    /// Most requests generating at once (default 64).
+    pub parallel: usize,
+    /// Most requests waiting to start; one more gets 429 (default 256).
+    pub max_queue: usize,
+    /// Largest request body in bytes; a larger one gets 413 (default 8 MiB).
+    pub body_limit: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            model_id: weft::hub::DEFAULT_MODEL.to_string(),
+            api_key: None,
+            parallel: 64,
+            max_queue: 256,
+            body_limit: 8 << 20,
+        }
+    }
+}
+
+/// The shared state behind the router.
+#[derive(Debug)]
+pub struct State {
+    pub config: ServerConfig,
+    engine: OnceLock<Engine>,
+    load_error: OnceLock<String>,
+    pub admission: Arc<Admission>,
+    pub metrics: ServerMetrics,
+    ids: AtomicU64,
+}
+
+impl State {
+    pub fn new(config: ServerConfig) -> State {
+        State {
+            admission: Arc::new(Admission::new(config.parallel, config.max_queue)),
+            config,
+            engine: OnceLock::new(),
+            load_error: OnceLock::new(),
+            metrics: ServerMetrics::default(),
+            ids: AtomicU64::new(0),
+        }
+    }
+
+    /// Makes the loaded engine available: `/health` turns 200.
+    pub fn set_engine(&self, engine: Engine) {
+        let _ = self.engine.set(engine);
+    }
+
+    /// The model could not be loaded: requests keep getting 503 with this message.
+    pub fn set_load_error(&self, message: String) {
+        let _ = self.load_error.set(message);
+    }
+
+    /// The engine, or 503 while it loads.
+    pub fn engine(&self) -> Result<&Engine, ApiError> {
+        self.engine
+            .get()
+            .ok_or_else(|| match self.load_error.get() {
+                Some(e) => ApiError::unavailable(format!("The model failed to load: {e}")),
+                None => ApiError::unavailable("The model is still loading; retry shortly."),
+            })
+    }
+
+    /// Checks a request's `model` field: absent or the served id.
+    pub fn check_model(&self, asked: Option<&str>) -> Result<(), ApiError> {
+        match asked {
+            Some(m) if m != self.config.model_id => {
+                Err(ApiError::model_not_found(m, &self.config.model_id))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A fresh random id (`prefix-` and 24 hex digits).
+    pub fn new_id(&self, prefix: &str) -> String {
+        format!(
+            "{prefix}-{:016x}{:08x}",
+            self.random(),
+            self.random() as u32
+        )
+    }
+
+    /// A random 64-bit value (request ids, seeds of requests that give none).
+    pub fn random(&self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let n = self.ids.fetch_add(1, Ordering::Relaxed);
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(n);
+        h.write_u128(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    }
+
+    /// Waits for KV pages after a preemption (see [`crate::admission`]).
+    pub async fn preempted(&self, engine: &Engine, need: usize) {
+        self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.admission.wait_for_pages(engine, need).await;
+    }
+
+    /// The gauges `/metrics` shows. Reading the engine's counters may wait for its current
+    /// step, so call this off the async workers.
+    pub fn gauges(&self) -> Gauges {
+        let (running, waiting) = self.admission.counts();
+        Gauges {
+            running,
+            waiting,
+            engine: self.engine.get().map(Engine::metrics),
+        }
+    }
+}
+
+/// Seconds since the Unix epoch (OpenAI's `created`).
+pub fn unix_time() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

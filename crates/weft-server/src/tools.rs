@@ -1,0 +1,248 @@
+//! Tool calling: the `tools` a request lists go into the prompt (through the chat template's
+//! `tools` variable, or a built-in instruction where the template has none), and the
+//! model's answer is parsed back into `tool_calls`.
+//!
+//! The format of a call is `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>`
+//! (SmolLM2's and Hermes' format; several calls in one list). With `tool_choice` `required`
+//! or a named function, the output is *constrained* to a JSON list of calls whose names are
+//! listed tools and whose arguments match each tool's JSON Schema, so it always parses.
+
+use serde_json::{json, Value};
+
+use crate::body::Body;
+use crate::error::ApiError;
+
+/// Most calls in one answer when parallel calls are allowed (a bound keeps a sampling
+/// model from listing calls until it runs out of tokens).
+const MAX_PARALLEL_CALLS: usize = 8;
+
+/// One function the model may call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Value,
+}
+
+/// `tool_choice`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Choice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+/// The tools of a request and how they may be used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tools {
+    pub tools: Vec<Tool>,
+    pub choice: Choice,
+    pub parallel: bool,
+}
+
+/// A call parsed from the model's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
+}
+
+impl Tools {
+    /// Reads `tools`, `tool_choice` and `parallel_tool_calls`; `None` when no tool may be
+    /// called (no tools, or `tool_choice: "none"`).
+    pub fn parse(body: &Body) -> Result<Option<Tools>, ApiError> {
+        let list = match body.raw("tools") {
+            None => Vec::new(),
+            Some(Value::Array(a)) => a.iter().map(tool).collect::<Result<Vec<_>, _>>()?,
+            Some(_) => return Err(ApiError::param("tools", "'tools' must be a list of tools.")),
+        };
+        let choice = match body.raw("tool_choice") {
+            None if list.is_empty() => Choice::None,
+            None => Choice::Auto,
+            Some(Value::String(s)) => match s.as_str() {
+                "none" => Choice::None,
+                "auto" => Choice::Auto,
+                "required" => Choice::Required,
+                _ => {
+                    return Err(ApiError::param(
+                        "tool_choice",
+                        "'tool_choice' must be 'none', 'auto', 'required' or a function.",
+                    ))
+                }
+            },
+            Some(v) => Choice::Named(
+                v.get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str)
+                    .filter(|_| v.get("type").and_then(Value::as_str) == Some("function"))
+                    .ok_or_else(|| {
+                        ApiError::param(
+                            "tool_choice",
+                            "'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}.",
+                        )
+                    })?
+                    .to_string(),
+            ),
+        };
+        let parallel = body
+            .get::<bool>("parallel_tool_calls", "a boolean")?
+            .unwrap_or(true);
+        match &choice {
+            Choice::None => return Ok(None),
+            Choice::Required | Choice::Named(_) if list.is_empty() => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    "'tool_choice' asks for a tool call but 'tools' is empty.",
+                ))
+            }
+            Choice::Named(n) if !list.iter().any(|t| &t.name == n) => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    format!("'tool_choice' names '{n}', which is not in 'tools'."),
+                ))
+            }
+            _ => {}
+        }
+        if list.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Tools {
+            tools: list,
+            choice,
+            parallel,
+        }))
+    }
+
+    /// Whether the answer must be a call (and is constrained to one).
+    pub fn forced(&self) -> bool {
+        matches!(self.choice, Choice::Required | Choice::Named(_))
+    }
+
+    /// The tools in OpenAI's shape, for a template's `tools` variable.
+    pub fn as_json(&self) -> Vec<Value> {
+        self.tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.name, "description": t.description, "parameters": t.parameters}})
+            })
+            .collect()
+    }
+
+    /// The built-in instruction listing the tools, for templates without tool support.
+    pub fn instruction(&self) -> String {
+        let mut s = String::from(
+            "You have access to the following tools. To call one or more of them, answer with \
+             only a list of calls in this format:\n<tool_call>[{\"name\": \"tool name\", \
+             \"arguments\": {\"argument\": \"value\"}}]</tool_call>\n\nTools:\n",
+        );
+        for t in &self.tools {
+            let line =
+                json!({"name": t.name, "description": t.description, "parameters": t.parameters});
+            s.push_str(&line.to_string());
+            s.push('\n');
+        }
+        s
+    }
+
+    /// The JSON Schema a forced answer is constrained to: a list of calls of the allowed
+    /// tools, each with arguments valid under that tool's parameters.
+    pub fn schema(&self) -> Value {
+        let calls: Vec<Value> = self
+            .tools
+            .iter()
+            .filter(|t| match &self.choice {
+                Choice::Named(n) => &t.name == n,
+                _ => true,
+            })
+            .map(|t| {
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let max = if self.parallel { MAX_PARALLEL_CALLS } else { 1 };
+        json!({"type": "array", "items": {"anyOf": calls}, "minItems": 1, "maxItems": max})
+    }
+
+    /// The calls in a model's answer, if it is one: a JSON list of calls (what a forced
+    /// answer is), optionally wrapped in `<tool_call>…</tool_call>`. Calls must name listed
+    /// tools. Returns the text before the call too.
+    pub fn parse_output(&self, text: &str) -> Option<(String, Vec<ToolCall>)> {
+        let (before, body) = match text.find("<tool_call>") {
+            Some(i) => {
+                let rest = &text[i + "<tool_call>".len()..];
+                let end = rest.find("</tool_call>").unwrap_or(rest.len());
+                (text[..i].trim().to_string(), &rest[..end])
+            }
+            None => (String::new(), text),
+        };
+        let value: Value = serde_json::from_str(body.trim()).ok()?;
+        let items = match value {
+            Value::Array(a) => a,
+            v @ Value::Object(_) => vec![v],
+            _ => return None,
+        };
+        let mut calls = Vec::with_capacity(items.len());
+        for item in items {
+            let name = item.get("name")?.as_str()?;
+            if !self.tools.iter().any(|t| t.name == name) {
+                return None;
+            }
+            let args = item.get("arguments").cloned().unwrap_or_else(|| json!({}));
+            calls.push(ToolCall {
+                name: name.to_string(),
+                arguments: args.to_string(),
+            });
+        }
+        (!calls.is_empty()).then_some((before, calls))
+    }
+}
+
+/// One entry of `tools`.
+fn tool(v: &Value) -> Result<Tool, ApiError> {
+    let bad = |m: &str| ApiError::param("tools", m.to_string());
+    if v.get("type").and_then(Value::as_str) != Some("function") {
+        return Err(bad("Each tool must have \"type\": \"function\"."));
+    }
+    let f = v
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("Each tool needs a 'function' object."))?;
+    let name = f
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| {
+            !n.is_empty()
+                && n.len() <= 64
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        })
+        .ok_or_else(|| {
+            bad("Each function needs a 'name' of 1 to 64 letters, digits, '_' or '-'.")
+        })?;
+    let description = match f.get("description") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(bad("A function's 'description' must be a string.")),
+    };
+    let parameters = match f.get("parameters") {
+        None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+        Some(p @ Value::Object(_)) => p.clone(),
+        Some(_) => {
+            return Err(bad(
+                "A function's 'parameters' must be a JSON Schema object.",
+            ))
+        }
+    };
+    Ok(Tool {
+        name: name.to_string(),
+        description,
+        parameters,
+    })
+}

@@ -1,0 +1,300 @@
+//! The router driven in-process (no socket) on the real SmolLM2 model: answers equal what
+//! the library itself generates, streams equal non-streamed answers, and errors come in
+//! OpenAI's shape with the right status. The wire-level conformance suite with the official
+//! `openai` client is `crates/weft-cli/tests/serve_openai.rs`.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+use weft::{Engine, EngineConfig, Message, Sampler};
+use weft_server::{router, ServerConfig, State};
+
+/// One engine for every test (loading it per test would be wasted time).
+fn engine() -> Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let hub = weft_hub::Hub::from_env().expect("WEFT_HOME or HOME must be set");
+            let path = hub
+                .resolve("smollm2-135m", &mut weft_hub::NoProgress)
+                .expect("fetch smollm2-135m");
+            let config = EngineConfig {
+                n_threads: 2,
+                kv_tokens: 4096,
+                ..EngineConfig::default()
+            };
+            Engine::open(&path, config).expect("load smollm2-135m")
+        })
+        .clone()
+}
+
+fn state(config: ServerConfig) -> Arc<State> {
+    let s = Arc::new(State::new(config));
+    s.set_engine(engine());
+    s
+}
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        model_id: "smollm2-135m".into(),
+        ..ServerConfig::default()
+    }
+}
+
+async fn call(state: &Arc<State>, method: &str, path: &str, body: &str) -> (StatusCode, Vec<u8>) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("request");
+    let resp = router(state.clone())
+        .oneshot(req)
+        .await
+        .expect("infallible");
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, bytes.to_vec())
+}
+
+async fn post(state: &Arc<State>, path: &str, body: Value) -> (StatusCode, Value) {
+    let (status, bytes) = call(state, "POST", path, &body.to_string()).await;
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)));
+    (status, v)
+}
+
+/// Asserts OpenAI's error shape and returns (param, code).
+fn error_shape(v: &Value) -> (Value, Value) {
+    let e = &v["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(e["type"].is_string(), "{v}");
+    (e["param"].clone(), e["code"].clone())
+}
+
+/// A runtime for one test. The tests share one engine and check that its KV pages are all
+/// back at the end, so they run one at a time (the guard is held by the runtime's caller).
+fn rt() -> (tokio::runtime::Runtime, std::sync::MutexGuard<'static, ()>) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    (rt, guard)
+}
+
+#[test]
+fn loading_server_is_503_but_health_shape_and_models_answer() {
+    let (rt, _one) = rt();
+    rt.block_on(async {
+        let s = Arc::new(State::new(config()));
+        let (st, body) = call(&s, "GET", "/health", "").await;
+        assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+        error_shape(&serde_json::from_slice(&body).expect("json"));
+        let (st, v) = post(&s, "/v1/chat/completions", json!({"messages": []})).await;
+        assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+        error_shape(&v);
+        let (st, body) = call(&s, "GET", "/v1/models", "").await;
+        assert_eq!(st, StatusCode::OK);
+        let v: Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(v["data"][0]["id"], "smollm2-135m");
+        s.set_load_error("no such file".into());
+        let (st, v) = post(&s, "/v1/completions", json!({"prompt": "x"})).await;
+        assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no such file"));
+    });
+}
+
+#[test]
+fn chat_answer_equals_the_library_generation_and_the_stream() {
+    let (rt, _one) = rt();
+    let engine = engine();
+    // The library's own answer: the same template, greedy, 24 tokens.
+    let mut ctx = engine.context();
+    ctx.fill_chat(&[Message::user("Name three colors.")])
+        .expect("fill");
+    let expected = weft::block_on(ctx.generate(Sampler::Argmax).max_tokens(24).collect_text())
+        .expect("generate");
+    drop(ctx);
+    rt.block_on(async {
+        let s = state(config());
+        let body = json!({"model": "smollm2-135m", "max_tokens": 24, "temperature": 0,
+            "messages": [{"role": "user", "content": "Name three colors."}]});
+        let (st, v) = post(&s, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["message"]["content"], expected.as_str());
+        let usage = &v["usage"];
+        assert_eq!(
+            usage["total_tokens"].as_u64(),
+            Some(
+                usage["prompt_tokens"].as_u64().unwrap_or(0)
+                    + usage["completion_tokens"].as_u64().unwrap_or(0)
+            )
+        );
+        // The same request streamed: SSE chunks whose deltas concatenate to the same text.
+        let mut streamed = body;
+        streamed["stream"] = json!(true);
+        let (st, bytes) = call(&s, "POST", "/v1/chat/completions", &streamed.to_string()).await;
+        assert_eq!(st, StatusCode::OK);
+        let text = String::from_utf8(bytes).expect("utf-8");
+        let events: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        assert_eq!(events.last(), Some(&"[DONE]"));
+        let mut content = String::new();
+        let mut ids = Vec::new();
+        for e in &events[..events.len() - 1] {
+            let chunk: Value = serde_json::from_str(e).expect("chunk json");
+            ids.push(chunk["id"].as_str().unwrap_or("").to_string());
+            if let Some(c) = chunk["choices"][0]["delta"]["content"].as_str() {
+                content.push_str(c);
+            }
+        }
+        assert!(ids.iter().all(|i| i == &ids[0]), "one id across chunks");
+        assert_eq!(content, expected);
+        assert_eq!(engine.metrics().kv_pages_used, 0);
+    });
+}
+
+#[test]
+fn completions_with_n_choices_and_token_prompts() {
+    let (rt, _one) = rt();
+    rt.block_on(async {
+        let s = state(config());
+        let ids = engine()
+            .tokenizer()
+            .encode("The capital of France is", true, true);
+        let (st, v) = post(
+            &s,
+            "/v1/completions",
+            json!({"prompt": [ids.clone(), ids], "n": 2, "max_tokens": 6, "temperature": 0}),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        let choices = v["choices"].as_array().expect("choices");
+        assert_eq!(choices.len(), 4);
+        // Greedy: all four choices of the same prompt agree.
+        for c in choices {
+            assert_eq!(c["text"], choices[0]["text"]);
+        }
+        assert_eq!(v["usage"]["completion_tokens"], 24);
+        assert_eq!(engine().metrics().kv_pages_used, 0);
+    });
+}
+
+#[test]
+fn bad_requests_get_openai_errors_naming_the_parameter() {
+    let (rt, _one) = rt();
+    rt.block_on(async {
+        let s = state(config());
+        let msgs = json!([{"role": "user", "content": "Hi"}]);
+        let cases = [
+            (json!({"messages": msgs, "temperature": -1}), "temperature"),
+            (json!({"messages": msgs, "top_p": 2}), "top_p"),
+            (json!({"messages": msgs, "n": 0}), "n"),
+            (json!({"messages": msgs, "max_tokens": "ten"}), "max_tokens"),
+            (
+                json!({"messages": msgs, "logit_bias": {"x": 1}}),
+                "logit_bias",
+            ),
+            (
+                json!({"messages": msgs, "stop": ["a", "b", "c", "d", "e"]}),
+                "stop",
+            ),
+            (
+                json!({"messages": msgs, "logprobs": true, "top_logprobs": 50}),
+                "top_logprobs",
+            ),
+            (json!({"messages": []}), "messages"),
+            (json!({"messages": [{"content": "no role"}]}), "messages"),
+            (
+                json!({"messages": msgs, "tool_choice": "required"}),
+                "tool_choice",
+            ),
+            (
+                json!({"messages": msgs, "response_format": {"type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}),
+                "response_format",
+            ),
+            (json!({"messages": msgs, "regex": "("}), "regex"),
+        ];
+        for (body, param) in cases {
+            let (st, v) = post(&s, "/v1/chat/completions", body.clone()).await;
+            assert_eq!(st, StatusCode::BAD_REQUEST, "{body} -> {v}");
+            let (p, _) = error_shape(&v);
+            assert_eq!(p, json!(param), "{body} -> {v}");
+        }
+        let (st, v) = post(&s, "/v1/completions", json!({"prompt": "x", "suffix": "y"})).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST);
+        assert_eq!(error_shape(&v).0, "suffix");
+        // A prompt longer than the context: 400 with both numbers, for streams too.
+        let long = "word ".repeat(9000);
+        for stream in [false, true] {
+            let (st, v) = post(
+                &s,
+                "/v1/completions",
+                json!({"prompt": long, "stream": stream}),
+            )
+            .await;
+            assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+            assert_eq!(error_shape(&v).1, "context_length_exceeded");
+            let msg = v["error"]["message"].as_str().unwrap_or("");
+            assert!(msg.contains(&engine().n_ctx().to_string()), "{msg}");
+        }
+        let (st, v) = post(
+            &s,
+            "/v1/chat/completions",
+            json!({"model": "gpt-4", "messages": msgs}),
+        )
+        .await;
+        assert_eq!(st, StatusCode::NOT_FOUND);
+        assert_eq!(error_shape(&v).1, "model_not_found");
+        for raw in ["{", "[1,2]", "", "\u{0}"] {
+            let (st, body) = call(&s, "POST", "/v1/chat/completions", raw).await;
+            assert_eq!(st, StatusCode::BAD_REQUEST, "{raw:?}");
+            error_shape(&serde_json::from_slice(&body).expect("json"));
+        }
+        let (st, body) = call(&s, "GET", "/v1/nothing", "").await;
+        assert_eq!(st, StatusCode::NOT_FOUND);
+        error_shape(&serde_json::from_slice(&body).expect("json"));
+        assert_eq!(engine().metrics().kv_pages_used, 0);
+    });
+}
+
+#[test]
+fn api_key_guards_the_api_but_not_health_or_models() {
+    let (rt, _one) = rt();
+    rt.block_on(async {
+        let s = state(ServerConfig {
+            api_key: Some("sesame".into()),
+            body_limit: 1024,
+            ..config()
+        });
+        let (st, v) = post(&s, "/v1/chat/completions", json!({"messages": []})).await;
+        assert_eq!(st, StatusCode::UNAUTHORIZED);
+        assert_eq!(error_shape(&v).1, "invalid_api_key");
+        assert_eq!(call(&s, "GET", "/health", "").await.0, StatusCode::OK);
+        assert_eq!(call(&s, "GET", "/v1/models", "").await.0, StatusCode::OK);
+        let req = Request::builder()
+            .method("POST")
+            .uri("/tokenize")
+            .header("authorization", "Bearer sesame")
+            .body(Body::from(json!({"content": "x".repeat(2000)}).to_string()))
+            .expect("request");
+        let resp = router(s.clone()).oneshot(req).await.expect("infallible");
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        error_shape(&serde_json::from_slice(&bytes).expect("json"));
+    });
+}
