@@ -19,7 +19,7 @@ use crate::params::{GenParams, MAX_TOP_LOGPROBS};
 use crate::respond::{self, chat_logprob, usage, Chunker};
 use crate::state::{unix_time, State};
 use crate::text::TokenLogprob;
-use crate::tools::{ToolCall, Tools};
+use crate::tools::{CallDelta, CallStream, ToolCall, Tools};
 
 /// The handler.
 pub async fn handle(
@@ -78,8 +78,14 @@ pub async fn handle(
                 )
             })
             .collect();
+        let forced = tools.as_ref().is_some_and(Tools::forced);
         let chunker = ChatChunker {
-            choices: (0..params.n).map(|_| Streamed::default()).collect(),
+            choices: (0..params.n)
+                .map(|_| Streamed {
+                    calls: forced.then(|| (CallStream::default(), Vec::new())),
+                    ..Streamed::default()
+                })
+                .collect(),
             tools,
             meta,
             include_usage: params.include_usage,
@@ -320,10 +326,13 @@ async fn collect(
 /// How a streamed choice's text is being shown.
 #[derive(Debug, Default)]
 struct Streamed {
-    /// Text held back because it may be a tool call.
+    /// Text (and its log-probabilities) held back because it may be a tool call.
     held: String,
+    held_logprobs: Vec<TokenLogprob>,
     /// The text is plain content: stream it as it comes.
     content: bool,
+    /// A forced call, followed as it is generated; the ids of its calls.
+    calls: Option<(CallStream, Vec<String>)>,
 }
 
 /// Whether `text` may still turn out to be a tool call.
@@ -365,20 +374,43 @@ impl Chunker for ChatChunker {
     fn event(&mut self, e: Event) -> Vec<Value> {
         match e {
             Event::Delta { choice: i, delta } => {
-                let Some(tools) = &self.tools else {
+                if self.tools.is_none() {
                     return vec![self.content(i, delta.text, &delta.logprobs)];
-                };
+                }
                 let c = &mut self.choices[i];
+                if let Some((calls, ids)) = &mut c.calls {
+                    // A forced call: its name and arguments as they are generated.
+                    let pieces = calls.push(&delta.text);
+                    let mut out = Vec::new();
+                    for p in pieces {
+                        let v = match p {
+                            CallDelta::Start { index, name } => {
+                                ids.extend(call_ids(1));
+                                json!({"tool_calls": [{"index": index, "id": ids[index],
+                                    "type": "function", "function": {"name": name, "arguments": ""}}]})
+                            }
+                            CallDelta::Arguments { index, text } => json!({"tool_calls": [
+                                {"index": index, "function": {"arguments": text}}]}),
+                        };
+                        out.push(v);
+                    }
+                    return out
+                        .into_iter()
+                        .map(|d| self.delta(i, d, Value::Null, None))
+                        .collect();
+                }
                 if c.content {
                     return vec![self.content(i, delta.text, &delta.logprobs)];
                 }
                 c.held.push_str(&delta.text);
-                if tools.forced() || may_be_call(&c.held) {
+                c.held_logprobs.extend(delta.logprobs);
+                if may_be_call(&c.held) {
                     return Vec::new();
                 }
                 c.content = true;
                 let held = std::mem::take(&mut c.held);
-                vec![self.content(i, held, &delta.logprobs)]
+                let lps = std::mem::take(&mut c.held_logprobs);
+                vec![self.content(i, held, &lps)]
             }
             Event::Finish {
                 choice: i,
@@ -386,7 +418,16 @@ impl Chunker for ChatChunker {
                 tokens,
             } => {
                 self.completion_tokens += tokens;
+                if let Some((calls, _)) = &self.choices[i].calls {
+                    let reason = if finish == Finish::Stop && calls.calls() > 0 {
+                        "tool_calls"
+                    } else {
+                        finish.as_str()
+                    };
+                    return vec![self.delta(i, json!({}), Value::Null, Some(reason))];
+                }
                 let mut out = Vec::new();
+                let lps = std::mem::take(&mut self.choices[i].held_logprobs);
                 let held = std::mem::take(&mut self.choices[i].held);
                 let call = self.tools.as_ref().and_then(|t| t.parse_output(&held));
                 match call {
@@ -408,7 +449,7 @@ impl Chunker for ChatChunker {
                     }
                     None => {
                         if !held.is_empty() {
-                            out.push(self.content(i, held, &[]));
+                            out.push(self.content(i, held, &lps));
                         }
                         out.push(self.delta(i, json!({}), Value::Null, Some(finish.as_str())));
                     }

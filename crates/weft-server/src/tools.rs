@@ -246,3 +246,168 @@ fn tool(v: &Value) -> Result<Tool, ApiError> {
         parameters,
     })
 }
+
+/// A piece of a streamed tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallDelta {
+    /// Call `index` begins: its name is known.
+    Start { index: usize, name: String },
+    /// More of call `index`'s arguments text.
+    Arguments { index: usize, text: String },
+}
+
+/// Follows a forced answer (a JSON list of `{"name": ..., "arguments": {...}}` objects, name
+/// first, as the constraint's schema orders them) as it is generated, so that each call's
+/// name is sent as soon as its arguments begin and the arguments as they grow. Only JSON
+/// structure outside strings is tracked: depth 1 is the list, 2 a call, 3 and deeper its
+/// arguments.
+#[derive(Debug, Default)]
+pub struct CallStream {
+    text: String,
+    scanned: usize,
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+    calls: usize,
+    call_start: usize,
+    /// Where the current call's arguments start, and how much of them was sent.
+    args: Option<(usize, usize)>,
+}
+
+impl CallStream {
+    /// Takes the next piece of the answer; returns what became known.
+    pub fn push(&mut self, piece: &str) -> Vec<CallDelta> {
+        self.text.push_str(piece);
+        let mut out = Vec::new();
+        let mut i = self.scanned;
+        while i < self.text.len() {
+            let c = self.text.as_bytes()[i];
+            if self.in_string {
+                match (self.escaped, c) {
+                    (true, _) => self.escaped = false,
+                    (false, b'\\') => self.escaped = true,
+                    (false, b'"') => self.in_string = false,
+                    _ => {}
+                }
+            } else {
+                match c {
+                    b'"' => self.in_string = true,
+                    b'[' | b'{' => {
+                        self.depth += 1;
+                        if self.depth == 2 {
+                            self.call_start = i;
+                        } else if self.depth == 3 && self.args.is_none() {
+                            // The arguments begin: the header before them holds the name.
+                            let head = format!("{}null}}", &self.text[self.call_start..i]);
+                            let name = serde_json::from_str::<Value>(&head)
+                                .ok()
+                                .and_then(|v| v.get("name")?.as_str().map(str::to_string))
+                                .unwrap_or_default();
+                            out.push(CallDelta::Start {
+                                index: self.calls,
+                                name,
+                            });
+                            self.args = Some((i, i));
+                        }
+                    }
+                    b']' | b'}' => {
+                        if self.depth == 3 {
+                            if let Some((_, sent)) = self.args {
+                                out.extend(self.args_delta(sent, i + 1));
+                                self.args = None;
+                                self.calls += 1;
+                            }
+                        }
+                        self.depth = self.depth.saturating_sub(1);
+                    }
+                    _ => {}
+                }
+            }
+            i += 1;
+        }
+        self.scanned = self.text.len();
+        if let Some((_, sent)) = self.args {
+            let end = self.text.len();
+            out.extend(self.args_delta(sent, end));
+        }
+        out
+    }
+
+    /// How many calls were completed.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Arguments text `sent..end` of the current call, and marks it sent.
+    fn args_delta(&mut self, sent: usize, end: usize) -> Option<CallDelta> {
+        let (start, _) = self.args?;
+        self.args = Some((start, end));
+        (end > sent).then(|| CallDelta::Arguments {
+            index: self.calls,
+            text: self.text[sent..end].to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forced_answer_streams_names_then_argument_pieces() {
+        let answer = r#"[{"name": "get_weather", "arguments": {"city": "Pa}ris", "n": [1, {"x": 2}]}}, {"name": "get_time", "arguments": {}}]"#;
+        // Fed in awkward pieces, the deltas rebuild each call exactly.
+        let mut s = CallStream::default();
+        let mut deltas = Vec::new();
+        for chunk in answer.as_bytes().chunks(3) {
+            deltas.extend(s.push(std::str::from_utf8(chunk).expect("ascii")));
+        }
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for d in deltas {
+            match d {
+                CallDelta::Start { index, name } => {
+                    assert_eq!(index, calls.len());
+                    calls.push((name, String::new()));
+                }
+                CallDelta::Arguments { index, text } => calls[index].1.push_str(&text),
+            }
+        }
+        assert_eq!(
+            calls,
+            vec![
+                (
+                    "get_weather".into(),
+                    r#"{"city": "Pa}ris", "n": [1, {"x": 2}]}"#.into()
+                ),
+                ("get_time".into(), "{}".into()),
+            ]
+        );
+        assert_eq!(s.calls(), 2);
+    }
+
+    #[test]
+    fn answers_parse_into_calls_of_listed_tools_only() {
+        let tools = Tools {
+            tools: vec![Tool {
+                name: "f".into(),
+                description: None,
+                parameters: json!({"type": "object"}),
+            }],
+            choice: Choice::Auto,
+            parallel: true,
+        };
+        let (before, calls) = tools
+            .parse_output(
+                "Sure.<tool_call>[{\"name\": \"f\", \"arguments\": {\"a\": 1}}]</tool_call>",
+            )
+            .expect("a call");
+        assert_eq!(before, "Sure.");
+        assert_eq!(calls[0].arguments, "{\"a\":1}");
+        assert!(tools
+            .parse_output("[{\"name\": \"g\", \"arguments\": {}}]")
+            .is_none());
+        assert!(tools.parse_output("plain text").is_none());
+        let schema = tools.schema();
+        assert_eq!(schema["minItems"], 1);
+    }
+}
