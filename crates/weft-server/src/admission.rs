@@ -9,7 +9,10 @@
 //!   it waits until the pool has room for everything it holds, and it recomputes them —
 //!   output unchanged. Which request that is follows from the scheduler: when a batched call
 //!   does not fit, its passes run one by one in arrival order, so the youngest run out first.
-//! - While a preempted request waits, no new request is admitted, so it cannot starve.
+//! - From its preemption until its recomputing pass has run, no new request is admitted, so
+//!   it cannot starve; it resumes once the pool has room for its tokens plus a page per
+//!   running request.
+//! - A client that goes away ends its request wherever it waits.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -52,6 +55,20 @@ pub struct Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         self.admission.lock().running -= 1;
+        self.admission.notify.notify_waiters();
+    }
+}
+
+/// Held by a preempted request until its recomputation has run (see
+/// [`Admission::wait_for_pages`]).
+#[derive(Debug)]
+pub struct Preempted {
+    admission: Arc<Admission>,
+}
+
+impl Drop for Preempted {
+    fn drop(&mut self) {
+        self.admission.preempted.fetch_sub(1, Ordering::Relaxed);
         self.admission.notify.notify_waiters();
     }
 }
@@ -147,19 +164,21 @@ impl Admission {
         }
     }
 
-    /// A running request was preempted: waits until the pool can hold its `need` tokens.
-    pub async fn wait_for_pages(&self, engine: &Engine, need: usize) {
-        /// Counts the request as preempted while it waits, even if it is dropped meanwhile.
-        struct Waiting<'a>(&'a Admission);
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                self.0.preempted.fetch_sub(1, Ordering::Relaxed);
-                self.0.notify.notify_waiters();
-            }
-        }
+    /// A running request was preempted: waits until the pool can hold its `need` tokens
+    /// (and a page of headroom per running request). The request counts as preempted — no new
+    /// request is admitted — until it drops the returned guard, which it does once its
+    /// recomputing pass has run.
+    pub async fn wait_for_pages(self: &Arc<Self>, engine: &Engine, need: usize) -> Preempted {
         self.preempted.fetch_add(1, Ordering::Relaxed);
-        let _waiting = Waiting(self);
-        while engine.kv_free_tokens() < need.min(engine.n_ctx()) {
+        let guard = Preempted {
+            admission: self.clone(),
+        };
+        loop {
+            let running = self.lock().running;
+            let want = need + running * weft::kv::PAGE_SIZE;
+            if engine.kv_free_tokens() >= want.min(engine.n_ctx()) {
+                return guard;
+            }
             tokio::time::sleep(POLL).await;
         }
     }

@@ -19,7 +19,7 @@ use crate::params::{GenParams, MAX_TOP_LOGPROBS};
 use crate::respond::{self, chat_logprob, usage, Chunker};
 use crate::state::{unix_time, State};
 use crate::text::TokenLogprob;
-use crate::tools::{CallDelta, CallStream, ToolCall, Tools};
+use crate::tools::{may_be_call, CallDelta, CallStream, ToolCall, Tools};
 
 /// The handler.
 pub async fn handle(
@@ -49,7 +49,7 @@ pub async fn handle(
                 "A forced tool call cannot be combined with 'response_format', 'grammar' or 'regex'.",
             ));
         }
-        params.schema = Some(weft::Schema::JsonSchema(t.schema()));
+        params.schema = Some(weft::Schema::JsonSchema(t.schema()?));
     }
     let prompt = render(&engine, &body, tools.as_ref())?;
     respond::check_length("messages", prompt.len(), params.max_tokens, engine.n_ctx())?;
@@ -211,7 +211,15 @@ fn messages(body: &Body, fold_tools: bool) -> Result<Vec<Value>, ApiError> {
                 let text = format!("{content}<tool_call>{}</tool_call>", Value::from(listed));
                 msg["content"] = Value::String(text);
             } else {
-                msg["tool_calls"] = Value::Array(calls.clone());
+                // Templates write arguments with `tojson`: give them objects, not JSON text.
+                let mut calls = calls.clone();
+                for c in &mut calls {
+                    let args = &mut c["function"]["arguments"];
+                    if let Some(parsed) = args.as_str().and_then(|a| serde_json::from_str(a).ok()) {
+                        *args = parsed;
+                    }
+                }
+                msg["tool_calls"] = Value::Array(calls);
             }
         }
         if role == "tool" {
@@ -295,15 +303,10 @@ async fn collect(
             };
             let call = tools.and_then(|t| t.parse_output(&text[i]));
             let (message, reason) = match call {
-                Some((before, calls)) => {
+                Some(calls) => {
                     let ids = call_ids(calls.len());
-                    let content = if before.is_empty() {
-                        Value::Null
-                    } else {
-                        Value::String(before)
-                    };
                     (
-                        json!({"role": "assistant", "content": content,
+                        json!({"role": "assistant", "content": null,
                             "tool_calls": calls_json(&calls, &ids, false)}),
                         "tool_calls",
                     )
@@ -333,14 +336,6 @@ struct Streamed {
     content: bool,
     /// A forced call, followed as it is generated; the ids of its calls.
     calls: Option<(CallStream, Vec<String>)>,
-}
-
-/// Whether `text` may still turn out to be a tool call.
-fn may_be_call(text: &str) -> bool {
-    let t = text.trim_start();
-    ["<tool_call>", "[{"]
-        .iter()
-        .any(|m| t.starts_with(m) || m.starts_with(t))
 }
 
 struct ChatChunker {
@@ -431,10 +426,7 @@ impl Chunker for ChatChunker {
                 let held = std::mem::take(&mut self.choices[i].held);
                 let call = self.tools.as_ref().and_then(|t| t.parse_output(&held));
                 match call {
-                    Some((before, calls)) => {
-                        if !before.is_empty() {
-                            out.push(self.content(i, before, &[]));
-                        }
+                    Some(calls) => {
                         let ids = call_ids(calls.len());
                         for (k, (c, id)) in calls.iter().zip(&ids).enumerate() {
                             // The call's header, then its arguments as a delta to append.

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate::{Event, Finish, Job};
-use crate::params::{GenParams, MAX_TOP_LOGPROBS};
+use crate::params::{GenParams, MAX_N, MAX_TOP_LOGPROBS};
 use crate::respond::{self, usage, Chunker};
 use crate::state::{unix_time, State};
 use crate::text::TokenLogprob;
@@ -42,7 +42,23 @@ pub async fn handle(
         .map(|k| k as usize);
     let echo = body.flag("echo")?;
     let prompts = prompts(&body, &engine)?;
+    if prompts.len() * params.n > MAX_N as usize {
+        return Err(ApiError::param(
+            "n",
+            format!(
+                "{} prompts × n = {} choices is more than the {MAX_N} a request may ask for.",
+                prompts.len(),
+                prompts.len() * params.n
+            ),
+        ));
+    }
     for (ids, _) in &prompts {
+        if ids.is_empty() {
+            return Err(ApiError::param(
+                "prompt",
+                "A prompt must hold at least one token (this model adds no BOS to an empty string).",
+            ));
+        }
         respond::check_length("prompt", ids.len(), params.max_tokens, engine.n_ctx())?;
     }
     respond::check_schema(&engine, params.schema.as_ref())?;

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use weft::{Context, Engine, Logits, StopReason};
@@ -79,6 +79,25 @@ struct Stats {
     finishes: Mutex<Vec<Finish>>,
 }
 
+/// How long a client may leave its stream unread before it counts as gone (its request then
+/// ends and gives its KV pages back instead of holding them while blocked).
+const STALL: Duration = Duration::from_secs(60);
+
+/// Sends an event; `Err` when the client is gone or has stopped reading.
+async fn send(tx: &mpsc::Sender<Event>, e: Event) -> Result<(), ()> {
+    tx.send_timeout(e, STALL).await.map_err(|_| ())
+}
+
+/// Runs `f`, which may block for a scheduler step, letting a multi-threaded runtime move
+/// its other tasks off this worker meanwhile.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// Runs `job` to the end (or until `tx` closes), sending its events.
 pub async fn run(state: Arc<State>, engine: Engine, job: Job, tx: mpsc::Sender<Event>) -> Summary {
     let n = job.params.n;
@@ -88,8 +107,7 @@ pub async fn run(state: Arc<State>, engine: Engine, job: Job, tx: mpsc::Sender<E
         .iter()
         .enumerate()
         .map(|(p, prompt)| run_prompt(&state, &engine, &job, prompt, p * n, &tx, &stats));
-    let results = futures_util::future::join_all(runs).await;
-    let error = results.into_iter().find_map(Result::err);
+    let error = futures_util::future::try_join_all(runs).await.err();
     let cancelled = tx.is_closed();
     if let Some(e) = &error {
         let _ = tx.send(Event::Failed(e.clone())).await;
@@ -124,16 +142,25 @@ async fn run_prompt(
         // each runs the last token itself (its logits start the choice).
         let (shared, last) = prompt.split_at(prompt.len() - 1);
         base.fill_tokens(shared)?;
+        let mut preempted = None;
         loop {
-            if tx.is_closed() {
-                return Ok(());
-            }
-            match base.forward().execute().await {
+            let ran = tokio::select! {
+                r = base.forward().execute() => r,
+                _ = tx.closed() => return Ok(()),
+            };
+            match ran {
                 Ok(_) => break,
-                Err(e) if e.is_kv_full() => state.preempted(engine, prompt.len()).await,
+                Err(e) if e.is_kv_full() => {
+                    let wait = state.preempted(engine, prompt.len());
+                    preempted = tokio::select! {
+                        g = wait => Some(g),
+                        _ = tx.closed() => return Ok(()),
+                    };
+                }
                 Err(e) => return Err(e.into()),
             }
         }
+        drop(preempted);
         for _ in 0..n {
             let mut c = base.fork()?;
             c.fill_tokens(last)?;
@@ -151,9 +178,8 @@ async fn run_prompt(
         .iter_mut()
         .enumerate()
         .map(|(i, ctx)| run_choice(state, engine, job, prompt.len(), ctx, first + i, tx, stats));
-    for r in futures_util::future::join_all(choices).await {
-        r?;
-    }
+    // The first failing choice ends the others (and gives their pages back) at once.
+    futures_util::future::try_join_all(choices).await?;
     Ok(())
 }
 
@@ -197,22 +223,31 @@ async fn run_choice(
     let mut text = TextTracker::new(p.stop.clone());
     let mut seen = 0;
     let mut last_token: Option<Instant> = None;
-    loop {
-        if tx.is_closed() {
-            return Ok(());
-        }
-        let Some(step) = gen.next()? else { break };
-        let out = match step.execute().await {
+    let mut preempted = None;
+    while let Some(step) = gen.next()? {
+        // A client that goes away ends the choice even in the middle of a long pass.
+        let ran = tokio::select! {
+            r = step.execute() => r,
+            _ = tx.closed() => return Ok(()),
+        };
+        let out = match ran {
             Ok(out) => out,
             Err(e) if e.is_kv_full() => {
-                // Preempted: give the pages back, wait for room, recompute.
-                gen.evict()?;
+                // Preempted: give the pages back, wait for room, recompute. Evicting waits for
+                // the scheduler's current step, so let this worker block.
+                blocking(|| gen.evict())?;
                 let need = gen.context().pending().len() + 1;
-                state.preempted(engine, need).await;
+                let wait = state.preempted(engine, need);
+                preempted = tokio::select! {
+                    g = wait => Some(g),
+                    _ = tx.closed() => return Ok(()),
+                };
                 continue;
             }
             Err(e) => return Err(e.into()),
         };
+        // The recomputation has run: new requests may be admitted again.
+        drop(preempted.take());
         let now = Instant::now();
         match last_token {
             None => {
@@ -243,7 +278,7 @@ async fn run_choice(
             .fetch_add(new.len() as u64, Ordering::Relaxed);
         let delta = text.delta();
         if !(delta.text.is_empty() && delta.logprobs.is_empty())
-            && tx.send(Event::Delta { choice, delta }).await.is_err()
+            && send(tx, Event::Delta { choice, delta }).await.is_err()
         {
             return Ok(());
         }
@@ -260,14 +295,16 @@ async fn run_choice(
         .push(finish);
     let delta = text.finish();
     if !(delta.text.is_empty() && delta.logprobs.is_empty()) {
-        let _ = tx.send(Event::Delta { choice, delta }).await;
+        let _ = send(tx, Event::Delta { choice, delta }).await;
     }
-    let _ = tx
-        .send(Event::Finish {
+    let _ = send(
+        tx,
+        Event::Finish {
             choice,
             finish,
             tokens,
-        })
-        .await;
+        },
+    )
+    .await;
     Ok(())
 }

@@ -8,8 +8,10 @@ use crate::error::ApiError;
 
 /// Most stop strings a request may give (OpenAI's limit).
 const MAX_STOP: usize = 4;
+/// Longest stop string in bytes (each is checked against the text's end at every token).
+const MAX_STOP_LEN: usize = 512;
 /// Most choices per request.
-const MAX_N: i64 = 128;
+pub const MAX_N: i64 = 128;
 /// Most alternatives per token in `top_logprobs`.
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 
@@ -60,9 +62,16 @@ impl GenParams {
                 temperature,
             }
         };
+        // Values that pass as f64 but vanish as f32 (1e-300) must not reach the engine.
+        if top_p.is_some_and(|p| p as f32 <= 0.0) {
+            return Err(ApiError::param("top_p", "'top_p' is too small."));
+        }
+        sampler
+            .validate(vocab)
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
         let presence = body.number("presence_penalty", -2.0, 2.0)?;
         let frequency = body.number("frequency_penalty", -2.0, 2.0)?;
-        let repetition = body.number("repetition_penalty", f64::MIN_POSITIVE, 10.0)?;
+        let repetition = body.number("repetition_penalty", 1e-3, 10.0)?;
         let penalties =
             (presence.is_some() || frequency.is_some() || repetition.is_some()).then(|| {
                 Penalties {
@@ -146,6 +155,12 @@ fn stop(body: &Body) -> Result<Vec<String>, ApiError> {
                 "'stop' takes at most {MAX_STOP} strings, got {}.",
                 list.len()
             ),
+        ));
+    }
+    if list.iter().any(|s| s.len() > MAX_STOP_LEN) {
+        return Err(ApiError::param(
+            "stop",
+            format!("Stop strings may be at most {MAX_STOP_LEN} bytes long."),
         ));
     }
     Ok(list.into_iter().filter(|s| !s.is_empty()).collect())

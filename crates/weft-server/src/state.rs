@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use weft::Engine;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Preempted};
 use crate::error::ApiError;
 use crate::metrics::{Gauges, ServerMetrics};
 
@@ -114,10 +114,11 @@ impl State {
         h.finish()
     }
 
-    /// Waits for KV pages after a preemption (see [`crate::admission`]).
-    pub async fn preempted(&self, engine: &Engine, need: usize) {
+    /// Waits for KV pages after a preemption (see [`crate::admission`]); keep the guard
+    /// until the recomputing pass has run.
+    pub async fn preempted(&self, engine: &Engine, need: usize) -> Preempted {
         self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
-        self.admission.wait_for_pages(engine, need).await;
+        self.admission.wait_for_pages(engine, need).await
     }
 
     /// The gauges `/metrics` shows. Reading the engine's counters may wait for its current

@@ -7,7 +7,7 @@
 //! or a named function, the output is *constrained* to a JSON list of calls whose names are
 //! listed tools and whose arguments match each tool's JSON Schema, so it always parses.
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::body::Body;
 use crate::error::ApiError;
@@ -148,46 +148,72 @@ impl Tools {
     }
 
     /// The JSON Schema a forced answer is constrained to: a list of calls of the allowed
-    /// tools, each with arguments valid under that tool's parameters.
-    pub fn schema(&self) -> Value {
-        let calls: Vec<Value> = self
-            .tools
-            .iter()
-            .filter(|t| match &self.choice {
-                Choice::Named(n) => &t.name == n,
-                _ => true,
-            })
-            .map(|t| {
-                json!({
-                    "type": "object",
-                    "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": false,
-                })
-            })
-            .collect();
+    /// tools, each with arguments valid under that tool's parameters. Each tool's `$defs`
+    /// (and `definitions`) move to the root, where its `#/$defs/...` references point; two
+    /// tools defining one name differently are a 400.
+    pub fn schema(&self) -> Result<Value, ApiError> {
+        let mut defs: Map<String, Value> = Map::new();
+        let mut calls = Vec::new();
+        let allowed = self.tools.iter().filter(|t| match &self.choice {
+            Choice::Named(n) => &t.name == n,
+            _ => true,
+        });
+        for t in allowed {
+            let mut params = t.parameters.clone();
+            for key in ["$defs", "definitions"] {
+                let Some(Value::Object(d)) = params.as_object_mut().and_then(|p| p.remove(key))
+                else {
+                    continue;
+                };
+                let root = defs
+                    .entry(key.to_string())
+                    .or_insert_with(|| Value::Object(Map::new()));
+                let Value::Object(root) = root else { continue };
+                for (name, def) in d {
+                    if root.get(&name).is_some_and(|old| old != &def) {
+                        return Err(ApiError::param(
+                            "tools",
+                            format!("Two tools define '{key}/{name}' differently."),
+                        ));
+                    }
+                    root.insert(name, def);
+                }
+            }
+            calls.push(json!({
+                "type": "object",
+                "properties": {"name": {"const": t.name}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            }));
+        }
         let max = if self.parallel { MAX_PARALLEL_CALLS } else { 1 };
-        json!({"type": "array", "items": {"anyOf": calls}, "minItems": 1, "maxItems": max})
+        let mut schema =
+            json!({"type": "array", "items": {"anyOf": calls}, "minItems": 1, "maxItems": max});
+        for (k, v) in defs {
+            schema[k] = v;
+        }
+        Ok(schema)
     }
 
-    /// The calls in a model's answer, if it is one: a JSON list of calls (what a forced
-    /// answer is), optionally wrapped in `<tool_call>…</tool_call>`. Calls must name listed
-    /// tools. Returns the text before the call too.
-    pub fn parse_output(&self, text: &str) -> Option<(String, Vec<ToolCall>)> {
-        let (before, body) = match text.find("<tool_call>") {
-            Some(i) => {
-                let rest = &text[i + "<tool_call>".len()..];
-                let end = rest.find("</tool_call>").unwrap_or(rest.len());
-                (text[..i].trim().to_string(), &rest[..end])
+    /// The calls in a model's answer, if the whole answer is calls: a JSON list of calls
+    /// (what a forced answer is) or a call object, or one or more `<tool_call>…</tool_call>`
+    /// blocks holding them. Calls must name listed tools.
+    pub fn parse_output(&self, text: &str) -> Option<Vec<ToolCall>> {
+        let t = text.trim();
+        let mut items = Vec::new();
+        if t.starts_with(TAG) {
+            let mut rest = t;
+            while let Some(after) = rest.trim_start().strip_prefix(TAG) {
+                let end = after.find(END_TAG).unwrap_or(after.len());
+                items.extend(json_calls(&after[..end])?);
+                rest = after.get(end + END_TAG.len()..).unwrap_or("");
             }
-            None => (String::new(), text),
-        };
-        let value: Value = serde_json::from_str(body.trim()).ok()?;
-        let items = match value {
-            Value::Array(a) => a,
-            v @ Value::Object(_) => vec![v],
-            _ => return None,
-        };
+            if !rest.trim().is_empty() {
+                return None;
+            }
+        } else {
+            items = json_calls(t)?;
+        }
         let mut calls = Vec::with_capacity(items.len());
         for item in items {
             let name = item.get("name")?.as_str()?;
@@ -200,7 +226,30 @@ impl Tools {
                 arguments: args.to_string(),
             });
         }
-        (!calls.is_empty()).then_some((before, calls))
+        (!calls.is_empty()).then_some(calls)
+    }
+}
+
+const TAG: &str = "<tool_call>";
+const END_TAG: &str = "</tool_call>";
+
+/// Whether a streamed answer that starts with `text` may still turn out to be calls (the
+/// same rule as [`Tools::parse_output`]: calls are the whole answer).
+pub fn may_be_call(text: &str) -> bool {
+    let t = text.trim_start();
+    t.is_empty()
+        || TAG.starts_with(t)
+        || t.starts_with(TAG)
+        || t.starts_with('[')
+        || t.starts_with('{')
+}
+
+/// The call objects of a JSON list or object.
+fn json_calls(s: &str) -> Option<Vec<Value>> {
+    match serde_json::from_str(s.trim()).ok()? {
+        Value::Array(a) => Some(a),
+        v @ Value::Object(_) => Some(vec![v]),
+        _ => None,
     }
 }
 
@@ -396,18 +445,38 @@ mod tests {
             choice: Choice::Auto,
             parallel: true,
         };
-        let (before, calls) = tools
-            .parse_output(
-                "Sure.<tool_call>[{\"name\": \"f\", \"arguments\": {\"a\": 1}}]</tool_call>",
-            )
-            .expect("a call");
-        assert_eq!(before, "Sure.");
+        let calls = tools
+            .parse_output(concat!(
+                "<tool_call>[{\"name\": \"f\", \"arguments\": {\"a\": 1}}]</tool_call>\n",
+                "<tool_call>{\"name\": \"f\"}</tool_call>"
+            ))
+            .expect("two calls");
+        assert_eq!(calls.len(), 2);
         assert_eq!(calls[0].arguments, "{\"a\":1}");
+        assert_eq!(calls[1].arguments, "{}");
+        assert!(tools
+            .parse_output("Sure.<tool_call>[{\"name\": \"f\"}]</tool_call>")
+            .is_none());
+        assert!(may_be_call("  <tool") && !may_be_call("Sure"));
         assert!(tools
             .parse_output("[{\"name\": \"g\", \"arguments\": {}}]")
             .is_none());
         assert!(tools.parse_output("plain text").is_none());
-        let schema = tools.schema();
+        let schema = tools.schema().expect("schema");
         assert_eq!(schema["minItems"], 1);
+        // A tool's $defs move to the root, where its references point.
+        let with_defs = Tools {
+            tools: vec![Tool {
+                name: "f".into(),
+                description: None,
+                parameters: json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}},
+                    "$defs": {"P": {"type": "integer"}}}),
+            }],
+            choice: Choice::Required,
+            parallel: false,
+        };
+        let schema = with_defs.schema().expect("schema");
+        assert_eq!(schema["$defs"]["P"]["type"], "integer");
+        assert_eq!(schema["maxItems"], 1);
     }
 }

@@ -238,6 +238,15 @@ fn bad_requests_get_openai_errors_naming_the_parameter() {
         let (st, v) = post(&s, "/v1/completions", json!({"prompt": "x", "suffix": "y"})).await;
         assert_eq!(st, StatusCode::BAD_REQUEST);
         assert_eq!(error_shape(&v).0, "suffix");
+        // Prompts × n choices are bounded.
+        let (st, v) = post(
+            &s,
+            "/v1/completions",
+            json!({"prompt": ["a", "b"], "n": 100}),
+        )
+        .await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+        assert_eq!(error_shape(&v).0, "n");
         // A prompt longer than the context: 400 with both numbers, for streams too.
         let long = "word ".repeat(9000);
         for stream in [false, true] {

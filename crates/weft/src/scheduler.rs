@@ -335,6 +335,11 @@ impl Shared {
                 if std::thread::panicking() {
                     let mut q = self.0.queue();
                     q.shutdown = true;
+                    for c in q.commands.drain(..) {
+                        if let Command::Truncate { reply, .. } = c {
+                            let _ = reply.send(Err(Error::EngineStopped));
+                        }
+                    }
                     for (req, reply) in q.incoming.drain(..) {
                         self.0.answer(req.seq, reply, Err(Error::EngineStopped));
                     }
@@ -389,7 +394,8 @@ impl Shared {
                 std::mem::take(&mut q.commands)
             };
             // Commands were queued before the passes just taken (a context waits for its own
-            // passes before it forks, truncates or drops), so they go first.
+            // passes before it forks or truncates), so they go first. A context dropped while
+            // its pass waits frees its sequence here, and the pass then fails in `step`.
             self.apply(commands);
             if !active.is_empty() {
                 self.step(&mut active);
@@ -441,8 +447,12 @@ impl Shared {
                     fail(&mut runner, &mut active[chosen[0].0], e);
                 }
             } else {
-                // Find whose pass failed: run each alone.
-                for &c in &chosen {
+                // Find whose pass failed: run each alone, oldest context first (ids are
+                // handed out in creation order), so that when the KV pool is full it is the
+                // youngest contexts whose passes fail.
+                let mut by_age = chosen.clone();
+                by_age.sort_by_key(|&(i, _, _)| active[i].req.seq);
+                for c in by_age {
                     match run_chunks(&mut runner, active, &[c]) {
                         Ok(()) => {
                             ran.push(c);
