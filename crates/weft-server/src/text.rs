@@ -3,7 +3,7 @@
 //! token, whose strings concatenate to exactly the text shown.
 
 use weft::tokenizer::Utf8Buffer;
-use weft::Tokenizer;
+use weft::{StopStrings, Tokenizer};
 
 /// The log-probability of one generated token and its top alternatives.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,7 +29,7 @@ struct Entry {
 /// The growing text of one choice.
 #[derive(Debug)]
 pub struct TextTracker {
-    stops: Vec<String>,
+    stops: StopStrings,
     text: String,
     bytes: Utf8Buffer,
     entries: Vec<Entry>,
@@ -48,7 +48,7 @@ pub struct Delta {
 impl TextTracker {
     pub fn new(stops: Vec<String>) -> TextTracker {
         TextTracker {
-            stops,
+            stops: StopStrings::new(stops),
             text: String::new(),
             bytes: Utf8Buffer::default(),
             entries: Vec::new(),
@@ -73,32 +73,17 @@ impl TextTracker {
         });
     }
 
-    /// Bytes at the end of the text that could begin a stop string.
-    fn held_back(&self) -> usize {
-        let mut hold = 0;
-        for s in &self.stops {
-            for (i, _) in s.char_indices().skip(1) {
-                if self.text.ends_with(&s[..i]) {
-                    hold = hold.max(i);
-                }
-            }
-        }
-        hold
-    }
-
-    /// Where the first stop string starts, if the text has one.
+    /// Where the first stop string starts, if the text has one (the generator stops on the
+    /// same rule: [`StopStrings::find`]).
     fn cut(&self) -> Option<usize> {
-        self.stops
-            .iter()
-            .filter_map(|s| self.text.find(s.as_str()))
-            .min()
+        self.stops.find(&self.text).map(|(i, _)| i)
     }
 
     /// New text that is safe to show while generation goes on.
     pub fn delta(&mut self) -> Delta {
         let visible = match self.cut() {
             Some(c) => c,
-            None => self.text.len() - self.held_back(),
+            None => self.text.len() - self.stops.held_back(&self.text),
         };
         self.emit(visible, false)
     }

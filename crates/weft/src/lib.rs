@@ -46,7 +46,7 @@ pub use context::Context;
 pub use engine::{Engine, EngineConfig, Metrics};
 pub use error::{Error, Result};
 pub use forward::{Forward, ForwardOutput, SampleHandle};
-pub use generator::{Generator, Step, StepOutput, StopReason};
+pub use generator::{Generator, Step, StepOutput, StopReason, StopStrings};
 pub use probe::{
     Distribution, Entropy, Logits, Logprob, LogprobProbe, Logprobs, Probe, ProbeHandle,
 };

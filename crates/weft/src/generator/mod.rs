@@ -6,8 +6,10 @@ use weft_core::sampling::{Penalties, Sampler};
 use weft_core::tokenizer::Utf8Buffer;
 
 mod step;
+mod stop;
 
 pub use step::{Step, StepOutput};
+pub use stop::StopStrings;
 
 use crate::constraint::{self, Constraint, Schema, TokenMask};
 use crate::context::Context;
@@ -66,7 +68,7 @@ pub struct Generator<'c> {
     ignore_eos: bool,
     stops: HashSet<u32>,
     stop_sequences: Vec<Vec<u32>>,
-    stop_strings: Vec<String>,
+    stop_strings: StopStrings,
     penalties: Option<Penalties>,
     bias: Vec<(u32, f32)>,
     each_step: Vec<(usize, ProbeKind)>,
@@ -117,7 +119,7 @@ impl<'c> Generator<'c> {
             ignore_eos: false,
             stops: HashSet::new(),
             stop_sequences: Vec::new(),
-            stop_strings: Vec::new(),
+            stop_strings: StopStrings::default(),
             penalties: None,
             bias: Vec::new(),
             each_step: Vec::new(),
@@ -398,12 +400,8 @@ impl<'c> Generator<'c> {
                 self.finish(StopReason::StopSequence(s));
                 return i + 1;
             }
-            if let Some(s) = self
-                .stop_strings
-                .iter()
-                .find(|s| self.text.contains(s.as_str()))
-            {
-                let s = s.clone();
+            if let Some((_, s)) = self.stop_strings.find(&self.text) {
+                let s = s.to_string();
                 self.finish(StopReason::StopString(s));
                 return i + 1;
             }
@@ -433,10 +431,10 @@ impl<'c> Generator<'c> {
     /// The output text, cut before a matched stop string.
     fn final_text(&self) -> &str {
         match &self.stopped {
-            Some(StopReason::StopString(s)) => self
-                .text
-                .find(s.as_str())
-                .map_or(&self.text, |i| &self.text[..i]),
+            Some(StopReason::StopString(_)) => self
+                .stop_strings
+                .find(&self.text)
+                .map_or(&self.text, |(i, _)| &self.text[..i]),
             _ => &self.text,
         }
     }
@@ -501,7 +499,7 @@ impl<'c> Generator<'c> {
             let visible = if done {
                 self.final_text().len()
             } else {
-                self.text.len() - self.held_back()
+                self.text.len() - self.stop_strings.held_back(&self.text)
             };
             if visible > self.streamed {
                 let delta = self.text[self.streamed..visible].to_string();
@@ -515,19 +513,6 @@ impl<'c> Generator<'c> {
                 step.execute().await?;
             }
         }
-    }
-
-    /// Bytes at the end of the text that could begin a stop string.
-    fn held_back(&self) -> usize {
-        let mut hold = 0;
-        for s in &self.stop_strings {
-            for (i, _) in s.char_indices().skip(1) {
-                if self.text.ends_with(&s[..i]) {
-                    hold = hold.max(i);
-                }
-            }
-        }
-        hold
     }
 }
 
