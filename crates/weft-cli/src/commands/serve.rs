@@ -34,11 +34,10 @@ pub struct Args {
     /// context is at most this long (and at most the model's training context).
     #[arg(long, value_name = "N")]
     kv_tokens: Option<usize>,
-    /// Requests that may wait for admission; one more gets 429 (default 256).
+    /// Requests that may wait for admission; one more gets 429.
     #[arg(long, value_name = "N", default_value_t = 256)]
     max_queue: usize,
-    /// Requests generating at once; the engine batches all of them into shared model calls
-    /// (default 64).
+    /// Requests generating at once; the engine batches all of them into shared model calls.
     #[arg(long, value_name = "N", default_value_t = 64)]
     parallel: usize,
     /// Largest request body in MiB; a larger one gets 413.
