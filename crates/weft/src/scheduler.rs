@@ -374,9 +374,18 @@ impl Shared {
                     }
                     return;
                 }
-                // Give contexts that announced more work a moment to submit it.
+                // Give contexts that announced more work a moment to submit it. Their context
+                // operations are applied as they come (a speculative rollback truncates before
+                // the next pass, and waits for it).
                 let deadline = Instant::now() + self.batch_wait;
                 while !q.expected.is_empty() && !q.shutdown {
+                    if !q.commands.is_empty() {
+                        let commands = std::mem::take(&mut q.commands);
+                        drop(q);
+                        self.apply(commands);
+                        q = self.queue();
+                        continue;
+                    }
                     let now = Instant::now();
                     if now >= deadline {
                         q.expected.clear();
