@@ -58,6 +58,9 @@ pub struct RunnerConfig {
     pub n_ctx: Option<usize>,
     /// Tokens per model call; longer batches are split (default 512).
     pub max_ubatch: usize,
+    /// Keep full KV pages of plain causal sequences for later sequences that start with the
+    /// same tokens (see [`KvCache::attach_prefix`]; default off here, on in the engine).
+    pub prefix_cache: bool,
 }
 
 impl Default for RunnerConfig {
@@ -67,6 +70,7 @@ impl Default for RunnerConfig {
             kv_tokens: 16384,
             n_ctx: None,
             max_ubatch: 512,
+            prefix_cache: false,
         }
     }
 }
@@ -89,7 +93,8 @@ impl ModelRunner {
     /// Loads the model in `file` and sets up its cache and threads.
     pub fn new(file: Arc<GgufFile>, cfg: &RunnerConfig) -> Result<ModelRunner> {
         let model = models::load(file)?;
-        let kv = KvCache::new(model.kv_layout(), cfg.kv_tokens)?;
+        let mut kv = KvCache::new(model.kv_layout(), cfg.kv_tokens)?;
+        kv.set_prefix_cache(cfg.prefix_cache);
         let n_ctx = cfg
             .n_ctx
             .unwrap_or(model.info().n_ctx_train)
@@ -156,6 +161,12 @@ impl ModelRunner {
     /// Rewinds a sequence to its first `n` tokens.
     pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
         self.kv.truncate(seq, n)
+    }
+
+    /// Attaches cached pages holding the longest whole-page prefix of `tokens` (at most
+    /// `max` tokens) to the empty sequence `seq`; returns how many tokens they hold.
+    pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32], max: usize) -> usize {
+        self.kv.attach_prefix(seq, tokens, max)
     }
 
     /// A copy of `seq` sharing its full pages.
@@ -238,6 +249,14 @@ impl ModelRunner {
                 // the length it had.
                 let _ = self.kv.truncate(seq, len);
             } else {
+                // Record the tokens for the prefix cache: shareable when the sequence's tokens
+                // were written causally at positions equal to their slots.
+                let mine = batch.iter().filter(|e| e.seq == seq);
+                let tokens: Vec<u32> = mine.clone().map(|e| e.token).collect();
+                let plain = mine
+                    .enumerate()
+                    .all(|(k, e)| e.mask.is_none() && e.pos as usize == len + k);
+                self.kv.publish(seq, &tokens, plain);
                 self.kv.release_behind_window(seq);
             }
         }

@@ -147,6 +147,18 @@ impl ServerMetrics {
             format!("{:.3}", e.mean_batch_passes),
         );
         line(
+            "weft:prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens looked up in the prefix cache.",
+            e.prefix_queried_tokens.to_string(),
+        );
+        line(
+            "weft:prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens found in the prefix cache (not computed).",
+            e.prefix_hit_tokens.to_string(),
+        );
+        line(
             "weft:model_calls_total",
             "counter",
             "Batched model calls.",

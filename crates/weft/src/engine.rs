@@ -29,6 +29,11 @@ pub struct EngineConfig {
     pub step_tokens: usize,
     /// How long a step waits for contexts that announced more passes (default 2 ms).
     pub batch_wait: Duration,
+    /// Automatic prefix cache (default on): a context whose first tokens fill the same full
+    /// KV pages as an earlier context's attaches them instead of computing them. Outputs are
+    /// bit-identical either way; finished contexts' pages stay cached until the pool needs
+    /// them (least recently used first).
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineConfig {
@@ -40,6 +45,7 @@ impl Default for EngineConfig {
             n_ctx: r.n_ctx,
             step_tokens: r.max_ubatch,
             batch_wait: Duration::from_millis(2),
+            prefix_cache: true,
         }
     }
 }
@@ -63,8 +69,13 @@ pub struct Metrics {
     pub tokens_decoded: u64,
     /// KV pages in use, over all layer groups.
     pub kv_pages_used: usize,
-    /// KV pages free, over all layer groups.
+    /// KV pages free, over all layer groups (pages only the prefix cache holds count as free).
     pub kv_pages_free: usize,
+    /// Prompt tokens looked up in the prefix cache, and those found there (not computed).
+    pub prefix_queried_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    /// Cached pages given back to the pool to make room.
+    pub prefix_evictions: u64,
 }
 
 pub(crate) struct Inner {
@@ -142,6 +153,7 @@ impl Engine {
                 kv_tokens: config.kv_tokens,
                 n_ctx: config.n_ctx,
                 max_ubatch: config.step_tokens.max(1),
+                prefix_cache: config.prefix_cache,
             },
         )?;
         let info = runner.info().clone();
@@ -240,6 +252,9 @@ impl Engine {
             tokens_decoded: c.decoded.load(Ordering::Relaxed),
             kv_pages_used: c.kv_used.load(Ordering::Relaxed),
             kv_pages_free: c.kv_free.load(Ordering::Relaxed),
+            prefix_queried_tokens: c.prefix_queried.load(Ordering::Relaxed),
+            prefix_hit_tokens: c.prefix_hits.load(Ordering::Relaxed),
+            prefix_evictions: c.prefix_evictions.load(Ordering::Relaxed),
         }
     }
 

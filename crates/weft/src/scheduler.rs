@@ -108,6 +108,8 @@ struct Active {
     saved: Vec<(usize, Vec<f32>)>,
     /// The answer, once the pass has finished or failed.
     outcome: Option<Result<PassResult>>,
+    /// The prefix cache was consulted for this pass.
+    prefix_checked: bool,
 }
 
 /// Counters the scheduler keeps (see [`crate::Metrics`]).
@@ -126,6 +128,9 @@ pub(crate) struct Counters {
     pub kv_free: AtomicUsize,
     /// Free pages of the layer group with the fewest.
     pub kv_free_min: AtomicUsize,
+    pub prefix_queried: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    pub prefix_evictions: AtomicU64,
 }
 
 #[derive(Default)]
@@ -267,6 +272,10 @@ impl Shared {
         c.kv_used.store(total - free, Ordering::Relaxed);
         let min = usage.iter().map(|u| u.free).min().unwrap_or(0);
         c.kv_free_min.store(min, Ordering::Relaxed);
+        let p = runner.kv().prefix_stats();
+        c.prefix_queried.store(p.queried_tokens, Ordering::Relaxed);
+        c.prefix_hits.store(p.hit_tokens, Ordering::Relaxed);
+        c.prefix_evictions.store(p.evictions, Ordering::Relaxed);
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {
@@ -417,6 +426,7 @@ impl Shared {
         // Only the oldest pass of each context may run (a context's passes run in order).
         let mut seen = HashSet::new();
         let eligible: Vec<bool> = active.iter().map(|a| seen.insert(a.req.seq)).collect();
+        self.attach_prefixes(active, &eligible);
         // Choose (pass, token range) triples: short passes first, then chunks in order.
         let mut chosen: Vec<(usize, usize, usize)> = Vec::new();
         let mut budget = self.step_tokens;
@@ -513,6 +523,44 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Admission through the prefix cache: the first pass of a fresh context, causal at
+    /// positions 0.., starts with the cached pages that hold its longest whole-page prefix
+    /// (never past the first token whose logits the pass wants, and never its last token).
+    /// The pass then runs only the rest; a failure rolls the attached tokens back with it.
+    fn attach_prefixes(&self, active: &mut [Active], eligible: &[bool]) {
+        let fresh = |a: &Active| {
+            a.done == 0
+                && a.req.masks.is_none()
+                && a.req
+                    .positions
+                    .iter()
+                    .enumerate()
+                    .all(|(k, &p)| p as usize == k)
+        };
+        if !active
+            .iter()
+            .zip(eligible)
+            .any(|(a, &e)| e && !a.prefix_checked && fresh(a))
+        {
+            return;
+        }
+        let mut runner = self.runner();
+        for (a, &e) in active.iter_mut().zip(eligible) {
+            if !e || a.prefix_checked {
+                continue;
+            }
+            a.prefix_checked = true;
+            if !fresh(a) || runner.kv().len(a.req.seq).map_or(true, |n| n != 0) {
+                continue;
+            }
+            let n = a.req.tokens.len();
+            let limit = a.wanted.first().copied().unwrap_or(n).min(n - 1);
+            a.done = runner.attach_prefix(a.req.seq, &a.req.tokens, limit);
+        }
+    }
+}
+
 /// Fails a pass; tokens it ran in earlier steps (chunked prefill) leave the cache too, so the
 /// sequence is back where the pass found it.
 fn fail(runner: &mut ModelRunner, a: &mut Active, e: Error) {
@@ -541,6 +589,7 @@ impl Active {
             wanted,
             saved: Vec::new(),
             outcome: None,
+            prefix_checked: false,
         }
     }
 }

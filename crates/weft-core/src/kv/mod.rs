@@ -13,6 +13,7 @@
 //! (`[kv_head][slot][head_dim]`), so attention streams one head's keys page by page.
 
 mod page_pool;
+mod prefix;
 
 use std::collections::HashMap;
 
@@ -21,6 +22,7 @@ use half::slice::HalfBitsSliceExt;
 
 use crate::error::{Error, Result};
 pub use page_pool::{PageId, PagePool};
+pub use prefix::PrefixStats;
 
 /// Tokens per page.
 pub const PAGE_SIZE: usize = 32;
@@ -66,6 +68,12 @@ struct Sequence {
     /// a sliding-window group has released it.
     tables: Vec<Vec<Option<PageId>>>,
     max_pos: Option<u32>,
+    /// Token id of each slot, while every slot was written by a plain causal pass (see
+    /// [`KvCache::publish`]); and the prefix-cache hash of each full page so far.
+    tokens: Vec<u32>,
+    hashes: Vec<u64>,
+    /// Some slot was written under a custom mask or position: its pages are never shared.
+    unshareable: bool,
 }
 
 /// Page usage of one group, for metrics.
@@ -84,6 +92,7 @@ pub struct KvCache {
     layer_slot: Vec<(usize, usize)>,
     seqs: HashMap<SeqId, Sequence>,
     next_id: u32,
+    prefix: prefix::PrefixCache,
 }
 
 impl KvCache {
@@ -143,6 +152,7 @@ impl KvCache {
             layer_slot,
             seqs: HashMap::new(),
             next_id: 0,
+            prefix: prefix::PrefixCache::default(),
         })
     }
 
@@ -196,12 +206,15 @@ impl KvCache {
     }
 
     /// Page usage per group.
+    /// Page usage per group. Pages only the prefix cache holds count as free: the pool
+    /// takes them back when it needs room.
     pub fn usage(&self) -> Vec<PageUsage> {
+        let cached = self.evictable();
         self.groups
             .iter()
             .map(|g| PageUsage {
                 total: g.pool.n_pages(),
-                free: g.pool.n_free(),
+                free: g.pool.n_free() + cached,
             })
             .collect()
     }
@@ -216,15 +229,24 @@ impl KvCache {
         let start = s.positions.len();
         let end = start + positions.len();
         // Pages needed in each group: new pages plus a copy of a shared partial last page.
-        for (g, group) in self.groups.iter().enumerate() {
-            let table = &s.tables[g];
-            let new_pages = end.div_ceil(PAGE_SIZE).saturating_sub(table.len());
-            let cow = start % PAGE_SIZE != 0
-                && table
-                    .last()
-                    .and_then(|p| *p)
-                    .is_some_and(|p| group.pool.refcount(p) > 1);
-            let needed = new_pages + usize::from(cow);
+        let needed: Vec<usize> = self
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, group)| {
+                let table = &s.tables[g];
+                let new_pages = end.div_ceil(PAGE_SIZE).saturating_sub(table.len());
+                let cow = start % PAGE_SIZE != 0
+                    && table
+                        .last()
+                        .and_then(|p| *p)
+                        .is_some_and(|p| group.pool.refcount(p) > 1);
+                new_pages + usize::from(cow)
+            })
+            .collect();
+        // Room comes from the free list, then from pages only the prefix cache holds.
+        self.make_room(&needed);
+        for (group, &needed) in self.groups.iter().zip(&needed) {
             if needed > group.pool.n_free() {
                 return Err(Error::KvCacheFull {
                     needed_pages: needed,
@@ -315,6 +337,8 @@ impl KvCache {
             }
         }
         s.positions.truncate(n);
+        s.tokens.truncate(n);
+        s.hashes.truncate(n / PAGE_SIZE);
         s.max_pos = s.positions.iter().copied().max();
         Ok(())
     }
