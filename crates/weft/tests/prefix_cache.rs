@@ -143,3 +143,23 @@ fn masked_passes_are_never_shared() {
     let (_, _) = run_ids(&on, &ids);
     assert!(on.metrics().prefix_hit_tokens > 0);
 }
+
+#[test]
+fn a_prefix_across_gemmas_sliding_window_is_bit_identical() {
+    // Over 700 tokens: past Gemma 3's 512-token sliding window, prefilled in two chunks.
+    let long = [PROMPT; 14].join(" ");
+    let on = engine("gemma3-270m", 4096, true);
+    let off = engine("gemma3-270m", 4096, false);
+    assert!(on.tokenize(&long).len() > 700);
+    let question = format!("{long} What is the weft?");
+    for prompt in [long.as_str(), question.as_str()] {
+        let (a, ta) = run(&on, prompt);
+        let (b, tb) = run(&off, prompt);
+        assert!(
+            a == b && ta == tb,
+            "logits or tokens differ across the window"
+        );
+    }
+    assert!(on.metrics().prefix_hit_tokens >= 640, "{:?}", on.metrics());
+    assert_eq!(on.metrics().kv_pages_used, 0);
+}
