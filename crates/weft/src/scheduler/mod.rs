@@ -23,18 +23,24 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures_channel::oneshot;
 use weft_core::kv::SeqId;
 use weft_core::models::SlotMask;
 use weft_core::runner::{BatchEntry, ModelRunner};
-use weft_core::sampling::{apply_logit_bias, Penalties, Rng, SampleScratch, Sampler};
+use weft_core::sampling::{Penalties, Rng, Sampler};
 
 use crate::constraint::TokenMask;
 use crate::error::{Error, Result};
 use crate::probe::{ProbeKind, ProbeValue};
+
+mod commands;
+mod sample;
+
+pub(crate) use commands::Command;
+use sample::advance;
 
 /// Passes of at most this many tokens go first in a step (decodes, speculative checks).
 const SHORT_PASS: usize = 16;
@@ -77,24 +83,6 @@ pub(crate) struct PassResult {
 }
 
 type Reply = oneshot::Sender<Result<PassResult>>;
-
-/// A context operation, applied by the scheduler thread before its next step. A context's
-/// commands and passes reach the runner in the order the context issued them.
-pub(crate) enum Command {
-    /// Start an empty sequence under this id.
-    Create(SeqId),
-    /// Start `to` as a copy of `from` sharing all its pages.
-    Fork { from: SeqId, to: SeqId },
-    /// Keep the first `n` tokens of a sequence.
-    Truncate {
-        seq: SeqId,
-        n: usize,
-        /// A plain channel: the context waits on it from blocking code or inside a future.
-        reply: std::sync::mpsc::SyncSender<Result<()>>,
-    },
-    /// Drop a sequence and free its pages.
-    Free(SeqId),
-}
 
 /// A pass being run, possibly over several steps.
 struct Active {
@@ -189,93 +177,6 @@ impl Shared {
         // A panic while holding the lock cannot leave the runner half-updated in a way later
         // calls could observe (its methods validate first and roll back on error).
         self.runner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Hands out a new sequence id and queues its creation.
-    pub fn create_sequence(&self) -> SeqId {
-        let seq = SeqId(self.next_seq.fetch_add(1, Ordering::Relaxed));
-        self.command(Command::Create(seq));
-        seq
-    }
-
-    /// Hands out a new sequence id and queues it as a fork of `from`.
-    pub fn fork_sequence(&self, from: SeqId) -> SeqId {
-        let to = SeqId(self.next_seq.fetch_add(1, Ordering::Relaxed));
-        self.command(Command::Fork { from, to });
-        to
-    }
-
-    /// Queues a context operation for the scheduler thread (which wakes up for it).
-    pub fn command(&self, c: Command) {
-        let mut q = self.queue();
-        if q.shutdown {
-            if let Command::Truncate { reply, .. } = c {
-                let _ = reply.send(Err(Error::EngineStopped));
-            }
-            return;
-        }
-        q.commands.push(c);
-        self.issued.fetch_add(1, Ordering::Relaxed);
-        self.wake.notify_one();
-    }
-
-    /// Blocks until every command queued before the call has been applied (at most until the
-    /// current step ends), so counters read afterwards reflect them.
-    pub fn wait_applied(&self) {
-        let target = self.issued.load(Ordering::Relaxed);
-        let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
-        while *applied < target && !self.queue().shutdown {
-            applied = self
-                .applied_cv
-                .wait_timeout(applied, Duration::from_millis(50))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    /// Applies queued context operations to the runner, in order.
-    fn apply(&self, commands: Vec<Command>) {
-        if commands.is_empty() {
-            return;
-        }
-        let count = commands.len() as u64;
-        let mut runner = self.runner();
-        for c in commands {
-            match c {
-                // A fresh id cannot be taken, and a context forks only a sequence it holds:
-                // should either fail, the context's first pass reports the unknown sequence.
-                Command::Create(seq) => {
-                    let _ = runner.insert_sequence(seq);
-                }
-                Command::Fork { from, to } => {
-                    let _ = runner.fork_as(from, to);
-                }
-                Command::Truncate { seq, n, reply } => {
-                    let _ = reply.send(runner.truncate(seq, n).map_err(Error::from));
-                }
-                Command::Free(seq) => runner.free_sequence(seq),
-            }
-        }
-        self.publish_usage(&runner);
-        drop(runner);
-        *self.applied.lock().unwrap_or_else(|e| e.into_inner()) += count;
-        self.applied_cv.notify_all();
-    }
-
-    /// Publishes the KV pool's page counts for [`crate::Engine::metrics`].
-    fn publish_usage(&self, runner: &ModelRunner) {
-        let usage = runner.kv_usage();
-        let c = &self.counters;
-        let free: usize = usage.iter().map(|u| u.free).sum();
-        let total: usize = usage.iter().map(|u| u.total).sum();
-        c.kv_free.store(free, Ordering::Relaxed);
-        c.kv_used.store(total - free, Ordering::Relaxed);
-        let min = usage.iter().map(|u| u.free).min().unwrap_or(0);
-        c.kv_free_min.store(min, Ordering::Relaxed);
-        let p = runner.kv().prefix_stats();
-        c.prefix_queried.store(p.queried_tokens, Ordering::Relaxed);
-        c.prefix_hits.store(p.hit_tokens, Ordering::Relaxed);
-        c.prefix_evictions.store(p.evictions, Ordering::Relaxed);
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {
@@ -620,158 +521,6 @@ fn run_chunks(
     }
     runner.forward_masked(&entries, &masks)?;
     Ok(())
-}
-
-/// The logits rows of the last forward, per chosen range: `(pass, index, row)`.
-fn rows_of<'r>(
-    runner: &'r ModelRunner,
-    active: &[Active],
-    chosen: &[(usize, usize, usize)],
-    vocab: usize,
-) -> Vec<(usize, usize, &'r [f32])> {
-    let all = runner.last_logits();
-    let mut rows = Vec::new();
-    let mut row = 0;
-    for &(i, a, b) in chosen {
-        for &t in active[i].wanted.iter().filter(|&&t| t >= a && t < b) {
-            rows.push((i, t, &all[row * vocab..(row + 1) * vocab]));
-            row += 1;
-        }
-    }
-    rows
-}
-
-/// After a successful forward: advances the chosen passes, saves the rows a pass that is not
-/// finished will need, and computes the outcome of the passes that are — on the runner's
-/// thread pool, since with a large vocabulary sampling sixteen rows is not free.
-fn advance(
-    runner: &ModelRunner,
-    active: &mut [Active],
-    chosen: &[(usize, usize, usize)],
-    vocab: usize,
-) {
-    let rows = rows_of(runner, active, chosen, vocab);
-    let mut finished = Vec::new();
-    for &(i, _, b) in chosen {
-        let a = &mut active[i];
-        a.done = b;
-        if b < a.req.tokens.len() {
-            let mine = rows.iter().filter(|r| r.0 == i);
-            a.saved.extend(mine.map(|&(_, t, row)| (t, row.to_vec())));
-        } else {
-            finished.push(i);
-        }
-    }
-    let results: Vec<OnceLock<Result<PassResult>>> =
-        finished.iter().map(|_| OnceLock::new()).collect();
-    let done: &[Active] = active;
-    let work = |ti: usize, nt: usize| {
-        let mut scratch = Scratch::default();
-        for j in (ti..finished.len()).step_by(nt) {
-            let i = finished[j];
-            let row = |t: usize| -> &[f32] {
-                rows.iter()
-                    .find(|r| r.0 == i && r.1 == t)
-                    .map(|r| r.2)
-                    .or_else(|| {
-                        done[i]
-                            .saved
-                            .iter()
-                            .find(|s| s.0 == t)
-                            .map(|s| s.1.as_slice())
-                    })
-                    .unwrap_or(&[])
-            };
-            let _ = results[j].set(outcome(&done[i].req, row, &mut scratch));
-        }
-    };
-    if finished.len() > 1 {
-        runner.pool().run(&work);
-    } else {
-        work(0, 1);
-    }
-    for (i, r) in finished.into_iter().zip(results) {
-        active[i].outcome = r.into_inner();
-    }
-}
-
-/// Samples and probes a finished pass, given its logits rows by index.
-fn outcome<'r>(
-    req: &PassRequest,
-    row: impl Fn(usize) -> &'r [f32],
-    scratch: &mut Scratch,
-) -> Result<PassResult> {
-    let mut rng = req.rng.clone();
-    let mut tokens = Vec::with_capacity(req.samplers.len());
-    for s in &req.samplers {
-        let ids = s
-            .indices
-            .iter()
-            .enumerate()
-            .map(|(k, &t)| {
-                let mask = s.masks.get(k).and_then(Option::as_ref);
-                sample_row(req, t, row(t), &s.sampler, mask, &mut rng, scratch)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        tokens.push(ids);
-    }
-    let probes = req.probes.iter().map(|(t, p)| p.compute(row(*t))).collect();
-    Ok(PassResult {
-        tokens,
-        probes,
-        rng,
-    })
-}
-
-/// Reusable buffers of one sampling worker.
-#[derive(Default)]
-struct Scratch {
-    logits: Vec<f32>,
-    sampler: SampleScratch,
-}
-
-/// Samples one token from `logits` (after the pass's token `t`) after the pass's bias,
-/// penalties and logit masks.
-fn sample_row(
-    req: &PassRequest,
-    t: usize,
-    logits: &[f32],
-    sampler: &Sampler,
-    mask: Option<&TokenMask>,
-    rng: &mut Rng,
-    scratch: &mut Scratch,
-) -> Result<u32> {
-    let plain = req.bias.is_empty()
-        && req.penalties.is_none()
-        && req.logit_mask.is_none()
-        && mask.is_none();
-    if plain {
-        return Ok(sampler.sample_with(logits, rng, &mut scratch.sampler));
-    }
-    let buf = &mut scratch.logits;
-    buf.clear();
-    buf.extend_from_slice(logits);
-    apply_logit_bias(buf, &req.bias);
-    if let Some((p, history)) = &req.penalties {
-        // Only the tokens up to this one count (a speculative check samples after each draft
-        // token and must not see the ones after it).
-        let base = history.len() - req.tokens.len();
-        p.apply(buf, &history[..base + t + 1]);
-    }
-    for allowed in [req.logit_mask.as_ref(), mask].into_iter().flatten() {
-        let mut any = false;
-        for (id, l) in buf.iter_mut().enumerate() {
-            if !allowed.is_allowed(id as u32) {
-                *l = f32::NEG_INFINITY;
-            } else if *l > f32::NEG_INFINITY {
-                any = true;
-            }
-        }
-        if !any {
-            return Err(Error::NothingAllowed);
-        }
-    }
-    Ok(sampler.sample_with(buf, rng, &mut scratch.sampler))
 }
 
 /// Starts the scheduler thread.

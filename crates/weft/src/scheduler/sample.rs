@@ -1,0 +1,163 @@
+//! Answering finished passes: their samplers and probes run on the rows of logits they asked
+//! for, on the runner's thread pool.
+
+use std::sync::OnceLock;
+
+use weft_core::runner::ModelRunner;
+use weft_core::sampling::{apply_logit_bias, Rng, SampleScratch, Sampler};
+
+use super::{Active, PassRequest, PassResult};
+use crate::constraint::TokenMask;
+use crate::error::{Error, Result};
+
+/// The logits rows of the last forward, per chosen range: `(pass, index, row)`.
+fn rows_of<'r>(
+    runner: &'r ModelRunner,
+    active: &[Active],
+    chosen: &[(usize, usize, usize)],
+    vocab: usize,
+) -> Vec<(usize, usize, &'r [f32])> {
+    let all = runner.last_logits();
+    let mut rows = Vec::new();
+    let mut row = 0;
+    for &(i, a, b) in chosen {
+        for &t in active[i].wanted.iter().filter(|&&t| t >= a && t < b) {
+            rows.push((i, t, &all[row * vocab..(row + 1) * vocab]));
+            row += 1;
+        }
+    }
+    rows
+}
+
+/// After a successful forward: advances the chosen passes, saves the rows a pass that is not
+/// finished will need, and computes the outcome of the passes that are — on the runner's
+/// thread pool, since with a large vocabulary sampling sixteen rows is not free.
+pub(super) fn advance(
+    runner: &ModelRunner,
+    active: &mut [Active],
+    chosen: &[(usize, usize, usize)],
+    vocab: usize,
+) {
+    let rows = rows_of(runner, active, chosen, vocab);
+    let mut finished = Vec::new();
+    for &(i, _, b) in chosen {
+        let a = &mut active[i];
+        a.done = b;
+        if b < a.req.tokens.len() {
+            let mine = rows.iter().filter(|r| r.0 == i);
+            a.saved.extend(mine.map(|&(_, t, row)| (t, row.to_vec())));
+        } else {
+            finished.push(i);
+        }
+    }
+    let results: Vec<OnceLock<Result<PassResult>>> =
+        finished.iter().map(|_| OnceLock::new()).collect();
+    let done: &[Active] = active;
+    let work = |ti: usize, nt: usize| {
+        let mut scratch = Scratch::default();
+        for j in (ti..finished.len()).step_by(nt) {
+            let i = finished[j];
+            let row = |t: usize| -> &[f32] {
+                rows.iter()
+                    .find(|r| r.0 == i && r.1 == t)
+                    .map(|r| r.2)
+                    .or_else(|| {
+                        done[i]
+                            .saved
+                            .iter()
+                            .find(|s| s.0 == t)
+                            .map(|s| s.1.as_slice())
+                    })
+                    .unwrap_or(&[])
+            };
+            let _ = results[j].set(outcome(&done[i].req, row, &mut scratch));
+        }
+    };
+    if finished.len() > 1 {
+        runner.pool().run(&work);
+    } else {
+        work(0, 1);
+    }
+    for (i, r) in finished.into_iter().zip(results) {
+        active[i].outcome = r.into_inner();
+    }
+}
+
+/// Samples and probes a finished pass, given its logits rows by index.
+fn outcome<'r>(
+    req: &PassRequest,
+    row: impl Fn(usize) -> &'r [f32],
+    scratch: &mut Scratch,
+) -> Result<PassResult> {
+    let mut rng = req.rng.clone();
+    let mut tokens = Vec::with_capacity(req.samplers.len());
+    for s in &req.samplers {
+        let ids = s
+            .indices
+            .iter()
+            .enumerate()
+            .map(|(k, &t)| {
+                let mask = s.masks.get(k).and_then(Option::as_ref);
+                sample_row(req, t, row(t), &s.sampler, mask, &mut rng, scratch)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        tokens.push(ids);
+    }
+    let probes = req.probes.iter().map(|(t, p)| p.compute(row(*t))).collect();
+    Ok(PassResult {
+        tokens,
+        probes,
+        rng,
+    })
+}
+
+/// Reusable buffers of one sampling worker.
+#[derive(Default)]
+struct Scratch {
+    logits: Vec<f32>,
+    sampler: SampleScratch,
+}
+
+/// Samples one token from `logits` (after the pass's token `t`) after the pass's bias,
+/// penalties and logit masks.
+fn sample_row(
+    req: &PassRequest,
+    t: usize,
+    logits: &[f32],
+    sampler: &Sampler,
+    mask: Option<&TokenMask>,
+    rng: &mut Rng,
+    scratch: &mut Scratch,
+) -> Result<u32> {
+    let plain = req.bias.is_empty()
+        && req.penalties.is_none()
+        && req.logit_mask.is_none()
+        && mask.is_none();
+    if plain {
+        return Ok(sampler.sample_with(logits, rng, &mut scratch.sampler));
+    }
+    let buf = &mut scratch.logits;
+    buf.clear();
+    buf.extend_from_slice(logits);
+    apply_logit_bias(buf, &req.bias);
+    if let Some((p, history)) = &req.penalties {
+        // Only the tokens up to this one count (a speculative check samples after each draft
+        // token and must not see the ones after it).
+        let base = history.len() - req.tokens.len();
+        p.apply(buf, &history[..base + t + 1]);
+    }
+    for allowed in [req.logit_mask.as_ref(), mask].into_iter().flatten() {
+        let mut any = false;
+        for (id, l) in buf.iter_mut().enumerate() {
+            if !allowed.is_allowed(id as u32) {
+                *l = f32::NEG_INFINITY;
+            } else if *l > f32::NEG_INFINITY {
+                any = true;
+            }
+        }
+        if !any {
+            return Err(Error::NothingAllowed);
+        }
+    }
+    Ok(sampler.sample_with(buf, rng, &mut scratch.sampler))
+}
