@@ -61,8 +61,7 @@ pub async fn tokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let engine = state.engine()?;
-    let body = body.map_err(|r| ApiError::body(r.status(), r.body_text()))?;
-    let body = Body::parse(&body)?;
+    let body = Body::read(body)?;
     let content = body
         .string("content")?
         .ok_or_else(|| ApiError::param("content", "'content' is required."))?;
@@ -95,8 +94,7 @@ pub async fn detokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let engine = state.engine()?;
-    let body = body.map_err(|r| ApiError::body(r.status(), r.body_text()))?;
-    let body = Body::parse(&body)?;
+    let body = Body::read(body)?;
     let vocab = engine.info().vocab_size;
     let ids = body
         .get::<Vec<u32>>("tokens", "a list of token ids")?

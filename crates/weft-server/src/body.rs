@@ -11,6 +11,15 @@ use crate::error::ApiError;
 pub struct Body(Map<String, Value>);
 
 impl Body {
+    /// The body a handler received (a read failure, e.g. over the size limit, keeps its
+    /// status), parsed as a JSON object.
+    pub fn read(
+        bytes: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    ) -> Result<Body, ApiError> {
+        let bytes = bytes.map_err(|r| ApiError::body(r.status(), r.body_text()))?;
+        Body::parse(&bytes)
+    }
+
     /// Parses `bytes` as a JSON object. serde_json refuses nesting deeper than 128 levels,
     /// so a hostile body cannot exhaust the stack.
     pub fn parse(bytes: &[u8]) -> Result<Body, ApiError> {

@@ -16,7 +16,7 @@ use crate::body::Body;
 use crate::error::ApiError;
 use crate::generate::{Event, Finish, Job};
 use crate::params::{GenParams, MAX_TOP_LOGPROBS};
-use crate::respond::{self, chat_logprob, usage, Chunker};
+use crate::respond::{self, chat_logprob, usage, Chunker, Gathered, Meta};
 use crate::state::{unix_time, State};
 use crate::text::TokenLogprob;
 use crate::tools::{may_be_call, CallDelta, CallStream, ToolCall, Tools};
@@ -28,8 +28,7 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let engine = state.engine()?.clone();
-    let body = body.map_err(|r| ApiError::body(r.status(), r.body_text()))?;
-    let body = Body::parse(&body)?;
+    let body = Body::read(body)?;
     state.check_model(body.get::<String>("model", "a string")?.as_deref())?;
     let mut params = GenParams::parse(&body, engine.info().vocab_size)?;
     let logprobs = body.flag("logprobs")?;
@@ -96,13 +95,6 @@ pub async fn handle(
     } else {
         collect(rx, params.n, tools.as_ref(), &meta, prompt_tokens).await
     }
-}
-
-/// The request's id, time and model, shared by every chunk.
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
 }
 
 impl Meta {
@@ -267,33 +259,18 @@ fn call_ids(n: usize) -> Vec<String> {
 
 /// A non-streaming answer: every event gathered into one response.
 async fn collect(
-    mut rx: mpsc::Receiver<Event>,
+    rx: mpsc::Receiver<Event>,
     n: usize,
     tools: Option<&Tools>,
     meta: &Meta,
     prompt_tokens: usize,
 ) -> Result<Response, ApiError> {
-    let mut text = vec![String::new(); n];
-    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
-    let mut finish = vec![Finish::Stop; n];
-    let mut completion = 0;
-    while let Some(e) = rx.recv().await {
-        match e {
-            Event::Delta { choice, delta } => {
-                text[choice].push_str(&delta.text);
-                lps[choice].extend(delta.logprobs);
-            }
-            Event::Finish {
-                choice,
-                finish: f,
-                tokens,
-            } => {
-                finish[choice] = f;
-                completion += tokens;
-            }
-            Event::Failed(e) => return Err(e),
-        }
-    }
+    let Gathered {
+        text,
+        logprobs: lps,
+        finish,
+        completion_tokens: completion,
+    } = respond::gather(rx, vec![String::new(); n]).await?;
     let choices: Vec<Value> = (0..n)
         .map(|i| {
             let logprobs = if lps[i].is_empty() {

@@ -14,9 +14,9 @@ use tokio::sync::mpsc;
 
 use crate::body::Body;
 use crate::error::ApiError;
-use crate::generate::{Event, Finish, Job};
+use crate::generate::{Event, Job};
 use crate::params::{GenParams, MAX_N, MAX_TOP_LOGPROBS};
-use crate::respond::{self, usage, Chunker};
+use crate::respond::{self, usage, Chunker, Gathered, Meta};
 use crate::state::{unix_time, State};
 use crate::text::TokenLogprob;
 
@@ -27,8 +27,7 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let engine = state.engine()?.clone();
-    let body = body.map_err(|r| ApiError::body(r.status(), r.body_text()))?;
-    let body = Body::parse(&body)?;
+    let body = Body::read(body)?;
     state.check_model(body.get::<String>("model", "a string")?.as_deref())?;
     if body.raw("suffix").is_some() {
         return Err(ApiError::param(
@@ -161,12 +160,6 @@ fn prompts(body: &Body, engine: &weft::Engine) -> Result<Vec<(Vec<u32>, String)>
     Ok(out)
 }
 
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-}
-
 /// Log-probabilities in the legacy completions shape; offsets count from `start` bytes.
 fn legacy_logprobs(lps: &[TokenLogprob], start: usize) -> Value {
     let mut offset = start;
@@ -190,34 +183,19 @@ fn legacy_logprobs(lps: &[TokenLogprob], start: usize) -> Value {
 }
 
 async fn collect(
-    mut rx: mpsc::Receiver<Event>,
+    rx: mpsc::Receiver<Event>,
     echoes: Vec<String>,
     meta: &Meta,
     prompt_tokens: usize,
     logprobs: bool,
 ) -> Result<Response, ApiError> {
     let n = echoes.len();
-    let mut text = echoes.clone();
-    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
-    let mut finish = vec![Finish::Stop; n];
-    let mut completion = 0;
-    while let Some(e) = rx.recv().await {
-        match e {
-            Event::Delta { choice, delta } => {
-                text[choice].push_str(&delta.text);
-                lps[choice].extend(delta.logprobs);
-            }
-            Event::Finish {
-                choice,
-                finish: f,
-                tokens,
-            } => {
-                finish[choice] = f;
-                completion += tokens;
-            }
-            Event::Failed(e) => return Err(e),
-        }
-    }
+    let Gathered {
+        text,
+        logprobs: lps,
+        finish,
+        completion_tokens: completion,
+    } = respond::gather(rx, echoes.clone()).await?;
     let choices: Vec<Value> = (0..n)
         .map(|i| {
             let lp = if logprobs {

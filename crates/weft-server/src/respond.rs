@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use weft::Engine;
 
 use crate::error::ApiError;
-use crate::generate::{self, Event, Job};
+use crate::generate::{self, Event, Finish, Job};
 use crate::state::State;
 use crate::text::TokenLogprob;
 
@@ -121,6 +121,54 @@ pub fn sse<C: Chunker>(
         }
     });
     Sse::new(stream)
+}
+
+/// A request's id, creation time and model: the same in every chunk of its answer.
+pub struct Meta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+/// A non-streamed answer: every choice's text, log-probabilities and finish reason, and
+/// the tokens generated over all choices.
+pub struct Gathered {
+    pub text: Vec<String>,
+    pub logprobs: Vec<Vec<TokenLogprob>>,
+    pub finish: Vec<Finish>,
+    pub completion_tokens: usize,
+}
+
+/// Reads a job's events to the end; `text` starts as each choice's prefix (an echo).
+pub async fn gather(
+    mut rx: mpsc::Receiver<Event>,
+    text: Vec<String>,
+) -> Result<Gathered, ApiError> {
+    let n = text.len();
+    let mut g = Gathered {
+        text,
+        logprobs: vec![Vec::new(); n],
+        finish: vec![Finish::Stop; n],
+        completion_tokens: 0,
+    };
+    while let Some(e) = rx.recv().await {
+        match e {
+            Event::Delta { choice, delta } => {
+                g.text[choice].push_str(&delta.text);
+                g.logprobs[choice].extend(delta.logprobs);
+            }
+            Event::Finish {
+                choice,
+                finish,
+                tokens,
+            } => {
+                g.finish[choice] = finish;
+                g.completion_tokens += tokens;
+            }
+            Event::Failed(e) => return Err(e),
+        }
+    }
+    Ok(g)
 }
 
 /// A token's log-probability in the chat shape.

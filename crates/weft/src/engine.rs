@@ -230,7 +230,7 @@ impl Engine {
     /// The scheduler's counters and the KV pool's state. Context operations issued before
     /// the call (a context dropped, forked, truncated) are counted: if the scheduler has not
     /// applied them yet, this waits until it has (at most until its current step ends). See
-    /// [`Engine::kv_pages`] for a reading that never waits.
+    /// [`Engine::kv_free_tokens`] for a reading that never waits.
     pub fn metrics(&self) -> Metrics {
         self.inner.shared.wait_applied();
         let c = &self.inner.shared.counters;
@@ -256,16 +256,6 @@ impl Engine {
             prefix_hit_tokens: c.prefix_hits.load(Ordering::Relaxed),
             prefix_evictions: c.prefix_evictions.load(Ordering::Relaxed),
         }
-    }
-
-    /// KV pages `(used, free)` over all layer groups as of the scheduler's last step or
-    /// context operation: never waits (for admission decisions and dashboards).
-    pub fn kv_pages(&self) -> (usize, usize) {
-        let c = &self.inner.shared.counters;
-        (
-            c.kv_used.load(Ordering::Relaxed),
-            c.kv_free.load(Ordering::Relaxed),
-        )
     }
 
     /// Tokens that fit in the free KV pages of the fullest layer group, as of the scheduler's

@@ -8,7 +8,7 @@ use std::time::Duration;
 use weft_core::kv::SeqId;
 use weft_core::runner::ModelRunner;
 
-use super::Shared;
+use super::{Counters, Shared};
 use crate::error::{Error, Result};
 
 /// A context operation, applied by the scheduler thread before its next step. A context's
@@ -103,8 +103,12 @@ impl Shared {
 
     /// Publishes the KV pool's page counts for [`crate::Engine::metrics`].
     pub(super) fn publish_usage(&self, runner: &ModelRunner) {
+        Shared::publish(&self.counters, runner);
+    }
+
+    /// Publishes `runner`'s KV page counts and prefix-cache counters into `c`.
+    pub(super) fn publish(c: &Counters, runner: &ModelRunner) {
         let usage = runner.kv_usage();
-        let c = &self.counters;
         let free: usize = usage.iter().map(|u| u.free).sum();
         let total: usize = usage.iter().map(|u| u.total).sum();
         c.kv_free.store(free, Ordering::Relaxed);

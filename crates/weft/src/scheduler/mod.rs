@@ -152,10 +152,7 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn new(runner: ModelRunner, step_tokens: usize, batch_wait: Duration) -> Shared {
         let counters = Counters::default();
-        let free: usize = runner.kv_usage().iter().map(|u| u.free).sum();
-        counters.kv_free.store(free, Ordering::Relaxed);
-        let min = runner.kv_usage().iter().map(|u| u.free).min().unwrap_or(0);
-        counters.kv_free_min.store(min, Ordering::Relaxed);
+        Shared::publish(&counters, &runner);
         Shared {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
