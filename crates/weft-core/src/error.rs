@@ -137,6 +137,9 @@ pub enum Error {
     /// A forward batch that cannot run.
     #[error("invalid batch: {reason}")]
     BadBatch { reason: String },
+    /// Saved KV state that does not fit this cache's layout.
+    #[error("saved KV state does not fit this model's cache: {reason}")]
+    BadKvState { reason: String },
     /// A sequence would grow past the model's context length.
     #[error("sequence of {len} tokens exceeds the context length {n_ctx}")]
     ContextOverflow { len: usize, n_ctx: usize },

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::kv::{KvCache, PageUsage, SeqId};
+use crate::kv::{KvCache, PageUsage, SeqId, SeqState};
 use crate::models::{self, BatchToken, Model, ModelInfo, SlotMask, Workspace};
 use crate::threadpool::ThreadPool;
 
@@ -167,6 +167,17 @@ impl ModelRunner {
     /// `max` tokens) to the empty sequence `seq`; returns how many tokens they hold.
     pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32], max: usize) -> usize {
         self.kv.attach_prefix(seq, tokens, max)
+    }
+
+    /// Copies out the KV pages and positions of `seq` (see [`KvCache::export`]).
+    pub fn export_sequence(&self, seq: SeqId) -> Result<SeqState> {
+        self.kv.export(seq)
+    }
+
+    /// Fills the empty sequence `seq` with saved KV state (see [`KvCache::import`]); on error
+    /// nothing is allocated.
+    pub fn import_sequence(&mut self, seq: SeqId, state: &SeqState) -> Result<()> {
+        self.kv.import(seq, state)
     }
 
     /// A copy of `seq` sharing its full pages.

@@ -251,6 +251,11 @@ impl GgufFile {
         let _ = bytes;
     }
 
+    /// The whole file's bytes (header and tensor data), e.g. to hash it.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.storage.bytes()
+    }
+
     /// Total size of the file in bytes.
     pub fn file_size(&self) -> u64 {
         self.storage.bytes().len() as u64

@@ -14,6 +14,7 @@
 
 mod page_pool;
 mod prefix;
+mod transfer;
 
 use std::collections::HashMap;
 
@@ -23,6 +24,7 @@ use half::slice::HalfBitsSliceExt;
 use crate::error::{Error, Result};
 pub use page_pool::{PageId, PagePool};
 pub use prefix::PrefixStats;
+pub use transfer::{GroupState, SeqState};
 
 /// Tokens per page.
 pub const PAGE_SIZE: usize = 32;

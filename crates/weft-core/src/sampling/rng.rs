@@ -27,6 +27,16 @@ impl Rng {
         }
     }
 
+    /// The generator's whole state (for saving a session).
+    pub fn state(&self) -> [u64; 4] {
+        self.s
+    }
+
+    /// A generator that continues from a saved [`Rng::state`].
+    pub fn from_state(s: [u64; 4]) -> Rng {
+        Rng { s }
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);

@@ -1,0 +1,236 @@
+//! Moving one sequence's keys and values out of the cache and back in: the KV half of a
+//! session snapshot.
+//!
+//! An export copies the pages a sequence holds (every layer, keys and values as f16 bits)
+//! together with the slot positions; an import allocates fresh pages for them in an empty
+//! sequence. Imported pages are never published to the prefix cache: they may come from
+//! another machine whose kernels round differently, and sharing them would break the cache's
+//! promise of bit-identical outputs.
+
+use super::{KvCache, KvLayout, PageId, SeqId, PAGE_SIZE};
+use crate::error::{Error, Result};
+
+/// One sequence's KV state, detached from any pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqState {
+    /// The position of every slot.
+    pub positions: Vec<u32>,
+    /// One entry per layer group of the layout, in order.
+    pub groups: Vec<GroupState>,
+}
+
+/// One layer group's pages of a [`SeqState`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupState {
+    /// For each page of the sequence's table: whether it is held (`false`: a sliding-window
+    /// page already released).
+    pub present: Vec<bool>,
+    /// Per layer of the group: the keys of the present pages, one after the other, each
+    /// `n_kv_heads × PAGE_SIZE × head_dim` f16 bit patterns (the cache's own page layout).
+    pub keys: Vec<Vec<u16>>,
+    /// Per layer of the group: the values, laid out as `keys`.
+    pub values: Vec<Vec<u16>>,
+}
+
+impl KvLayout {
+    /// f16 elements of one page of one layer's keys (or values).
+    pub fn page_elems(&self) -> usize {
+        PAGE_SIZE * self.n_kv_heads * self.head_dim
+    }
+}
+
+impl KvCache {
+    /// Copies out the pages and positions of `seq`.
+    pub fn export(&self, seq: SeqId) -> Result<SeqState> {
+        let s = self.seq(seq)?;
+        let n = self.layout.page_elems();
+        let groups = self
+            .groups
+            .iter()
+            .zip(&s.tables)
+            .map(|(group, table)| {
+                let copy = |store: &Vec<u16>| -> Vec<u16> {
+                    let mut out = Vec::with_capacity(table.iter().flatten().count() * n);
+                    for &page in table.iter().flatten() {
+                        let at = page as usize * n;
+                        out.extend_from_slice(&store[at..at + n]);
+                    }
+                    out
+                };
+                GroupState {
+                    present: table.iter().map(Option::is_some).collect(),
+                    keys: group.keys.iter().map(copy).collect(),
+                    values: group.values.iter().map(copy).collect(),
+                }
+            })
+            .collect();
+        Ok(SeqState {
+            positions: s.positions.clone(),
+            groups,
+        })
+    }
+
+    /// Fills the empty sequence `seq` with `state`'s pages and positions. The state is checked
+    /// against this cache's layout first; on any error (a mismatch, not enough free pages)
+    /// nothing changes and no page stays allocated.
+    pub fn import(&mut self, seq: SeqId, state: &SeqState) -> Result<()> {
+        let bad = |reason: String| Err(Error::BadKvState { reason });
+        let s = self.seq(seq)?;
+        if !s.positions.is_empty() {
+            return bad(format!("sequence {} is not empty", seq.0));
+        }
+        if state.groups.len() != self.groups.len() {
+            return bad(format!(
+                "the state has {} layer groups, the model {}",
+                state.groups.len(),
+                self.groups.len()
+            ));
+        }
+        let n_slots = state.positions.len();
+        let n = self.layout.page_elems();
+        let mut needed = Vec::with_capacity(self.groups.len());
+        for (g, (group, gs)) in self.groups.iter().zip(&state.groups).enumerate() {
+            if gs.present.len() != n_slots.div_ceil(PAGE_SIZE) {
+                return bad(format!(
+                    "group {g}: {} pages for {n_slots} slots",
+                    gs.present.len()
+                ));
+            }
+            if group.window.is_none() && gs.present.iter().any(|p| !p) {
+                return bad(format!("group {g} has full attention but misses pages"));
+            }
+            let held = gs.present.iter().filter(|&&p| p).count();
+            let layers = group.keys.len();
+            let sizes_ok = gs.keys.len() == layers
+                && gs.values.len() == layers
+                && gs
+                    .keys
+                    .iter()
+                    .chain(&gs.values)
+                    .all(|v| v.len() == held * n);
+            if !sizes_ok {
+                return bad(format!("group {g}: page data does not match the layout"));
+            }
+            needed.push(held);
+        }
+        self.make_room(&needed);
+        for (group, &need) in self.groups.iter().zip(&needed) {
+            if need > group.pool.n_free() {
+                return Err(Error::KvCacheFull {
+                    needed_pages: need,
+                    free_pages: group.pool.n_free(),
+                });
+            }
+        }
+        let mut tables: Vec<Vec<Option<PageId>>> = Vec::with_capacity(self.groups.len());
+        for (group, gs) in self.groups.iter_mut().zip(&state.groups) {
+            let mut table = Vec::with_capacity(gs.present.len());
+            let mut k = 0;
+            for &present in &gs.present {
+                if !present {
+                    table.push(None);
+                    continue;
+                }
+                // Checked above: every group has `needed` free pages.
+                let Some(page) = group.pool.allocate() else {
+                    return Err(Error::KvCacheFull {
+                        needed_pages: 1,
+                        free_pages: 0,
+                    });
+                };
+                let at = page as usize * n;
+                for (store, src) in group.keys.iter_mut().zip(&gs.keys) {
+                    store[at..at + n].copy_from_slice(&src[k * n..(k + 1) * n]);
+                }
+                for (store, src) in group.values.iter_mut().zip(&gs.values) {
+                    store[at..at + n].copy_from_slice(&src[k * n..(k + 1) * n]);
+                }
+                table.push(Some(page));
+                k += 1;
+            }
+            tables.push(table);
+        }
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(Error::UnknownSequence { seq: seq.0 })?;
+        s.tables = tables;
+        s.positions = state.positions.clone();
+        s.max_pos = s.positions.iter().copied().max();
+        s.unshareable = true;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::GroupSpec;
+    use super::*;
+
+    fn cache(pages: usize) -> KvCache {
+        let layout = KvLayout {
+            n_layers: 2,
+            n_kv_heads: 1,
+            head_dim: 2,
+            groups: vec![
+                GroupSpec {
+                    layers: vec![0],
+                    window: None,
+                },
+                GroupSpec {
+                    layers: vec![1],
+                    window: Some(PAGE_SIZE),
+                },
+            ],
+        };
+        KvCache::new(layout, pages * PAGE_SIZE).unwrap()
+    }
+
+    #[test]
+    fn export_import_round_trip_and_failed_import_leaks_nothing() {
+        let mut kv = cache(16);
+        let a = kv.new_sequence();
+        let n = 6 * PAGE_SIZE + 5;
+        kv.append(a, &(0..n as u32).collect::<Vec<_>>()).unwrap();
+        for slot in 0..n {
+            let x = slot as f32;
+            for layer in 0..2 {
+                kv.write(layer, a, slot, &[x, -x], &[x + 0.5, 1.0]).unwrap();
+            }
+        }
+        kv.release_behind_window(a);
+        let state = kv.export(a).unwrap();
+        assert!(
+            !state.groups[1].present[0],
+            "released window page exported as absent"
+        );
+        let b = kv.new_sequence();
+        kv.import(b, &state).unwrap();
+        assert_eq!(kv.export(b).unwrap(), state);
+        assert_eq!(kv.positions(b).unwrap(), kv.positions(a).unwrap());
+
+        // Too few free pages: an error, and the pool is as before.
+        kv.free_sequence(a);
+        let free: Vec<usize> = kv.usage().iter().map(|u| u.free).collect();
+        let c = kv.new_sequence();
+        kv.import(c, &state).unwrap();
+        let d = kv.new_sequence();
+        let e = kv.import(d, &state).unwrap_err();
+        assert!(matches!(e, Error::KvCacheFull { .. }), "{e}");
+        kv.free_sequence(c);
+        kv.free_sequence(d);
+        assert_eq!(kv.usage().iter().map(|u| u.free).collect::<Vec<_>>(), free);
+
+        // A state that does not fit the layout is refused before anything is allocated.
+        let mut wrong = state.clone();
+        wrong.groups[0].keys[0].pop();
+        let f = kv.new_sequence();
+        assert!(matches!(
+            kv.import(f, &wrong),
+            Err(Error::BadKvState { .. })
+        ));
+        kv.free_sequence(f);
+        kv.free_sequence(b);
+        assert!(kv.usage().iter().all(|u| u.free == u.total));
+    }
+}
