@@ -60,6 +60,18 @@ impl ThreadsArg {
         Ok(self.threads)
     }
 
+    /// [`ThreadsArg::engine`] over a file opened from `path` (snapshots cache the model's
+    /// fingerprint next to it).
+    pub fn engine_at(
+        &self,
+        file: std::sync::Arc<GgufFile>,
+        path: &Path,
+    ) -> anyhow::Result<weft::Engine> {
+        let mut cfg = weft::EngineConfig::default();
+        cfg.n_threads = self.checked()?.unwrap_or(cfg.n_threads);
+        Ok(weft::Engine::from_file_at(file, path, cfg)?)
+    }
+
     /// An engine (scheduler and all) over `file` with these threads.
     pub fn engine(&self, file: std::sync::Arc<GgufFile>) -> anyhow::Result<weft::Engine> {
         let mut cfg = weft::EngineConfig::default();

@@ -162,3 +162,57 @@ fn perplexity_is_within_two_percent_of_llama_cpp() {
         );
     }
 }
+
+/// `weft run --json` output as (prompt ids, generated ids).
+fn run_json(args: &[&str]) -> (Vec<u64>, Vec<u64>) {
+    let out = weft(args, "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "weft {args:?} failed: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    let ids = |k: &str| -> Vec<u64> {
+        v[k].as_array()
+            .expect(k)
+            .iter()
+            .map(|x| x.as_u64().expect("id"))
+            .collect()
+    };
+    (ids("prompt_ids"), ids("ids"))
+}
+
+#[test]
+fn session_files_continue_and_reuse_a_run() {
+    let dir = std::env::temp_dir().join(format!("weft-session-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let session = dir.join("s.weft");
+    let s = session.to_str().unwrap();
+    let prompt = "The history of weaving begins";
+    let greedy = ["run", "--temp", "0", "--json"];
+    let (prompt_ids, whole) = run_json(&[&greedy[..], &["-n", "24", prompt]].concat());
+    assert_eq!(whole.len(), 24);
+
+    // 12 tokens saved, then 12 more from the session alone: the same 24 tokens.
+    let (_, first) = run_json(&[&greedy[..], &["-n", "12", "--save-session", s, prompt]].concat());
+    assert_eq!(first, whole[..12]);
+    let (_, rest) = run_json(&[&greedy[..], &["-n", "12", "--load-session", s]].concat());
+    assert_eq!(rest, whole[12..]);
+
+    // The same prompt again: nothing of it is computed, the output is the same.
+    let (ran, again) =
+        run_json(&[&greedy[..], &["-n", "12", "--load-session", s, prompt]].concat());
+    assert!(
+        ran.is_empty() && !prompt_ids.is_empty(),
+        "prompt run again: {ran:?}"
+    );
+    assert_eq!(again, whole[..12]);
+
+    // A damaged session file: a clear error, no panic.
+    let mut bytes = std::fs::read(&session).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&session, &bytes).unwrap();
+    let out = weft(&["run", "--load-session", s, prompt], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("checksum mismatch"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

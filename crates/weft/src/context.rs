@@ -40,6 +40,9 @@ pub struct Context {
     /// A pass was submitted and its `execute` future has not finished (it may have been
     /// dropped): wait for the scheduler before touching the sequence again.
     pub(crate) inflight: bool,
+    /// A generator saved in the snapshot this context was resumed from (JSON), until
+    /// [`Context::resume_generator`] takes it.
+    pub(crate) saved_generator: Option<String>,
 }
 
 impl std::fmt::Debug for Context {
@@ -70,6 +73,7 @@ impl Context {
             pending: Vec::new(),
             rng: Rng::new(0),
             inflight: false,
+            saved_generator: None,
         }
     }
 
@@ -176,6 +180,7 @@ impl Context {
             pending: self.pending.clone(),
             rng: self.rng.clone(),
             inflight: false,
+            saved_generator: None,
         })
     }
 

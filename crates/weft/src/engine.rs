@@ -1,11 +1,13 @@
 //! The engine handle: a loaded model, its tokenizer and the scheduler thread that runs every
 //! context's passes.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use weft_core::gguf::GgufFile;
+use weft_core::kv::KvLayout;
 use weft_core::models::ModelInfo;
 use weft_core::runner::{ModelRunner, RunnerConfig};
 use weft_core::tokenizer::Tokenizer;
@@ -88,6 +90,12 @@ pub(crate) struct Inner {
     pub stop_tokens: Vec<u32>,
     /// llguidance's token trie and parser factory, built on the first constraint.
     pub llg: std::sync::OnceLock<Arc<llguidance::ParserFactory>>,
+    /// The model file (and its path, when opened from one), the KV cache's layout and the
+    /// fingerprint, computed on the first snapshot or resume.
+    pub file: Arc<GgufFile>,
+    pub path: Option<PathBuf>,
+    pub kv_layout: KvLayout,
+    pub fingerprint: std::sync::OnceLock<String>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -135,19 +143,30 @@ impl Engine {
     }
 
     /// Loads the GGUF file at `path`.
-    pub fn open(path: &std::path::Path, config: EngineConfig) -> Result<Engine> {
-        Engine::from_file(Arc::new(GgufFile::open(path)?), config)
+    pub fn open(path: &Path, config: EngineConfig) -> Result<Engine> {
+        let file = Arc::new(GgufFile::open(path)?);
+        Engine::build(file, Some(path.to_path_buf()), config)
     }
 
     /// Builds an engine over an opened GGUF file.
     pub fn from_file(file: Arc<GgufFile>, config: EngineConfig) -> Result<Engine> {
+        Engine::build(file, None, config)
+    }
+
+    /// Builds an engine over a GGUF file opened from `path`: as [`Engine::from_file`], and
+    /// the model fingerprint snapshots need is cached next to the file.
+    pub fn from_file_at(file: Arc<GgufFile>, path: &Path, config: EngineConfig) -> Result<Engine> {
+        Engine::build(file, Some(path.to_path_buf()), config)
+    }
+
+    fn build(file: Arc<GgufFile>, path: Option<PathBuf>, config: EngineConfig) -> Result<Engine> {
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let (chat, chat_error) = match ChatTemplate::from_gguf(&file, &tokenizer) {
             Ok(t) => (Some(t), None),
             Err(e) => (None, Some(e.to_string())),
         };
         let runner = ModelRunner::new(
-            file,
+            file.clone(),
             &RunnerConfig {
                 n_threads: config.n_threads.max(1),
                 kv_tokens: config.kv_tokens,
@@ -158,6 +177,7 @@ impl Engine {
         )?;
         let info = runner.info().clone();
         let n_ctx = runner.n_ctx();
+        let kv_layout = runner.kv().layout().clone();
         let stop_tokens = crate::chat::stop_tokens(&tokenizer);
         let shared = Arc::new(Shared::new(runner, config.step_tokens, config.batch_wait));
         let thread = scheduler::spawn(shared.clone())
@@ -172,6 +192,10 @@ impl Engine {
                 n_ctx,
                 stop_tokens,
                 llg: std::sync::OnceLock::new(),
+                file,
+                path,
+                kv_layout,
+                fingerprint: std::sync::OnceLock::new(),
                 thread: Some(thread),
             }),
         })

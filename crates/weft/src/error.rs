@@ -64,6 +64,20 @@ pub enum Error {
     /// `collect_json`: the output does not parse into the requested type.
     #[error("the output is not the requested JSON: {message} (output: {output:?})")]
     Json { message: String, output: String },
+    /// Bytes that are not a weft snapshot, or one damaged or cut short.
+    #[error("not a usable weft snapshot: {reason}")]
+    SnapshotCorrupt { reason: String },
+    /// A snapshot written by a newer weft, in a format version this one cannot read.
+    #[error("snapshot format version {found} is not supported (this weft reads versions 1 to {supported})")]
+    SnapshotVersion { found: u32, supported: u32 },
+    /// A snapshot taken on another model than the engine's (their fingerprints differ).
+    #[error(
+        "the snapshot was taken on another model ({snapshot}) than this engine runs ({model})"
+    )]
+    ModelFingerprintMismatch { snapshot: String, model: String },
+    /// Reading or writing a snapshot failed.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
     /// The engine's scheduler thread is gone (it panicked or the engine shut down).
     #[error("the engine has stopped")]
     EngineStopped,

@@ -37,6 +37,7 @@ mod generator;
 mod probe;
 pub mod rollout;
 mod scheduler;
+mod session;
 pub mod speculate;
 
 pub use brle::Brle;
@@ -50,6 +51,7 @@ pub use generator::{Generator, Step, StepOutput, StopReason, StopStrings};
 pub use probe::{
     Distribution, Entropy, Logits, Logprob, LogprobProbe, Logprobs, Probe, ProbeHandle,
 };
+pub use session::SNAPSHOT_VERSION;
 pub use speculate::{NgramSpeculator, Speculator};
 pub use weft_core::sampling::{Penalties, Sampler};
 

@@ -6,6 +6,10 @@ mod common;
 mod chat_sessions;
 #[path = "../examples/multiple_choice.rs"]
 mod multiple_choice;
+#[path = "../examples/session.rs"]
+mod session;
+#[path = "../examples/shared_prefix.rs"]
+mod shared_prefix;
 #[path = "../examples/tree_search.rs"]
 mod tree_search;
 #[path = "../examples/two_documents.rs"]
@@ -187,4 +191,52 @@ fn batch_rollouts_with_per_request_options() {
             assert!(part.stop.is_none());
         }
     }
+}
+
+#[test]
+fn shared_prefix_is_prefilled_once() {
+    // A fresh engine: the cache must start empty for the first request to miss.
+    let engine = common::engine("smollm2-135m", 8192);
+    let system = shared_prefix::system_prompt(&engine, 1500);
+    let questions = shared_prefix::questions();
+    let requests = shared_prefix::run(&engine, &system, &questions, 8).expect("requests");
+    let first = &requests[0];
+    assert!(first.prompt_tokens >= 1500, "{first:?}");
+    assert_eq!(first.cached_tokens, 0);
+    assert!(first.prefilled as usize >= first.prompt_tokens - 1);
+    for (i, r) in requests.iter().enumerate().skip(1) {
+        // Everything up to the last whole page of the system prompt comes from the cache; the
+        // request prefills its question, the chat markers and the partial page before them.
+        assert!(r.cached_tokens >= 1440, "request {}: {r:?}", i + 1);
+        assert!(
+            (r.prefilled as usize) < 80,
+            "request {} prefilled {} tokens",
+            i + 1,
+            r.prefilled
+        );
+    }
+    // The same replies as without the cache (the first request ran without any).
+    let cold = common::engine_with(
+        "smollm2-135m",
+        weft::EngineConfig {
+            n_threads: 2,
+            prefix_cache: false,
+            ..weft::EngineConfig::default()
+        },
+    );
+    let uncached = shared_prefix::run(&cold, &system, &questions[..3], 8).expect("uncached");
+    for (a, b) in requests.iter().zip(&uncached) {
+        assert_eq!(a.reply, b.reply);
+    }
+}
+
+#[test]
+fn session_resumes_on_a_new_engine() {
+    let path = std::env::temp_dir().join(format!("weft-session-{}.bin", std::process::id()));
+    let load = || Ok(common::engine("smollm2-135m", 4096));
+    let (whole, resumed) =
+        session::run(load, "Explain how a loom works.", 16, 48, &path).expect("session");
+    let _ = std::fs::remove_file(&path);
+    assert!(!whole.is_empty());
+    assert_eq!(whole, resumed);
 }

@@ -1,6 +1,7 @@
 //! `weft run -m MODEL [-n N] [--temp T] [--seed S] "PROMPT"`: a raw completion, streamed,
 //! through the public API (one context, one generator), optionally constrained
-//! (`--json-schema`, `--grammar`, `--regex`) and with speculative decoding (`--speculate`).
+//! (`--json-schema`, `--grammar`, `--regex`), with speculative decoding (`--speculate`), and
+//! with session files (`--load-session`, `--save-session`: llama.cpp's `--prompt-cache`).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -42,7 +43,15 @@ pub struct Args {
     /// Speculative decoding with the built-in n-gram (prompt-lookup) drafter.
     #[arg(long)]
     speculate: bool,
+    /// Start from the session saved in FILE (by `--save-session`): the part of the prompt
+    /// it already holds is not computed again. The prompt may then be empty, to continue.
+    #[arg(long, value_name = "FILE")]
+    load_session: Option<std::path::PathBuf>,
+    /// Save the session (prompt and output, KV cache included) to FILE at the end.
+    #[arg(long, value_name = "FILE")]
+    save_session: Option<std::path::PathBuf>,
     /// The prompt, used as is (no chat template).
+    #[arg(default_value = "")]
     prompt: String,
 }
 
@@ -75,18 +84,30 @@ impl Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let schemas = args.schemas()?;
-    let file = Arc::new(args.model.open()?);
-    let engine = args.threads.engine(file)?;
+    let path = args.model.path()?;
+    let file = Arc::new(args.model.open_path(&path)?);
+    let engine = args.threads.engine_at(file, &path)?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
     });
-    let mut ctx = engine.context();
-    ctx.set_seed(seed);
-    ctx.fill(&args.prompt)?;
+    let (mut ctx, reused) = match &args.load_session {
+        Some(f) => load_session(&engine, f, &args.prompt)?,
+        None => {
+            let mut ctx = engine.context();
+            ctx.fill(&args.prompt)?;
+            (ctx, 0)
+        }
+    };
+    if args.seed.is_some() || args.load_session.is_none() {
+        ctx.set_seed(seed);
+    }
     let prompt_ids = ctx.pending().to_vec();
-    anyhow::ensure!(!prompt_ids.is_empty(), "the prompt is empty");
+    anyhow::ensure!(
+        !prompt_ids.is_empty() || !ctx.is_empty(),
+        "the prompt is empty"
+    );
     let sampler = if args.temp <= 0.0 {
         Sampler::Argmax
     } else {
@@ -138,17 +159,63 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         String::new()
     };
     let (drafted, accepted) = g.speculation_stats();
+    drop(g);
+    if let Some(f) = &args.save_session {
+        let file =
+            std::fs::File::create(f).with_context(|| format!("cannot create {}", f.display()))?;
+        ctx.snapshot_to(std::io::BufWriter::new(file))
+            .with_context(|| format!("cannot save the session to {}", f.display()))?;
+    }
+    let session_note = if args.load_session.is_some() {
+        format!(" ({reused} more from the session)")
+    } else {
+        String::new()
+    };
     let spec_note = if args.speculate {
         format!(" | drafts accepted {accepted}/{drafted}")
     } else {
         String::new()
     };
     eprintln!(
-        "\nprompt: {} tokens, {:.1} tokens/s | generated: {} tokens, {:.1} tokens/s{seed_note}{spec_note}",
+        "\nprompt: {} tokens{session_note}, {:.1} tokens/s | generated: {} tokens, {:.1} tokens/s{seed_note}{spec_note}",
         prompt_ids.len(),
         prompt_ids.len() as f64 / t_prompt.as_secs_f64().max(1e-9),
         ids.len(),
         ids.len().saturating_sub(1) as f64 / t_gen.max(1e-9),
     );
     Ok(())
+}
+
+/// A context resumed from the session file `f`, keeping the longest part of its tokens that
+/// `prompt` starts with and buffering the rest of the prompt (an empty prompt continues the
+/// session as it is). Returns the context and how many of the prompt's tokens it reused.
+fn load_session(
+    engine: &weft::Engine,
+    f: &std::path::Path,
+    prompt: &str,
+) -> anyhow::Result<(weft::Context, usize)> {
+    let bytes =
+        std::fs::read(f).with_context(|| format!("cannot read the session {}", f.display()))?;
+    let mut ctx = engine
+        .resume(&bytes)
+        .with_context(|| format!("cannot resume the session {}", f.display()))?;
+    if prompt.is_empty() {
+        let n = ctx.len();
+        return Ok((ctx, n));
+    }
+    let ids = engine.tokenizer().encode(prompt, true, true);
+    let common = ctx
+        .tokens()
+        .iter()
+        .zip(&ids)
+        .take_while(|(a, b)| a == b)
+        .count();
+    if ctx.truncate(common).is_err() {
+        // A sliding-window model cannot rewind far back: start over.
+        ctx = engine.context();
+        ctx.fill_tokens(&ids)?;
+        return Ok((ctx, 0));
+    }
+    ctx.fill_tokens(&ids[common..])?;
+    Ok((ctx, common))
 }

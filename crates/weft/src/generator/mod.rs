@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use weft_core::sampling::{Penalties, Sampler};
 use weft_core::tokenizer::Utf8Buffer;
 
+mod saved;
 mod step;
 mod stop;
 
@@ -81,7 +82,13 @@ pub struct Generator<'c> {
     streamed: usize,
     stopped: Option<StopReason>,
     constraints: Vec<Box<dyn Constraint>>,
+    /// The schemas behind the compiled constraints (a snapshot saves these) and whether a
+    /// constraint of the caller's own type was added (it cannot be saved).
+    schemas: Vec<Schema>,
+    custom_constraint: bool,
     speculator: Option<Box<dyn Speculator>>,
+    /// The speculator is the built-in n-gram drafter (a snapshot can name it).
+    builtin_speculator: bool,
     system_speculation: bool,
     draft_len: usize,
     /// Speculative tokens drafted and kept so far.
@@ -130,7 +137,10 @@ impl<'c> Generator<'c> {
             streamed: 0,
             stopped: None,
             constraints: Vec::new(),
+            schemas: Vec::new(),
+            custom_constraint: false,
             speculator: None,
+            builtin_speculator: false,
             system_speculation: false,
             draft_len: DEFAULT_DRAFT,
             drafted: 0,
@@ -144,6 +154,7 @@ impl<'c> Generator<'c> {
     /// `c` is terminal. Several constraints AND their masks.
     pub fn constrain(mut self, c: impl Constraint + 'static) -> Self {
         self.constraints.push(Box::new(c));
+        self.custom_constraint = true;
         self
     }
 
@@ -152,7 +163,10 @@ impl<'c> Generator<'c> {
     /// before any pass runs.
     pub fn constrain_with(mut self, schema: Schema) -> Self {
         match constraint::compile(&self.ctx.engine, &schema) {
-            Ok(c) => self.constraints.push(Box::new(c)),
+            Ok(c) => {
+                self.constraints.push(Box::new(c));
+                self.schemas.push(schema);
+            }
             Err(e) => {
                 self.config_error.get_or_insert(e);
             }
@@ -271,6 +285,12 @@ impl<'c> Generator<'c> {
     /// step recomputes everything, so the output goes on exactly as if nothing happened. A
     /// server does this to a request whose step failed because the KV pool is full.
     pub fn evict(&mut self) -> Result<()> {
+        self.undo_dropped_step()?;
+        self.ctx.evict()
+    }
+
+    /// If the last step's future was dropped before it finished, undoes what it ran.
+    fn undo_dropped_step(&mut self) -> Result<()> {
         if let Some(r) = self.restart.take() {
             self.ctx.settle();
             if self.ctx.len() > r.ctx_len {
@@ -279,7 +299,7 @@ impl<'c> Generator<'c> {
             self.ctx.pending = r.pending;
             self.next_input = r.input;
         }
-        self.ctx.evict()
+        Ok(())
     }
 
     /// The context this generator runs on.
@@ -319,15 +339,7 @@ impl<'c> Generator<'c> {
         if self.stopped.is_some() {
             return Ok(None);
         }
-        if let Some(r) = self.restart.take() {
-            // The last step's future was dropped before it finished: undo what it ran.
-            self.ctx.settle();
-            if self.ctx.len() > r.ctx_len {
-                self.ctx.truncate(r.ctx_len)?;
-            }
-            self.ctx.pending = r.pending;
-            self.next_input = r.input;
-        }
+        self.undo_dropped_step()?;
         if self.system_speculation {
             if self.speculator.is_some() {
                 self.stopped = Some(StopReason::Error);
@@ -336,6 +348,7 @@ impl<'c> Generator<'c> {
                 ));
             }
             self.speculator = Some(Box::new(NgramSpeculator::default()));
+            self.builtin_speculator = true;
             self.system_speculation = false;
         }
         if self.stopped.is_none() && self.generated.len() >= self.max_tokens {

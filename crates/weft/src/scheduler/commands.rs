@@ -1,11 +1,11 @@
-//! Context operations (create, fork, truncate, free) as commands the scheduler thread
+//! Context operations (create, fork, truncate, free, export, import) as commands the scheduler thread
 //! applies between steps, so that no context ever waits for a running model call to touch the
 //! KV cache; and the KV page counts published for [`crate::Engine::metrics`].
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use weft_core::kv::SeqId;
+use weft_core::kv::{SeqId, SeqState};
 use weft_core::runner::ModelRunner;
 
 use super::{Counters, Shared};
@@ -27,6 +27,32 @@ pub(crate) enum Command {
     },
     /// Drop a sequence and free its pages.
     Free(SeqId),
+    /// Copy out a sequence's KV pages (for a snapshot).
+    Export {
+        seq: SeqId,
+        reply: std::sync::mpsc::SyncSender<Result<SeqState>>,
+    },
+    /// Fill an empty sequence with saved KV pages (resuming a snapshot).
+    Import {
+        seq: SeqId,
+        state: Box<SeqState>,
+        reply: std::sync::mpsc::SyncSender<Result<()>>,
+    },
+}
+
+impl Command {
+    /// Answers a command the scheduler will never apply (the engine stopped).
+    pub(super) fn refuse(self) {
+        match self {
+            Command::Truncate { reply, .. } | Command::Import { reply, .. } => {
+                let _ = reply.send(Err(Error::EngineStopped));
+            }
+            Command::Export { reply, .. } => {
+                let _ = reply.send(Err(Error::EngineStopped));
+            }
+            Command::Create(_) | Command::Fork { .. } | Command::Free(_) => {}
+        }
+    }
 }
 
 impl Shared {
@@ -48,9 +74,7 @@ impl Shared {
     pub fn command(&self, c: Command) {
         let mut q = self.queue();
         if q.shutdown {
-            if let Command::Truncate { reply, .. } = c {
-                let _ = reply.send(Err(Error::EngineStopped));
-            }
+            c.refuse();
             return;
         }
         q.commands.push(c);
@@ -93,6 +117,12 @@ impl Shared {
                     let _ = reply.send(runner.truncate(seq, n).map_err(Error::from));
                 }
                 Command::Free(seq) => runner.free_sequence(seq),
+                Command::Export { seq, reply } => {
+                    let _ = reply.send(runner.export_sequence(seq).map_err(Error::from));
+                }
+                Command::Import { seq, state, reply } => {
+                    let _ = reply.send(runner.import_sequence(seq, &state).map_err(Error::from));
+                }
             }
         }
         self.publish_usage(&runner);

@@ -242,11 +242,7 @@ impl Shared {
                 if std::thread::panicking() {
                     let mut q = self.0.queue();
                     q.shutdown = true;
-                    for c in q.commands.drain(..) {
-                        if let Command::Truncate { reply, .. } = c {
-                            let _ = reply.send(Err(Error::EngineStopped));
-                        }
-                    }
+                    q.commands.drain(..).for_each(Command::refuse);
                     for (req, reply) in q.incoming.drain(..) {
                         self.0.answer(req.seq, reply, Err(Error::EngineStopped));
                     }
@@ -268,11 +264,7 @@ impl Shared {
                     q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
                 }
                 if q.shutdown {
-                    for c in q.commands.drain(..) {
-                        if let Command::Truncate { reply, .. } = c {
-                            let _ = reply.send(Err(Error::EngineStopped));
-                        }
-                    }
+                    q.commands.drain(..).for_each(Command::refuse);
                     for (req, reply) in q.incoming.drain(..) {
                         self.answer(req.seq, reply, Err(Error::EngineStopped));
                     }

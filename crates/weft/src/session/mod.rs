@@ -1,0 +1,198 @@
+//! Sessions that outlive the process: a context's snapshot (tokens, KV pages, positions,
+//! pending tokens, random state and an in-flight generator) written as bytes, and resumed on
+//! any engine running the same model (llama.cpp's session files, seed 004's
+//! `snapshot` / `resume`).
+
+mod fingerprint;
+mod format;
+
+use std::io::{Read, Write};
+
+use weft_core::sampling::Rng;
+
+use crate::context::Context;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::scheduler::Command;
+
+/// The snapshot format version this weft writes; it reads every version up to this one.
+pub const SNAPSHOT_VERSION: u32 = format::VERSION;
+use format::Saved;
+
+impl Engine {
+    /// The model fingerprint: the SHA-256 of the whole GGUF file, `sha256:<hex>`. Computed on
+    /// first use (a moment for a few hundred megabytes) and cached next to the model file
+    /// when the engine was opened from a path.
+    pub fn fingerprint(&self) -> &str {
+        let inner = &self.inner;
+        inner
+            .fingerprint
+            .get_or_init(|| fingerprint::fingerprint(&inner.file, inner.path.as_deref()))
+    }
+
+    /// A context continuing exactly where the snapshot `bytes` was taken (see
+    /// [`Context::snapshot`]): same tokens, KV pages, positions, pending tokens and random
+    /// state; a generator that was in flight is taken up with [`Context::resume_generator`].
+    ///
+    /// Errors: [`Error::ModelFingerprintMismatch`] for a snapshot of another model,
+    /// [`Error::SnapshotVersion`] for one written by a newer weft, [`Error::SnapshotCorrupt`]
+    /// for anything truncated or damaged, [`Error::ContextTooLong`] when it does not fit this
+    /// engine's context length, and the KV cache's error when its pages do not fit the pool.
+    /// On every error nothing is left allocated.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("A long system prompt, computed once.")?;
+    /// weft::block_on(ctx.flush_logits())?;
+    /// std::fs::write("session.weft", ctx.snapshot()?)?;
+    ///
+    /// // Later, in another process:
+    /// let mut ctx = engine.resume(&std::fs::read("session.weft")?)?;
+    /// ctx.fill(" And a question.")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn resume(&self, bytes: &[u8]) -> Result<Context> {
+        let saved = format::decode(bytes)?;
+        if saved.fingerprint != self.fingerprint() {
+            return Err(Error::ModelFingerprintMismatch {
+                snapshot: format!("{} {}", saved.arch, short(&saved.fingerprint)),
+                model: format!("{} {}", self.info().arch, short(self.fingerprint())),
+            });
+        }
+        if saved.layout != self.inner.kv_layout {
+            return Err(Error::SnapshotCorrupt {
+                reason: "its KV cache layout differs from this model's".into(),
+            });
+        }
+        let vocab_size = self.info().vocab_size;
+        let ids = saved.tokens.iter().chain(&saved.pending);
+        if let Some(&id) = ids.clone().find(|&&id| id as usize >= vocab_size) {
+            return Err(Error::TokenOutOfVocab { id, vocab_size });
+        }
+        let n_ctx = self.n_ctx();
+        let len = saved.tokens.len() + saved.pending.len();
+        let top = saved
+            .kv
+            .positions
+            .iter()
+            .max()
+            .map_or(0, |&p| p as usize + 1);
+        if len > n_ctx || top > n_ctx {
+            return Err(Error::ContextTooLong {
+                len: len.max(top),
+                n_ctx,
+            });
+        }
+        let Saved {
+            tokens,
+            kv,
+            pending,
+            rng,
+            generator,
+            ..
+        } = saved;
+        // A new context: if the import fails, dropping it frees its (empty) sequence.
+        let mut ctx = self.context();
+        let positions = kv.positions.clone();
+        let (reply, done) = std::sync::mpsc::sync_channel(1);
+        self.inner.shared.command(Command::Import {
+            seq: ctx.seq,
+            state: Box::new(kv),
+            reply,
+        });
+        done.recv().unwrap_or(Err(Error::EngineStopped))?;
+        ctx.tokens = tokens;
+        ctx.positions = positions;
+        ctx.pending = pending;
+        ctx.rng = Rng::from_state(rng);
+        ctx.saved_generator = generator;
+        Ok(ctx)
+    }
+
+    /// [`Engine::resume`] from a reader (a file, a socket).
+    pub fn resume_from(&self, mut r: impl Read) -> Result<Context> {
+        let mut bytes = Vec::new();
+        r.read_to_end(&mut bytes)?;
+        self.resume(&bytes)
+    }
+}
+
+/// The first hex digits of a fingerprint, for messages.
+fn short(fp: &str) -> &str {
+    fp.get(..19).unwrap_or(fp)
+}
+
+impl Context {
+    /// The context as a self-describing, versioned byte string: its tokens, the KV pages it
+    /// holds (keys and values as stored, f16) and their positions, the pending tokens, the
+    /// random state, and the model's fingerprint. [`Engine::resume`] turns it back into a
+    /// context, in this process or another one, on any engine that runs the same model file.
+    /// Taking a snapshot changes nothing; it waits for a pass still in flight.
+    ///
+    /// The format (a checksummed envelope around a GGUF body) is described in
+    /// `crates/weft/src/session/format.rs`; weft reads every earlier version of it.
+    /// See [`Generator::snapshot`](crate::Generator::snapshot) to save a generation in flight.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("Once upon a time")?;
+    /// let first = weft::block_on(ctx.generate(weft::Sampler::Argmax).max_tokens(20).collect_text())?;
+    /// let bytes = ctx.snapshot()?;
+    /// drop((ctx, engine));
+    ///
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.resume(&bytes)?;
+    /// let more = weft::block_on(ctx.generate(weft::Sampler::Argmax).max_tokens(20).collect_text())?;
+    /// println!("{first}{more}");
+    /// # Ok(()) }
+    /// ```
+    pub fn snapshot(&mut self) -> Result<Vec<u8>> {
+        self.snapshot_with(None, &[])
+    }
+
+    /// [`Context::snapshot`] written to `w`.
+    pub fn snapshot_to(&mut self, mut w: impl Write) -> Result<()> {
+        let bytes = self.snapshot()?;
+        w.write_all(&bytes)?;
+        Ok(w.flush()?)
+    }
+
+    /// A snapshot holding `generator` (JSON) and with `more_pending` after the pending tokens.
+    pub(crate) fn snapshot_with(
+        &mut self,
+        generator: Option<String>,
+        more_pending: &[u32],
+    ) -> Result<Vec<u8>> {
+        self.settle();
+        let (reply, done) = std::sync::mpsc::sync_channel(1);
+        self.engine.inner.shared.command(Command::Export {
+            seq: self.seq,
+            reply,
+        });
+        let kv = done.recv().unwrap_or(Err(Error::EngineStopped))?;
+        if kv.positions.len() != self.tokens.len() {
+            return Err(Error::Config(format!(
+                "snapshot: the KV cache holds {} tokens, the context {}",
+                kv.positions.len(),
+                self.tokens.len()
+            )));
+        }
+        let mut pending = self.pending.clone();
+        pending.extend_from_slice(more_pending);
+        let saved = Saved {
+            fingerprint: self.engine.fingerprint().to_string(),
+            arch: self.engine.info().arch.to_string(),
+            layout: self.engine.inner.kv_layout.clone(),
+            tokens: self.tokens.clone(),
+            kv,
+            pending,
+            rng: self.rng.state(),
+            generator,
+        };
+        Ok(format::encode(&saved))
+    }
+}

@@ -1,0 +1,309 @@
+//! Session snapshots on the real models: a generation split by a snapshot, a dropped engine
+//! and a resume gives exactly the tokens of one uninterrupted generation (greedy, seeded
+//! sampling, a JSON-schema constraint mid-flight); another model's snapshot is refused; damaged
+//! snapshots give typed errors and leave the KV pool as it was.
+
+mod common;
+
+use sha2::{Digest, Sha256};
+use weft::{block_on, Engine, EngineConfig, Error, Sampler, Schema};
+
+const PROMPT: &str = "Write a short story about a weaver who finds a thread of light:";
+
+fn engine_with_pool(model: &str, kv_tokens: usize) -> Engine {
+    common::engine_with(
+        model,
+        EngineConfig {
+            n_threads: 2,
+            kv_tokens,
+            prefix_cache: false,
+            ..EngineConfig::default()
+        },
+    )
+}
+
+fn engine(model: &str, kv_tokens: usize) -> Engine {
+    common::engine_with(
+        model,
+        EngineConfig {
+            n_threads: 2,
+            kv_tokens,
+            ..EngineConfig::default()
+        },
+    )
+}
+
+/// How one generation is set up: sampler, seed and an optional schema.
+#[derive(Clone)]
+struct Setup {
+    sampler: Sampler,
+    seed: u64,
+    schema: Option<Schema>,
+}
+
+fn setups() -> Vec<Setup> {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "title": {"type": "string"},
+            "threads": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["title", "threads"],
+    });
+    vec![
+        Setup {
+            sampler: Sampler::Argmax,
+            seed: 0,
+            schema: None,
+        },
+        Setup {
+            sampler: Sampler::TopP {
+                p: 0.95,
+                temperature: 0.9,
+            },
+            seed: 1234,
+            schema: None,
+        },
+        Setup {
+            sampler: Sampler::Temperature { temperature: 0.8 },
+            seed: 7,
+            schema: Some(Schema::JsonSchema(schema)),
+        },
+    ]
+}
+
+fn generator<'c>(ctx: &'c mut weft::Context, s: &Setup, max: usize) -> weft::Generator<'c> {
+    let gen = ctx.generate(s.sampler.clone()).max_tokens(max).ignore_eos();
+    match &s.schema {
+        Some(schema) => gen.constrain_with(schema.clone()),
+        None => gen,
+    }
+}
+
+fn start(engine: &Engine, s: &Setup) -> weft::Context {
+    let mut ctx = engine.context();
+    ctx.set_seed(s.seed);
+    ctx.fill(PROMPT).expect("fill");
+    ctx
+}
+
+/// 40 tokens in one go.
+fn uninterrupted(engine: &Engine, s: &Setup) -> Vec<u32> {
+    let mut ctx = start(engine, s);
+    block_on(generator(&mut ctx, s, 40).collect_tokens()).expect("generate")
+}
+
+/// 20 tokens, a snapshot of the generator in flight, the engine dropped, a new engine,
+/// resume, the rest.
+fn split_generator(model: &str, s: &Setup) -> Vec<u32> {
+    let bytes = {
+        let engine = engine(model, 4096);
+        let mut ctx = start(&engine, s);
+        let mut gen = generator(&mut ctx, s, 40);
+        for _ in 0..20 {
+            let step = gen
+                .next()
+                .expect("step")
+                .expect("not done after < 20 tokens");
+            block_on(step.execute()).expect("execute");
+        }
+        assert_eq!(gen.tokens_generated(), 20);
+        gen.snapshot().expect("snapshot")
+    };
+    let engine = engine(model, 4096);
+    let mut ctx = engine.resume(&bytes).expect("resume");
+    let gen = ctx.resume_generator().expect("saved generator");
+    block_on(gen.collect_tokens()).expect("generate after resume")
+}
+
+/// 20 tokens by one generator, a snapshot of the context, a new engine, 20 more by a new
+/// generator.
+fn split_context(model: &str, s: &Setup) -> Vec<u32> {
+    let (mut first, bytes) = {
+        let engine = engine(model, 4096);
+        let mut ctx = start(&engine, s);
+        let first = block_on(generator(&mut ctx, s, 20).collect_tokens()).expect("generate");
+        let mut file = Vec::new();
+        ctx.snapshot_to(&mut file).expect("snapshot");
+        (first, file)
+    };
+    let engine = engine(model, 4096);
+    let mut ctx = engine.resume_from(bytes.as_slice()).expect("resume");
+    assert!(matches!(ctx.resume_generator(), Err(Error::Config(_))));
+    let rest = block_on(generator(&mut ctx, s, 20).collect_tokens()).expect("generate");
+    first.extend(rest);
+    first
+}
+
+fn round_trip_on(model: &str) {
+    let reference = engine(model, 4096);
+    for s in setups() {
+        let whole = uninterrupted(&reference, &s);
+        assert!(
+            whole.len() > 20,
+            "{model}: reference stopped after {}",
+            whole.len()
+        );
+        assert_eq!(
+            split_generator(model, &s),
+            whole,
+            "{model}: generator split"
+        );
+        if s.schema.is_none() {
+            assert_eq!(split_context(model, &s), whole, "{model}: context split");
+        } else {
+            let text = reference.detokenize(&whole).unwrap();
+            assert!(
+                text.starts_with('{'),
+                "{model}: constrained output {text:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn snapshot_round_trip_smollm2() {
+    round_trip_on("smollm2-135m");
+}
+
+#[test]
+fn snapshot_round_trip_gemma3() {
+    round_trip_on("gemma3-270m");
+}
+
+/// A Gemma 3 context past two sliding windows (its local layers' first pages released)
+/// resumes with the same logits.
+#[test]
+fn snapshot_past_the_sliding_window_gemma3() {
+    let engine = engine("gemma3-270m", 4096);
+    let mut ctx = engine.context();
+    let text = PROMPT.repeat(90);
+    ctx.fill(&text).unwrap();
+    assert!(ctx.pending().len() > 1100, "{} tokens", ctx.pending().len());
+    block_on(ctx.flush_logits()).unwrap();
+    let bytes = ctx.snapshot().unwrap();
+    let mut resumed = engine.resume(&bytes).unwrap();
+    for c in [&mut ctx, &mut resumed] {
+        c.fill(" The end.").unwrap();
+    }
+    let a = block_on(ctx.flush_logits()).unwrap();
+    let b = block_on(resumed.flush_logits()).unwrap();
+    assert!(a == b, "logits differ after resume");
+}
+
+#[test]
+fn another_models_snapshot_is_refused() {
+    let smol = engine("smollm2-135m", 1024);
+    let gemma = engine("gemma3-270m", 1024);
+    let mut ctx = smol.context();
+    ctx.fill(PROMPT).unwrap();
+    block_on(ctx.flush_logits()).unwrap();
+    let bytes = ctx.snapshot().unwrap();
+    let e = gemma.resume(&bytes).unwrap_err();
+    assert!(matches!(e, Error::ModelFingerprintMismatch { .. }), "{e}");
+    assert!(
+        e.to_string().contains("llama") && e.to_string().contains("gemma3"),
+        "{e}"
+    );
+    assert_ne!(smol.fingerprint(), gemma.fingerprint());
+    assert_eq!(gemma.metrics().kv_pages_used, 0);
+}
+
+/// xorshift64*: the test's own deterministic random numbers.
+struct Rand(u64);
+impl Rand {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as usize % n.max(1)
+    }
+}
+
+/// Puts a new checksum on a (modified) snapshot, as documented in the format: SHA-256 of the
+/// body at bytes 24..56, body from byte 56, its length at 16..24.
+fn reseal(bytes: &mut [u8]) {
+    if bytes.len() < 56 {
+        return;
+    }
+    let len = (bytes.len() - 56) as u64;
+    bytes[16..24].copy_from_slice(&len.to_le_bytes());
+    let digest = Sha256::digest(&bytes[56..]);
+    bytes[24..56].copy_from_slice(&digest);
+}
+
+#[test]
+fn damaged_snapshots_give_typed_errors_and_leak_nothing() {
+    let engine = engine("smollm2-135m", 2048);
+    let bytes = {
+        let mut ctx = engine.context();
+        ctx.fill(PROMPT).unwrap();
+        ctx.fill(" Once upon a time there was a weaver").unwrap();
+        ctx.fill(PROMPT).unwrap();
+        block_on(ctx.flush_logits()).unwrap();
+        ctx.fill(" who").unwrap();
+        let bytes = ctx.snapshot().unwrap();
+        assert!(
+            ctx.len() > weft::kv::PAGE_SIZE,
+            "two pages: more than the tiny pool"
+        );
+        assert!(engine.resume(&bytes).is_ok());
+        bytes
+    };
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+    let mut rand = Rand(0x5EED);
+    let (mut refused, mut accepted) = (0, 0);
+    for i in 0..1000 {
+        let mut b = bytes.clone();
+        match rand.below(3) {
+            0 => b.truncate(rand.below(bytes.len())),
+            _ => {
+                // Mostly in the header and metadata, where structure lives; some in the data.
+                let span = if rand.below(4) == 0 {
+                    b.len()
+                } else {
+                    4096.min(b.len())
+                };
+                for _ in 0..=rand.below(4) {
+                    let at = rand.below(span);
+                    b[at] ^= 1 << rand.below(8);
+                }
+            }
+        }
+        let resealed = i % 2 == 1;
+        if resealed {
+            reseal(&mut b);
+        }
+        match engine.resume(&b) {
+            Err(
+                Error::SnapshotCorrupt { .. }
+                | Error::SnapshotVersion { .. }
+                | Error::ModelFingerprintMismatch { .. }
+                | Error::TokenOutOfVocab { .. }
+                | Error::ContextTooLong { .. },
+            ) => refused += 1,
+            Err(e) => panic!("mutation {i}: unexpected error {e:?}"),
+            // A resealed snapshot whose damage hit key/value data or a token is well formed.
+            Ok(ctx) => {
+                assert!(resealed || b == bytes, "mutation {i} accepted");
+                accepted += 1;
+                drop(ctx);
+            }
+        }
+    }
+    assert!(refused > 900, "{refused} refused, {accepted} accepted");
+    let m = engine.metrics();
+    assert_eq!(m.kv_pages_used, 0, "pages leaked");
+
+    // A pool without room for the snapshot's pages: the KV cache's error, nothing allocated.
+    let tiny = engine_with_pool("smollm2-135m", 2 * weft::kv::PAGE_SIZE);
+    let mut other = tiny.context();
+    other.fill(PROMPT).unwrap();
+    block_on(other.flush_logits()).unwrap();
+    let used = tiny.metrics().kv_pages_used;
+    let e = tiny.resume(&bytes).unwrap_err();
+    assert!(e.is_kv_full(), "{e}");
+    assert_eq!(tiny.metrics().kv_pages_used, used);
+    drop(other);
+    assert_eq!(tiny.metrics().kv_pages_used, 0);
+}
