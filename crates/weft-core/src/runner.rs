@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv::{KvCache, PageUsage, SeqId, SeqState};
-use crate::models::{self, BatchToken, Model, ModelInfo, SlotMask, Workspace};
+use crate::models::{self, BatchToken, LayerPager, Model, ModelInfo, SlotMask, Workspace};
 use crate::threadpool::ThreadPool;
 
 /// One token of a [`ModelRunner::forward`] batch.
@@ -61,6 +61,9 @@ pub struct RunnerConfig {
     /// Keep full KV pages of plain causal sequences for later sequences that start with the
     /// same tokens (see [`KvCache::attach_prefix`]; default off here, on in the engine).
     pub prefix_cache: bool,
+    /// Keep at most the pager's number of transformer blocks resident, loading the others
+    /// when a pass reaches them (default `None`: all resident). See [`LayerPager`].
+    pub layer_pager: Option<Arc<LayerPager>>,
 }
 
 impl Default for RunnerConfig {
@@ -71,6 +74,7 @@ impl Default for RunnerConfig {
             n_ctx: None,
             max_ubatch: 512,
             prefix_cache: false,
+            layer_pager: None,
         }
     }
 }
@@ -92,7 +96,7 @@ pub struct ModelRunner {
 impl ModelRunner {
     /// Loads the model in `file` and sets up its cache and threads.
     pub fn new(file: Arc<GgufFile>, cfg: &RunnerConfig) -> Result<ModelRunner> {
-        let model = models::load(file)?;
+        let model = models::load_paged(file, cfg.layer_pager.clone())?;
         let mut kv = KvCache::new(model.kv_layout(), cfg.kv_tokens)?;
         kv.set_prefix_cache(cfg.prefix_cache);
         let n_ctx = cfg

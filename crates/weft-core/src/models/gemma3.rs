@@ -18,7 +18,8 @@ use std::sync::Arc;
 
 use super::layers::{self, add_assign, gelu_tanh_mul, rms_norm, rms_norm_inplace, Rope};
 use super::{
-    buf, embed, output_logits, BatchToken, Linear, Loader, Model, ModelInfo, SlotMask, Workspace,
+    buf, embed, output_logits, BatchToken, Blocks, LayerPager, Linear, Loader, Model, ModelInfo,
+    SlotMask, Workspace,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -78,12 +79,12 @@ pub struct Gemma3 {
     rope_global: Rope,
     token_embd: Linear,
     output_norm: Vec<f32>,
-    blocks: Vec<Block>,
+    blocks: Blocks<Block>,
 }
 
 impl Gemma3 {
     /// Reads the configuration and checks every tensor's shape.
-    pub fn load(l: &Loader) -> Result<Gemma3> {
+    pub fn load(l: &Loader, pager: Option<Arc<LayerPager>>) -> Result<Gemma3> {
         let n_embd = l.usize("embedding_length")?;
         let n_head = l.usize("attention.head_count")?;
         let n_head_kv = l.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
@@ -133,27 +134,14 @@ impl Gemma3 {
             .opt_f32("rope.scaling.factor")?
             .filter(|&f| f > 0.0)
             .unwrap_or(1.0);
-        let (qd, kvd) = (n_head * head_dim, n_head_kv * head_dim);
-        let blocks = (0..cfg.n_layers)
-            .map(|i| {
-                let t = |n: &str| format!("blk.{i}.{n}.weight");
-                Ok(Block {
-                    attn_norm: l.vector(&t("attn_norm"), n_embd)?,
-                    wq: l.linear(&t("attn_q"), qd, n_embd)?,
-                    wk: l.linear(&t("attn_k"), kvd, n_embd)?,
-                    wv: l.linear(&t("attn_v"), kvd, n_embd)?,
-                    q_norm: l.vector(&t("attn_q_norm"), head_dim)?,
-                    k_norm: l.vector(&t("attn_k_norm"), head_dim)?,
-                    wo: l.linear(&t("attn_output"), n_embd, qd)?,
-                    post_attn_norm: l.vector(&t("post_attention_norm"), n_embd)?,
-                    ffn_norm: l.vector(&t("ffn_norm"), n_embd)?,
-                    gate: l.linear(&t("ffn_gate"), cfg.n_ff, n_embd)?,
-                    up: l.linear(&t("ffn_up"), cfg.n_ff, n_embd)?,
-                    down: l.linear(&t("ffn_down"), n_embd, cfg.n_ff)?,
-                    post_ffw_norm: l.vector(&t("post_ffw_norm"), n_embd)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let block_loader = Loader {
+            source: pager.as_ref().and_then(|p| p.source().cloned()),
+            ..l.clone()
+        };
+        let block_cfg = cfg.clone();
+        let blocks = Blocks::load(cfg.n_layers, pager, move |i| {
+            load_block(&block_loader, &block_cfg, i)
+        })?;
         let info = ModelInfo {
             arch: l.arch.clone(),
             vocab_size: vocab,
@@ -248,7 +236,8 @@ impl Model for Gemma3 {
             buf(att, n * qd),
         );
         let (gate, up) = (buf(gate, n * ff), buf(up, n * ff));
-        for (il, b) in self.blocks.iter().enumerate() {
+        for il in 0..self.blocks.len() {
+            let b = &*self.blocks.get(il)?;
             let (rope_l, cs_all) = if c.is_global(il) {
                 (&self.rope_global, &*global_cs)
             } else {
@@ -289,4 +278,25 @@ impl Model for Gemma3 {
         );
         Ok(())
     }
+}
+
+/// Reads block `i`'s weights (from the pager's source, if the loader has one).
+fn load_block(l: &Loader, c: &Config, i: usize) -> Result<Block> {
+    let t = |n: &str| format!("blk.{i}.{n}.weight");
+    let (qd, kvd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+    Ok(Block {
+        attn_norm: l.vector(&t("attn_norm"), c.n_embd)?,
+        wq: l.linear(&t("attn_q"), qd, c.n_embd)?,
+        wk: l.linear(&t("attn_k"), kvd, c.n_embd)?,
+        wv: l.linear(&t("attn_v"), kvd, c.n_embd)?,
+        q_norm: l.vector(&t("attn_q_norm"), c.head_dim)?,
+        k_norm: l.vector(&t("attn_k_norm"), c.head_dim)?,
+        wo: l.linear(&t("attn_output"), c.n_embd, qd)?,
+        post_attn_norm: l.vector(&t("post_attention_norm"), c.n_embd)?,
+        ffn_norm: l.vector(&t("ffn_norm"), c.n_embd)?,
+        gate: l.linear(&t("ffn_gate"), c.n_ff, c.n_embd)?,
+        up: l.linear(&t("ffn_up"), c.n_ff, c.n_embd)?,
+        down: l.linear(&t("ffn_down"), c.n_embd, c.n_ff)?,
+        post_ffw_norm: l.vector(&t("post_ffw_norm"), c.n_embd)?,
+    })
 }

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use super::layers::{self, add_assign, rms_norm, silu_mul, Rope};
 use super::{
-    buf, embed, output_logits, BatchToken, Linear, Loader, Model, ModelInfo, SlotMask, Workspace,
+    buf, embed, output_logits, BatchToken, Blocks, LayerPager, Linear, Loader, Model, ModelInfo,
+    SlotMask, Workspace,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -56,12 +57,12 @@ pub struct Llama {
     token_embd: Linear,
     output_norm: Vec<f32>,
     output: Linear,
-    blocks: Vec<Block>,
+    blocks: Blocks<Block>,
 }
 
 impl Llama {
     /// Reads the configuration and checks every tensor's shape.
-    pub fn load(l: &Loader) -> Result<Llama> {
+    pub fn load(l: &Loader, pager: Option<Arc<LayerPager>>) -> Result<Llama> {
         let n_embd = l.usize("embedding_length")?;
         let n_head = l.usize("attention.head_count")?;
         let n_head_kv = l.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
@@ -115,23 +116,14 @@ impl Llama {
             .filter(|&f| f > 0.0)
             .unwrap_or(1.0);
         let rope = Rope::new(rope_dims, base, 1.0 / scale, false, freq_factors);
-        let (qd, kvd) = (n_head * head_dim, n_head_kv * head_dim);
-        let blocks = (0..cfg.n_layers)
-            .map(|i| {
-                let t = |n: &str| format!("blk.{i}.{n}.weight");
-                Ok(Block {
-                    attn_norm: l.vector(&t("attn_norm"), n_embd)?,
-                    wq: l.linear(&t("attn_q"), qd, n_embd)?,
-                    wk: l.linear(&t("attn_k"), kvd, n_embd)?,
-                    wv: l.linear(&t("attn_v"), kvd, n_embd)?,
-                    wo: l.linear(&t("attn_output"), n_embd, qd)?,
-                    ffn_norm: l.vector(&t("ffn_norm"), n_embd)?,
-                    gate: l.linear(&t("ffn_gate"), cfg.n_ff, n_embd)?,
-                    up: l.linear(&t("ffn_up"), cfg.n_ff, n_embd)?,
-                    down: l.linear(&t("ffn_down"), n_embd, cfg.n_ff)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let block_loader = Loader {
+            source: pager.as_ref().and_then(|p| p.source().cloned()),
+            ..l.clone()
+        };
+        let block_cfg = cfg.clone();
+        let blocks = Blocks::load(cfg.n_layers, pager, move |i| {
+            load_block(&block_loader, &block_cfg, i)
+        })?;
         let info = ModelInfo {
             arch: l.arch.clone(),
             vocab_size: vocab,
@@ -212,7 +204,8 @@ impl Model for Llama {
             buf(att, n * qd),
         );
         let (gate, up) = (buf(gate, n * ff), buf(up, n * ff));
-        for (il, b) in self.blocks.iter().enumerate() {
+        for il in 0..self.blocks.len() {
+            let b = &*self.blocks.get(il)?;
             // Attention.
             rms_norm(x, &b.attn_norm, c.eps, h);
             matmul(pool, &b.wq.matrix(f)?, h, n, q, mm);
@@ -245,4 +238,21 @@ impl Model for Llama {
         );
         Ok(())
     }
+}
+
+/// Reads block `i`'s weights (from the pager's source, if the loader has one).
+fn load_block(l: &Loader, c: &Config, i: usize) -> Result<Block> {
+    let t = |n: &str| format!("blk.{i}.{n}.weight");
+    let (qd, kvd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+    Ok(Block {
+        attn_norm: l.vector(&t("attn_norm"), c.n_embd)?,
+        wq: l.linear(&t("attn_q"), qd, c.n_embd)?,
+        wk: l.linear(&t("attn_k"), kvd, c.n_embd)?,
+        wv: l.linear(&t("attn_v"), kvd, c.n_embd)?,
+        wo: l.linear(&t("attn_output"), c.n_embd, qd)?,
+        ffn_norm: l.vector(&t("ffn_norm"), c.n_embd)?,
+        gate: l.linear(&t("ffn_gate"), c.n_ff, c.n_embd)?,
+        up: l.linear(&t("ffn_up"), c.n_ff, c.n_embd)?,
+        down: l.linear(&t("ffn_down"), c.n_embd, c.n_ff)?,
+    })
 }

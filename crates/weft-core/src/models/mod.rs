@@ -7,6 +7,7 @@
 pub mod gemma3;
 pub mod layers;
 pub mod llama;
+mod pager;
 mod weights;
 
 use std::sync::Arc;
@@ -16,6 +17,8 @@ use crate::gguf::GgufFile;
 use crate::kernels::{self, MatmulScratch, Matrix};
 use crate::kv::{KvCache, KvLayout, SeqId};
 use crate::threadpool::ThreadPool;
+pub(crate) use pager::Blocks;
+pub use pager::{LayerPager, PagerSource, PagerStats};
 pub use weights::{Linear, Loader};
 
 /// Architectures weft runs, as `general.architecture` names them.
@@ -104,13 +107,23 @@ pub trait Model: Send + Sync {
     ) -> Result<()>;
 }
 
-/// Loads the model a GGUF file describes.
+/// Loads the model a GGUF file describes, every block resident.
 pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>> {
+    load_paged(file, None)
+}
+
+/// Loads the model a GGUF file describes; with a `pager`, at most its number of blocks stay
+/// resident (see [`LayerPager`]).
+pub fn load_paged(file: Arc<GgufFile>, pager: Option<Arc<LayerPager>>) -> Result<Box<dyn Model>> {
     let arch = file.architecture()?.to_string();
-    let loader = Loader { file, arch };
+    let loader = Loader {
+        file,
+        arch,
+        source: None,
+    };
     match loader.arch.as_str() {
-        "llama" => Ok(Box::new(llama::Llama::load(&loader)?)),
-        "gemma3" => Ok(Box::new(gemma3::Gemma3::load(&loader)?)),
+        "llama" => Ok(Box::new(llama::Llama::load(&loader, pager)?)),
+        "gemma3" => Ok(Box::new(gemma3::Gemma3::load(&loader, pager)?)),
         other => Err(Error::UnknownArchitecture {
             arch: other.to_string(),
             supported: SUPPORTED_ARCHITECTURES,

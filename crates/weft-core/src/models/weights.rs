@@ -1,7 +1,9 @@
 //! Reading a model's tensors and hyper-parameters out of its GGUF file, with shape checks.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
+use super::pager::PagerSource;
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::{interleaved, Matrix};
@@ -16,6 +18,8 @@ pub struct Linear {
     info: TensorInfo,
     /// The interleaved copy, when there is one.
     packed: Option<Arc<Vec<u8>>>,
+    /// A copy in the file's row layout, for a tensor read from a pager source.
+    owned: Option<Arc<Vec<u8>>>,
     /// Output features.
     pub rows: usize,
     /// Input features.
@@ -26,17 +30,22 @@ impl Linear {
     /// The matrix view, borrowing the file's bytes or the interleaved copy.
     pub fn matrix<'a>(&'a self, file: &'a GgufFile) -> Result<Matrix<'a>> {
         let (dtype, rows, cols) = (self.info.dtype, self.rows, self.cols);
-        match &self.packed {
-            Some(p) => Matrix::interleaved(dtype, p, rows, cols),
-            None => Matrix::new(dtype, file.tensor_data(&self.info), rows, cols),
+        match (&self.packed, &self.owned) {
+            (Some(p), _) => Matrix::interleaved(dtype, p, rows, cols),
+            (None, Some(o)) => Matrix::new(dtype, o, rows, cols),
+            (None, None) => Matrix::new(dtype, file.tensor_data(&self.info), rows, cols),
         }
     }
 }
 
 /// Looks up tensors and hyper-parameters of one architecture (`{arch}.…` keys).
+#[derive(Clone)]
 pub struct Loader {
     pub file: Arc<GgufFile>,
     pub arch: String,
+    /// Where weight bytes come from instead of the file (a layer pager's source): the tensor
+    /// table still comes from the file.
+    pub source: Option<Arc<dyn PagerSource>>,
 }
 
 fn bad(reason: String) -> Error {
@@ -75,17 +84,38 @@ impl Loader {
     /// into memory rather than mapped keeps both copies).
     pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
         let mut lin = self.table(name, rows, cols)?;
-        let data = self.file.tensor_data(&lin.info);
+        let data = self.data(&lin.info)?;
         if interleaved::supports(lin.info.dtype) && rows.is_multiple_of(interleaved::GROUP_ROWS) {
             lin.packed = Some(Arc::new(interleaved::repack(
                 lin.info.dtype,
-                data,
+                &data,
                 rows,
                 cols,
             )));
-            self.file.release(data);
+        } else if let Cow::Owned(bytes) = data {
+            lin.owned = Some(Arc::new(bytes));
+            return Ok(lin);
         }
+        self.file.release(&data);
         Ok(lin)
+    }
+
+    /// The bytes of a tensor: from the pager source if there is one (checked for length),
+    /// else borrowed from the file.
+    fn data(&self, info: &TensorInfo) -> Result<Cow<'_, [u8]>> {
+        let Some(source) = &self.source else {
+            return Ok(Cow::Borrowed(self.file.tensor_data(info)));
+        };
+        let bytes = source.read(info)?;
+        if bytes.len() as u64 != info.n_bytes {
+            return Err(bad(format!(
+                "the pager source returned {} bytes for tensor {}, expected {}",
+                bytes.len(),
+                info.name,
+                info.n_bytes
+            )));
+        }
+        Ok(Cow::Owned(bytes))
     }
 
     /// A weight matrix `name` of shape `rows × cols` kept in the file's row layout (an
@@ -101,6 +131,7 @@ impl Loader {
         let lin = Linear {
             info: info.clone(),
             packed: None,
+            owned: None,
             rows,
             cols,
         };
@@ -122,6 +153,6 @@ impl Loader {
                 info.n_elements()
             )));
         }
-        quant::dequantize_to_vec(info.dtype, self.file.tensor_data(info))
+        quant::dequantize_to_vec(info.dtype, &self.data(info)?)
     }
 }
