@@ -33,19 +33,24 @@ impl ModelArg {
     }
 }
 
-/// The `-t/--threads` option of the commands that run a model.
+/// The options of the commands that run a model: `-t/--threads` and `--resident-layers`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ThreadsArg {
     /// Threads for the forward pass (default: all cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
+    /// Keep at most K transformer blocks in memory, reading the others from the model file
+    /// when a pass needs them (for models larger than memory; slower). Default: all.
+    #[arg(long, value_name = "K")]
+    pub resident_layers: Option<usize>,
 }
 
 impl ThreadsArg {
-    /// A runner for `file` with these threads and default settings otherwise.
+    /// A runner for `file` with these options and default settings otherwise.
     pub fn runner(&self, file: std::sync::Arc<GgufFile>) -> anyhow::Result<weft::ModelRunner> {
         let mut cfg = weft::RunnerConfig::default();
         cfg.n_threads = self.checked()?.unwrap_or(cfg.n_threads);
+        cfg.layer_pager = self.pager()?;
         Ok(weft::ModelRunner::new(file, &cfg)?)
     }
 
@@ -60,6 +65,23 @@ impl ThreadsArg {
         Ok(self.threads)
     }
 
+    /// The layer pager `--resident-layers` asks for.
+    pub fn pager(&self) -> anyhow::Result<Option<std::sync::Arc<weft::models::LayerPager>>> {
+        match self.resident_layers {
+            None => Ok(None),
+            Some(0) => anyhow::bail!("--resident-layers must be at least 1"),
+            Some(k) => Ok(Some(std::sync::Arc::new(weft::models::LayerPager::new(k)))),
+        }
+    }
+
+    /// The engine configuration these options ask for.
+    pub fn engine_config(&self) -> anyhow::Result<weft::EngineConfig> {
+        let mut cfg = weft::EngineConfig::default();
+        cfg.n_threads = self.checked()?.unwrap_or(cfg.n_threads);
+        cfg.layer_pager = self.pager()?;
+        Ok(cfg)
+    }
+
     /// [`ThreadsArg::engine`] over a file opened from `path` (snapshots cache the model's
     /// fingerprint next to it).
     pub fn engine_at(
@@ -67,15 +89,15 @@ impl ThreadsArg {
         file: std::sync::Arc<GgufFile>,
         path: &Path,
     ) -> anyhow::Result<weft::Engine> {
-        let mut cfg = weft::EngineConfig::default();
-        cfg.n_threads = self.checked()?.unwrap_or(cfg.n_threads);
-        Ok(weft::Engine::from_file_at(file, path, cfg)?)
+        Ok(weft::Engine::from_file_at(
+            file,
+            path,
+            self.engine_config()?,
+        )?)
     }
 
-    /// An engine (scheduler and all) over `file` with these threads.
+    /// An engine (scheduler and all) over `file` with these options.
     pub fn engine(&self, file: std::sync::Arc<GgufFile>) -> anyhow::Result<weft::Engine> {
-        let mut cfg = weft::EngineConfig::default();
-        cfg.n_threads = self.checked()?.unwrap_or(cfg.n_threads);
-        Ok(weft::Engine::from_file(file, cfg)?)
+        Ok(weft::Engine::from_file(file, self.engine_config()?)?)
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use weft_core::gguf::GgufFile;
 use weft_core::kv::KvLayout;
-use weft_core::models::ModelInfo;
+use weft_core::models::{LayerPager, ModelInfo};
 use weft_core::runner::{ModelRunner, RunnerConfig};
 use weft_core::tokenizer::Tokenizer;
 use weft_hub::{Hub, NoProgress};
@@ -36,6 +36,29 @@ pub struct EngineConfig {
     /// bit-identical either way; finished contexts' pages stay cached until the pool needs
     /// them (least recently used first).
     pub prefix_cache: bool,
+    /// Layer paging for models larger than memory (default `None`: every block resident):
+    /// at most the pager's number of transformer blocks stay in memory, the others are read
+    /// from the model file (or the pager's [`PagerSource`](weft_core::models::PagerSource))
+    /// when a pass reaches them. Outputs are the same; passes are slower.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use weft::{Engine, EngineConfig, models::LayerPager};
+    /// # fn main() -> weft::Result<()> {
+    /// let path = weft::Hub::from_env()?.resolve("gemma3-270m", &mut weft::NoProgress)?;
+    /// let config = EngineConfig {
+    ///     layer_pager: Some(Arc::new(LayerPager::new(4))),
+    ///     ..EngineConfig::default()
+    /// };
+    /// let engine = Engine::open(&path, config)?;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("The loom")?;
+    /// let text = weft::block_on(ctx.generate(weft::Sampler::Argmax).max_tokens(8).collect_text())?;
+    /// let stats = engine.layer_pager().map(|p| p.stats());
+    /// println!("{text} ({stats:?})");
+    /// # Ok(()) }
+    /// ```
+    pub layer_pager: Option<Arc<LayerPager>>,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +71,7 @@ impl Default for EngineConfig {
             step_tokens: r.max_ubatch,
             batch_wait: Duration::from_millis(2),
             prefix_cache: true,
+            layer_pager: None,
         }
     }
 }
@@ -96,6 +120,7 @@ pub(crate) struct Inner {
     pub path: Option<PathBuf>,
     pub kv_layout: KvLayout,
     pub fingerprint: std::sync::OnceLock<String>,
+    pub layer_pager: Option<Arc<LayerPager>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -173,6 +198,7 @@ impl Engine {
                 n_ctx: config.n_ctx,
                 max_ubatch: config.step_tokens.max(1),
                 prefix_cache: config.prefix_cache,
+                layer_pager: config.layer_pager.clone(),
             },
         )?;
         let info = runner.info().clone();
@@ -196,9 +222,15 @@ impl Engine {
                 path,
                 kv_layout,
                 fingerprint: std::sync::OnceLock::new(),
+                layer_pager: config.layer_pager,
                 thread: Some(thread),
             }),
         })
+    }
+
+    /// The layer pager, when the engine pages its blocks (see [`EngineConfig::layer_pager`]).
+    pub fn layer_pager(&self) -> Option<&Arc<LayerPager>> {
+        self.inner.layer_pager.as_ref()
     }
 
     /// A new, empty context.

@@ -357,5 +357,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(rss) = peak_rss_mib() {
         eprintln!("peak RSS: {rss:.1} MiB");
     }
+    if let Some(k) = args.threads.resident_layers {
+        eprintln!("layer pager: at most {k} blocks resident");
+    }
     Ok(())
 }

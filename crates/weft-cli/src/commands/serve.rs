@@ -61,8 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(k) = args.kv_tokens {
         anyhow::ensure!(k >= 32, "--kv-tokens must be at least 32");
     }
-    let mut engine_cfg = weft::EngineConfig::default();
-    engine_cfg.n_threads = args.threads.checked()?.unwrap_or(engine_cfg.n_threads);
+    let mut engine_cfg = args.threads.engine_config()?;
     if let Some(k) = args.kv_tokens {
         engine_cfg.kv_tokens = k;
     }
