@@ -137,6 +137,10 @@ pub enum Error {
     /// A forward batch that cannot run.
     #[error("invalid batch: {reason}")]
     BadBatch { reason: String },
+    /// A LoRA adapter that cannot be used with this model (wrong base, missing or misshapen
+    /// tensors, an option weft does not implement).
+    #[error("invalid LoRA adapter: {reason}")]
+    BadAdapter { reason: String },
     /// Saved KV state that does not fit this cache's layout.
     #[error("saved KV state does not fit this model's cache: {reason}")]
     BadKvState { reason: String },

@@ -14,6 +14,7 @@ pub mod error;
 pub mod gguf;
 pub mod kernels;
 pub mod kv;
+pub mod lora;
 pub mod models;
 pub mod quant;
 pub mod runner;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kv::{KvCache, PageUsage, SeqId, SeqState};
+use crate::lora::AdapterSet;
 use crate::models::{self, BatchToken, LayerPager, Model, ModelInfo, SlotMask, Workspace};
 use crate::threadpool::ThreadPool;
 
@@ -170,7 +171,19 @@ impl ModelRunner {
     /// Attaches cached pages holding the longest whole-page prefix of `tokens` (at most
     /// `max` tokens) to the empty sequence `seq`; returns how many tokens they hold.
     pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32], max: usize) -> usize {
-        self.kv.attach_prefix(seq, tokens, max)
+        self.kv.attach_prefix(seq, tokens, max, 0)
+    }
+
+    /// [`ModelRunner::attach_prefix`] for a sequence that will run with `adapters`: only pages
+    /// written under the same adapters match.
+    pub fn attach_prefix_with(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        max: usize,
+        adapters: &AdapterSet,
+    ) -> usize {
+        self.kv.attach_prefix(seq, tokens, max, adapters.identity())
     }
 
     /// Copies out the KV pages and positions of `seq` (see [`KvCache::export`]).
@@ -205,6 +218,18 @@ impl ModelRunner {
     /// own (the sequence's length before the batch + the token's index among its sequence's
     /// entries + 1), so it never refers to a slot that is not written yet.
     pub fn forward_masked(&mut self, batch: &[BatchEntry], masks: &[SlotMask]) -> Result<&[f32]> {
+        self.forward_with(batch, masks, &[])
+    }
+
+    /// [`ModelRunner::forward_masked`] where the tokens of each sequence listed in `adapters`
+    /// run with its [`AdapterSet`] (LoRA adapters and their scales); other sequences run the
+    /// base model. Each row's result is the same as if it ran alone.
+    pub fn forward_with(
+        &mut self,
+        batch: &[BatchEntry],
+        masks: &[SlotMask],
+        adapters: &[(SeqId, AdapterSet)],
+    ) -> Result<&[f32]> {
         let vocab = self.model.info().vocab_size;
         // Validate everything before touching the cache.
         let mut growth: HashMap<SeqId, usize> = HashMap::new();
@@ -257,7 +282,14 @@ impl ModelRunner {
         if self.logits.len() < n_out * vocab {
             self.logits.resize(n_out * vocab, 0.0);
         }
-        let result = self.run_ubatches(batch, masks, vocab);
+        let lora_of: HashMap<SeqId, u32> = adapters
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, set))| !set.is_noop())
+            .map(|(i, (seq, _))| (*seq, i as u32))
+            .collect();
+        let sets: Vec<AdapterSet> = adapters.iter().map(|(_, s)| s.clone()).collect();
+        let result = self.run_ubatches(batch, masks, &lora_of, &sets, vocab);
         for (&seq, &len) in &start_len {
             if result.is_err() {
                 // Nothing was released during the call, so the sequence can always go back to
@@ -271,7 +303,10 @@ impl ModelRunner {
                 let plain = mine
                     .enumerate()
                     .all(|(k, e)| e.mask.is_none() && e.pos as usize == len + k);
-                self.kv.publish(seq, &tokens, plain);
+                let salt = lora_of
+                    .get(&seq)
+                    .map_or(0, |&i| sets[i as usize].identity());
+                self.kv.publish(seq, &tokens, plain, salt);
                 self.kv.release_behind_window(seq);
             }
         }
@@ -290,6 +325,8 @@ impl ModelRunner {
         &mut self,
         batch: &[BatchEntry],
         masks: &[SlotMask],
+        lora_of: &HashMap<SeqId, u32>,
+        sets: &[AdapterSet],
         vocab: usize,
     ) -> Result<()> {
         let mut row = 0;
@@ -315,6 +352,7 @@ impl ModelRunner {
                     slot: *slot,
                     logits: e.logits,
                     mask: e.mask,
+                    lora: lora_of.get(&e.seq).copied(),
                 });
                 *slot += 1;
             }
@@ -323,6 +361,7 @@ impl ModelRunner {
             self.model.forward(
                 &self.batch,
                 masks,
+                sets,
                 &mut self.kv,
                 &self.pool,
                 &mut self.ws,

@@ -76,6 +76,8 @@ struct Sequence {
     hashes: Vec<u64>,
     /// Some slot was written under a custom mask or position: its pages are never shared.
     unshareable: bool,
+    /// The prefix-cache salt its pages were written under (see [`KvCache::publish`]).
+    salt: u64,
 }
 
 /// Page usage of one group, for metrics.

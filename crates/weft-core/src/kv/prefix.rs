@@ -49,6 +49,15 @@ pub(super) struct PrefixCache {
 /// The hash of the root "page" every chain starts from.
 const ROOT: u64 = 0x77_65_66_74; // "weft"
 
+/// The hash every chain of pages written under `salt` starts from.
+fn root(salt: u64) -> u64 {
+    if salt == 0 {
+        ROOT
+    } else {
+        chain(ROOT, &[salt as u32, (salt >> 32) as u32])
+    }
+}
+
 /// The hash of a page from its parent's hash and its token ids.
 fn chain(parent: u64, tokens: &[u32]) -> u64 {
     // SipHash with fixed keys: the same value in every run.
@@ -79,15 +88,21 @@ impl KvCache {
 
     /// Records the token ids of the slots just appended to `seq` (`plain`: a causal pass
     /// wrote them at positions equal to their slots) and publishes the pages they complete.
-    /// Call it after the slots were written.
-    pub fn publish(&mut self, seq: SeqId, tokens: &[u32], plain: bool) {
+    /// `salt` names anything else that shaped their keys and values (the adapters, 0 for the
+    /// base model): pages match only under the same salt, and a sequence whose salt changes
+    /// is no longer shared. Call it after the slots were written.
+    pub fn publish(&mut self, seq: SeqId, tokens: &[u32], plain: bool, salt: u64) {
         let enabled = self.prefix.enabled;
         let Some(s) = self.seqs.get_mut(&seq) else {
             return;
         };
-        if !plain || s.tokens.len() + tokens.len() != s.positions.len() {
+        if !plain
+            || s.tokens.len() + tokens.len() != s.positions.len()
+            || (!s.tokens.is_empty() && s.salt != salt)
+        {
             s.unshareable = true;
         }
+        s.salt = salt;
         if s.unshareable || !enabled {
             return;
         }
@@ -96,7 +111,7 @@ impl KvCache {
         let tick = self.prefix.tick;
         while (s.hashes.len() + 1) * PAGE_SIZE <= s.tokens.len() {
             let k = s.hashes.len();
-            let parent = k.checked_sub(1).map_or(ROOT, |p| s.hashes[p]);
+            let parent = k.checked_sub(1).map_or(root(salt), |p| s.hashes[p]);
             let page_tokens = &s.tokens[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
             let h = chain(parent, page_tokens);
             s.hashes.push(h);
@@ -128,7 +143,7 @@ impl KvCache {
     /// Attaches to the empty sequence `seq` the cached pages that hold the longest prefix of
     /// `tokens` in whole pages, at most `max` tokens (positions are the slots, from 0).
     /// Returns how many tokens were attached; the caller runs the rest.
-    pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32], max: usize) -> usize {
+    pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32], max: usize, salt: u64) -> usize {
         let max = max.min(tokens.len());
         if !self.prefix.enabled {
             return 0;
@@ -142,7 +157,7 @@ impl KvCache {
         self.prefix.stats.queried_tokens += max as u64;
         self.prefix.tick += 1;
         let tick = self.prefix.tick;
-        let mut parent = ROOT;
+        let mut parent = root(salt);
         let mut k = 0;
         while (k + 1) * PAGE_SIZE <= max {
             let page_tokens = &tokens[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
@@ -167,6 +182,7 @@ impl KvCache {
         }
         let n = k * PAGE_SIZE;
         s.max_pos = n.checked_sub(1).map(|p| p as u32);
+        s.salt = salt;
         self.prefix.stats.hit_tokens += n as u64;
         n
     }
@@ -242,7 +258,7 @@ mod tests {
         let s = kv.new_sequence();
         let positions: Vec<u32> = (0..tokens.len() as u32).collect();
         kv.append(s, &positions).unwrap();
-        kv.publish(s, tokens, plain);
+        kv.publish(s, tokens, plain, 0);
         s
     }
 
@@ -255,16 +271,16 @@ mod tests {
         // Two full pages stay cached but count as free.
         assert_eq!(kv.usage()[0].free, 4);
         let t = kv.new_sequence();
-        assert_eq!(kv.attach_prefix(t, &a, 69), 64);
+        assert_eq!(kv.attach_prefix(t, &a, 69, 0), 64);
         assert_eq!(kv.len(t).unwrap(), 64);
         // A different second page: only the first attaches.
         let mut b = a.clone();
         b[40] = 999;
         let u = kv.new_sequence();
-        assert_eq!(kv.attach_prefix(u, &b, 69), 32);
+        assert_eq!(kv.attach_prefix(u, &b, 69, 0), 32);
         // The limit keeps whole pages below it.
         let v = kv.new_sequence();
-        assert_eq!(kv.attach_prefix(v, &a, 63), 32);
+        assert_eq!(kv.attach_prefix(v, &a, 63, 0), 32);
         for x in [t, u, v] {
             kv.free_sequence(x);
         }
@@ -275,9 +291,9 @@ mod tests {
         assert_eq!(kv.usage()[0].free, 0);
         kv.free_sequence(w);
         let x = kv.new_sequence();
-        assert_eq!(kv.attach_prefix(x, &a, 69), 0, "evicted");
+        assert_eq!(kv.attach_prefix(x, &a, 69, 0), 0, "evicted");
         assert_eq!(
-            kv.attach_prefix(x, &big, 127),
+            kv.attach_prefix(x, &big, 127, 0),
             0,
             "unshareable pages are not published"
         );

@@ -19,12 +19,12 @@ use std::sync::Arc;
 use super::layers::{self, add_assign, gelu_tanh_mul, rms_norm, rms_norm_inplace, Rope};
 use super::{
     buf, embed, output_logits, BatchToken, Blocks, LayerPager, Linear, Loader, Model, ModelInfo,
-    SlotMask, Workspace,
+    Pass, SlotMask, Workspace,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::kernels::matmul;
 use crate::kv::{GroupSpec, KvCache, KvLayout};
+use crate::lora::AdapterSet;
 use crate::threadpool::ThreadPool;
 
 /// RoPE base of the local layers (not stored in the file).
@@ -191,6 +191,7 @@ impl Model for Gemma3 {
         &self,
         tokens: &[BatchToken],
         masks: &[SlotMask],
+        loras: &[AdapterSet],
         kv: &mut KvCache,
         pool: &ThreadPool,
         ws: &mut Workspace,
@@ -214,6 +215,12 @@ impl Model for Gemma3 {
             rope,
             matmul: mm,
         } = ws;
+        let pass = Pass {
+            pool,
+            file: f,
+            tokens,
+            loras,
+        };
         let x = buf(x, n * d);
         embed(&self.token_embd.matrix(f)?, tokens, x)?;
         let embd_scale = (d as f32).sqrt();
@@ -245,22 +252,22 @@ impl Model for Gemma3 {
             };
             // Attention with per-head QK norms.
             rms_norm(x, &b.attn_norm, c.eps, h);
-            matmul(pool, &b.wq.matrix(f)?, h, n, q, mm);
-            matmul(pool, &b.wk.matrix(f)?, h, n, k, mm);
-            matmul(pool, &b.wv.matrix(f)?, h, n, v, mm);
+            b.wq.forward(&pass, h, q, mm)?;
+            b.wk.forward(&pass, h, k, mm)?;
+            b.wv.forward(&pass, h, v, mm)?;
             rms_norm_inplace(q, &b.q_norm, c.eps);
             rms_norm_inplace(k, &b.k_norm, c.eps);
             layers::rope_and_cache(kv, il, tokens, rope_l, cs_all, hd, c.attn_scale, (q, k, v))?;
             layers::attention(pool, kv, il, tokens, masks, q, c.n_head, hd, 1.0, att)?;
-            matmul(pool, &b.wo.matrix(f)?, att, n, h, mm);
+            b.wo.forward(&pass, att, h, mm)?;
             rms_norm_inplace(h, &b.post_attn_norm, c.eps);
             add_assign(x, h);
             // Feed-forward (GeGLU), normalized before and after.
             rms_norm(x, &b.ffn_norm, c.eps, h);
-            matmul(pool, &b.gate.matrix(f)?, h, n, gate, mm);
-            matmul(pool, &b.up.matrix(f)?, h, n, up, mm);
+            b.gate.forward(&pass, h, gate, mm)?;
+            b.up.forward(&pass, h, up, mm)?;
             layers::gated(pool, gate, up, gelu_tanh_mul);
-            matmul(pool, &b.down.matrix(f)?, gate, n, h, mm);
+            b.down.forward(&pass, gate, h, mm)?;
             rms_norm_inplace(h, &b.post_ffw_norm, c.eps);
             add_assign(x, h);
         }

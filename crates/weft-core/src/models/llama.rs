@@ -15,12 +15,12 @@ use std::sync::Arc;
 use super::layers::{self, add_assign, rms_norm, silu_mul, Rope};
 use super::{
     buf, embed, output_logits, BatchToken, Blocks, LayerPager, Linear, Loader, Model, ModelInfo,
-    SlotMask, Workspace,
+    Pass, SlotMask, Workspace,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::kernels::matmul;
 use crate::kv::{GroupSpec, KvCache, KvLayout};
+use crate::lora::AdapterSet;
 use crate::threadpool::ThreadPool;
 
 /// Hyper-parameters read from `llama.*` keys.
@@ -165,6 +165,7 @@ impl Model for Llama {
         &self,
         tokens: &[BatchToken],
         masks: &[SlotMask],
+        loras: &[AdapterSet],
         kv: &mut KvCache,
         pool: &ThreadPool,
         ws: &mut Workspace,
@@ -188,6 +189,12 @@ impl Model for Llama {
             rope,
             matmul: mm,
         } = ws;
+        let pass = Pass {
+            pool,
+            file: f,
+            tokens,
+            loras,
+        };
         let x = buf(x, n * d);
         embed(&self.token_embd.matrix(f)?, tokens, x)?;
         // The rotation angles of each token, computed once for all layers.
@@ -208,20 +215,20 @@ impl Model for Llama {
             let b = &*self.blocks.get(il)?;
             // Attention.
             rms_norm(x, &b.attn_norm, c.eps, h);
-            matmul(pool, &b.wq.matrix(f)?, h, n, q, mm);
-            matmul(pool, &b.wk.matrix(f)?, h, n, k, mm);
-            matmul(pool, &b.wv.matrix(f)?, h, n, v, mm);
+            b.wq.forward(&pass, h, q, mm)?;
+            b.wk.forward(&pass, h, k, mm)?;
+            b.wv.forward(&pass, h, v, mm)?;
             layers::rope_and_cache(kv, il, tokens, &self.rope, rope, hd, 1.0, (q, k, v))?;
             let scale = 1.0 / (hd as f32).sqrt();
             layers::attention(pool, kv, il, tokens, masks, q, c.n_head, hd, scale, att)?;
-            matmul(pool, &b.wo.matrix(f)?, att, n, h, mm);
+            b.wo.forward(&pass, att, h, mm)?;
             add_assign(x, h);
             // Feed-forward (SwiGLU).
             rms_norm(x, &b.ffn_norm, c.eps, h);
-            matmul(pool, &b.gate.matrix(f)?, h, n, gate, mm);
-            matmul(pool, &b.up.matrix(f)?, h, n, up, mm);
+            b.gate.forward(&pass, h, gate, mm)?;
+            b.up.forward(&pass, h, up, mm)?;
             layers::gated(pool, gate, up, silu_mul);
-            matmul(pool, &b.down.matrix(f)?, gate, n, h, mm);
+            b.down.forward(&pass, gate, h, mm)?;
             add_assign(x, h);
         }
         let output = self.output.matrix(f)?;

@@ -16,9 +16,11 @@ use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::kernels::{self, MatmulScratch, Matrix};
 use crate::kv::{KvCache, KvLayout, SeqId};
+use crate::lora::AdapterSet;
 use crate::threadpool::ThreadPool;
 pub(crate) use pager::Blocks;
 pub use pager::{LayerPager, PagerSource, PagerStats};
+pub use weights::Pass;
 pub use weights::{Linear, Loader};
 
 /// Architectures weft runs, as `general.architecture` names them.
@@ -53,6 +55,9 @@ pub struct BatchToken {
     /// Index of this token's attention mask in the `masks` given to [`Model::forward`]; `None`
     /// is the causal mask (every earlier position of the sequence).
     pub mask: Option<u32>,
+    /// Index of this token's adapters in the `loras` given to [`Model::forward`]; `None`: the
+    /// base model.
+    pub lora: Option<u32>,
 }
 
 /// Which KV slots of its sequence a token attends to: slot `i` (the `i`-th token appended to
@@ -94,12 +99,14 @@ pub trait Model: Send + Sync {
     fn kv_layout(&self) -> KvLayout;
     /// Runs `tokens`, writing their KV entries, and fills `logits` with one row of
     /// `vocab_size` values per token whose `logits` flag is set, in batch order. A token with
-    /// `mask: Some(i)` attends as `masks[i]` says.
+    /// `mask: Some(i)` attends as `masks[i]` says, one with `lora: Some(j)` runs with the
+    /// adapters `loras[j]`.
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         tokens: &[BatchToken],
         masks: &[SlotMask],
+        loras: &[AdapterSet],
         kv: &mut KvCache,
         pool: &ThreadPool,
         ws: &mut Workspace,

@@ -4,10 +4,14 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::pager::PagerSource;
+use super::BatchToken;
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::kernels::{self, MatmulScratch};
 use crate::kernels::{interleaved, Matrix};
+use crate::lora::{self, AdapterSet, Proj};
 use crate::quant;
+use crate::threadpool::ThreadPool;
 
 /// A weight matrix: read from the mapped file, or for the types that can be
 /// [interleaved](crate::kernels::interleaved) a copy interleaved by 8 rows at load time (the
@@ -20,13 +24,41 @@ pub struct Linear {
     packed: Option<Arc<Vec<u8>>>,
     /// A copy in the file's row layout, for a tensor read from a pager source.
     owned: Option<Arc<Vec<u8>>>,
+    /// The projection this is, for adapters ([`lora::key`]); `None` for other matrices.
+    lora_key: Option<u32>,
     /// Output features.
     pub rows: usize,
     /// Input features.
     pub cols: usize,
 }
 
+/// What every projection of one forward pass shares: the batch's tokens (and their adapters),
+/// the thread pool and the model file.
+pub struct Pass<'a> {
+    pub pool: &'a ThreadPool,
+    pub file: &'a GgufFile,
+    pub tokens: &'a [BatchToken],
+    pub loras: &'a [AdapterSet],
+}
+
 impl Linear {
+    /// `y = W·x` for the pass's rows (`x`: rows × `cols`, `y`: rows × `rows`), plus each row's
+    /// adapter deltas when this projection has any.
+    pub fn forward(
+        &self,
+        p: &Pass,
+        x: &[f32],
+        y: &mut [f32],
+        scratch: &mut MatmulScratch,
+    ) -> Result<()> {
+        let n = p.tokens.len();
+        kernels::matmul(p.pool, &self.matrix(p.file)?, x, n, y, scratch);
+        if let (Some(key), false) = (self.lora_key, p.loras.is_empty()) {
+            lora::apply(p.pool, key, p.tokens, p.loras, x, self.cols, y, self.rows);
+        }
+        Ok(())
+    }
+
     /// The matrix view, borrowing the file's bytes or the interleaved copy.
     pub fn matrix<'a>(&'a self, file: &'a GgufFile) -> Result<Matrix<'a>> {
         let (dtype, rows, cols) = (self.info.dtype, self.rows, self.cols);
@@ -84,6 +116,7 @@ impl Loader {
     /// into memory rather than mapped keeps both copies).
     pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
         let mut lin = self.table(name, rows, cols)?;
+        lin.lora_key = Proj::parse_gguf(name).map(|(layer, proj)| lora::key(layer, proj));
         let data = self.data(&lin.info)?;
         if interleaved::supports(lin.info.dtype) && rows.is_multiple_of(interleaved::GROUP_ROWS) {
             lin.packed = Some(Arc::new(interleaved::repack(
@@ -132,6 +165,7 @@ impl Loader {
             info: info.clone(),
             packed: None,
             owned: None,
+            lora_key: None,
             rows,
             cols,
         };
