@@ -216,3 +216,47 @@ fn session_files_continue_and_reuse_a_run() {
     assert!(stderr.contains("checksum mismatch"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn run_applies_lora_adapters_with_a_scale() {
+    use weft_core::gguf::{GgmlType, GgufWriter, Value};
+    let dir = tempfile::tempdir().unwrap();
+    let adapter = dir.path().join("a.gguf");
+    let mut w = GgufWriter::new();
+    w.metadata("general.architecture", Value::String("llama".into()));
+    w.metadata("general.type", Value::String("adapter".into()));
+    w.metadata("adapter.type", Value::String("lora".into()));
+    w.metadata("adapter.lora.alpha", Value::F32(8.0));
+    let f32s = |n: usize, k: usize| -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| ((((i * 7919 + k) % 1000) as f32 / 1000.0 - 0.5) * 0.2).to_le_bytes())
+            .collect()
+    };
+    for l in 0..30 {
+        w.tensor(
+            &format!("blk.{l}.ffn_down.weight.lora_a"),
+            GgmlType::F32,
+            &[1536, 4],
+            f32s(1536 * 4, l),
+        );
+        w.tensor(
+            &format!("blk.{l}.ffn_down.weight.lora_b"),
+            GgmlType::F32,
+            &[4, 576],
+            f32s(576 * 4, l + 1),
+        );
+    }
+    std::fs::write(&adapter, w.to_bytes()).unwrap();
+    let a = adapter.to_str().unwrap();
+    let prompt = "The history of weaving begins";
+    let greedy = ["run", "--temp", "0", "--json", "-n", "12"];
+    let (_, base) = run_json(&[&greedy[..], &[prompt]].concat());
+    let (_, off) = run_json(&[&greedy[..], &["--lora", &format!("{a}:0"), prompt]].concat());
+    let (_, on) = run_json(&[&greedy[..], &["--lora", a, prompt]].concat());
+    assert_eq!(off, base, "scale 0 is the base model");
+    assert_ne!(on, base, "the adapter changes the output");
+    let out = weft(&["run", "-m", "gemma3-270m", "--lora", a, prompt], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("adapter for llama models"), "{stderr}");
+}

@@ -33,7 +33,15 @@ pub async fn models(Extract(state): Extract<Arc<State>>) -> Json<Value> {
             "architecture": format!("{:?}", engine.info().arch),
         });
     }
-    Json(json!({"object": "list", "data": [model]}))
+    let base = &state.config.model_id;
+    let mut data = vec![model];
+    for (name, adapter) in state.adapters() {
+        data.push(json!({
+            "id": format!("{base}:{name}"), "object": "model", "created": unix_time(),
+            "owned_by": "weft", "parent": base, "root": adapter.name(),
+        }));
+    }
+    Json(json!({"object": "list", "data": data}))
 }
 
 /// `GET /metrics`: Prometheus text.

@@ -29,8 +29,10 @@ pub async fn handle(
     let arrived = Instant::now();
     let engine = state.engine()?.clone();
     let body = Body::read(body)?;
-    state.check_model(body.get::<String>("model", "a string")?.as_deref())?;
+    let asked = body.get::<String>("model", "a string")?;
+    let adapter = state.check_model(asked.as_deref())?;
     let mut params = GenParams::parse(&body, engine.info().vocab_size)?;
+    params.adapter = adapter;
     let logprobs = body.flag("logprobs")?;
     let top = body.integer("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
     if top.is_some() && !logprobs {
@@ -65,7 +67,8 @@ pub async fn handle(
     let meta = Meta {
         id,
         created: unix_time(),
-        model: state.config.model_id.clone(),
+        // The id asked for (an adapter's, or the base model's), as vLLM answers.
+        model: asked.unwrap_or_else(|| state.config.model_id.clone()),
     };
     if params.stream {
         let first = (0..params.n)

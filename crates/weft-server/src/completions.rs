@@ -28,7 +28,8 @@ pub async fn handle(
     let arrived = Instant::now();
     let engine = state.engine()?.clone();
     let body = Body::read(body)?;
-    state.check_model(body.get::<String>("model", "a string")?.as_deref())?;
+    let asked = body.get::<String>("model", "a string")?;
+    let adapter = state.check_model(asked.as_deref())?;
     if body.raw("suffix").is_some() {
         return Err(ApiError::param(
             "suffix",
@@ -36,6 +37,7 @@ pub async fn handle(
         ));
     }
     let mut params = GenParams::parse(&body, engine.info().vocab_size)?;
+    params.adapter = adapter;
     params.logprobs = body
         .integer("logprobs", 0, MAX_TOP_LOGPROBS)?
         .map(|k| k as usize);
@@ -80,7 +82,8 @@ pub async fn handle(
     let meta = Meta {
         id,
         created: unix_time(),
-        model: state.config.model_id.clone(),
+        // The id asked for (an adapter's, or the base model's), as vLLM answers.
+        model: asked.unwrap_or_else(|| state.config.model_id.clone()),
     };
     if params.stream {
         let mut chunker = CompletionChunker {

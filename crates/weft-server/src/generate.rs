@@ -209,6 +209,9 @@ async fn run_choice(
     if p.ignore_eos {
         gen = gen.ignore_eos();
     }
+    if let Some(a) = &p.adapter {
+        gen = gen.adapter(a, 1.0);
+    }
     if let Some(pen) = p.penalties.clone() {
         gen = gen.penalties(pen);
     }

@@ -35,6 +35,8 @@ pub struct GenParams {
     pub schema: Option<Schema>,
     pub stream: bool,
     pub include_usage: bool,
+    /// The LoRA adapter the request's `model` names (`None`: the base model).
+    pub adapter: Option<weft::Adapter>,
 }
 
 impl GenParams {
@@ -135,6 +137,7 @@ impl GenParams {
             schema: extra_schema(body)?,
             stream,
             include_usage,
+            adapter: None,
         })
     }
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use weft::Engine;
+use weft::{Adapter, Engine};
 
 use crate::admission::{Admission, Preempted};
 use crate::error::ApiError;
@@ -43,6 +43,8 @@ impl Default for ServerConfig {
 pub struct State {
     pub config: ServerConfig,
     engine: OnceLock<Engine>,
+    /// LoRA adapters served beside the base model, by name.
+    adapters: OnceLock<Vec<(String, Adapter)>>,
     load_error: OnceLock<String>,
     pub admission: Arc<Admission>,
     pub metrics: ServerMetrics,
@@ -55,10 +57,22 @@ impl State {
             admission: Arc::new(Admission::new(config.parallel, config.max_queue)),
             config,
             engine: OnceLock::new(),
+            adapters: OnceLock::new(),
             load_error: OnceLock::new(),
             metrics: ServerMetrics::default(),
             ids: AtomicU64::new(0),
         }
+    }
+
+    /// The LoRA adapters requests can name (`"model": "BASE:NAME"` or `"NAME"`): set before
+    /// the engine.
+    pub fn set_adapters(&self, adapters: Vec<(String, Adapter)>) {
+        let _ = self.adapters.set(adapters);
+    }
+
+    /// The adapters served, by name.
+    pub fn adapters(&self) -> &[(String, Adapter)] {
+        self.adapters.get().map_or(&[], Vec::as_slice)
     }
 
     /// Makes the loaded engine available: `/health` turns 200.
@@ -81,14 +95,29 @@ impl State {
             })
     }
 
-    /// Checks a request's `model` field: absent or the served id.
-    pub fn check_model(&self, asked: Option<&str>) -> Result<(), ApiError> {
-        match asked {
-            Some(m) if m != self.config.model_id => {
-                Err(ApiError::model_not_found(m, &self.config.model_id))
-            }
-            _ => Ok(()),
+    /// Checks a request's `model` field: absent or the served id (the base model), or an
+    /// adapter as `BASE:NAME` (vLLM's convention) or `NAME`, which is returned.
+    pub fn check_model(&self, asked: Option<&str>) -> Result<Option<Adapter>, ApiError> {
+        let Some(m) = asked else { return Ok(None) };
+        if m == self.config.model_id {
+            return Ok(None);
         }
+        let name = m
+            .strip_prefix(self.config.model_id.as_str())
+            .and_then(|rest| rest.strip_prefix(':'))
+            .unwrap_or(m);
+        match self.adapters().iter().find(|(n, _)| n == name) {
+            Some((_, a)) => Ok(Some(a.clone())),
+            None => Err(ApiError::model_not_found(m, &self.served_ids().join(", "))),
+        }
+    }
+
+    /// Every id requests may name: the base model, then `BASE:NAME` per adapter.
+    pub fn served_ids(&self) -> Vec<String> {
+        let base = &self.config.model_id;
+        std::iter::once(base.clone())
+            .chain(self.adapters().iter().map(|(n, _)| format!("{base}:{n}")))
+            .collect()
     }
 
     /// A fresh random id (`prefix-` and 24 hex digits).

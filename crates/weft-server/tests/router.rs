@@ -307,3 +307,94 @@ fn api_key_guards_the_api_but_not_health_or_models() {
         error_shape(&serde_json::from_slice(&bytes).expect("json"));
     });
 }
+
+/// A small synthetic LoRA adapter for SmolLM2 (rank 4 on every layer's q and v projections).
+fn adapter_file() -> std::path::PathBuf {
+    use weft::gguf::{GgmlType, GgufWriter, Value as Meta};
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("router-lora.gguf");
+    let mut w = GgufWriter::new();
+    w.metadata("general.architecture", Meta::String("llama".into()));
+    w.metadata("general.type", Meta::String("adapter".into()));
+    w.metadata("adapter.type", Meta::String("lora".into()));
+    w.metadata("adapter.lora.alpha", Meta::F32(8.0));
+    let mut x = 0x2545_F491_u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % 2001) as f32 / 1000.0 - 1.0
+    };
+    let bytes = |v: Vec<f32>| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+    for l in 0..30 {
+        for (name, n_out) in [("attn_q", 576u64), ("attn_v", 192)] {
+            let a: Vec<f32> = (0..4 * 576).map(|_| next() * 0.05).collect();
+            let b: Vec<f32> = (0..n_out * 4).map(|_| next() * 0.05).collect();
+            w.tensor(
+                &format!("blk.{l}.{name}.weight.lora_a"),
+                GgmlType::F32,
+                &[576, 4],
+                bytes(a),
+            );
+            w.tensor(
+                &format!("blk.{l}.{name}.weight.lora_b"),
+                GgmlType::F32,
+                &[4, n_out],
+                bytes(b),
+            );
+        }
+    }
+    std::fs::write(&path, w.to_bytes()).expect("write adapter");
+    path
+}
+
+#[test]
+fn an_adapter_is_chosen_by_model_name_and_listed() {
+    let (rt, _one) = rt();
+    let engine = engine();
+    let adapter = engine.load_adapter(&adapter_file()).expect("adapter");
+    let greedy = |a: Option<&weft::Adapter>| {
+        let mut ctx = engine.context();
+        ctx.fill("The history of weaving").expect("fill");
+        let mut g = ctx.generate(Sampler::Argmax).max_tokens(16);
+        if let Some(a) = a {
+            g = g.adapter(a, 1.0);
+        }
+        weft::block_on(g.collect_text()).expect("generate")
+    };
+    let (base, adapted) = (greedy(None), greedy(Some(&adapter)));
+    assert_ne!(base, adapted, "the adapter changes the continuation");
+    rt.block_on(async {
+        let s = Arc::new(State::new(config()));
+        s.set_adapters(vec![("weaver".into(), adapter.clone())]);
+        s.set_engine(engine.clone());
+        let (st, body) = call(&s, "GET", "/v1/models", "").await;
+        assert_eq!(st, StatusCode::OK);
+        let v: Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(v["data"][1]["id"], "smollm2-135m:weaver");
+        assert_eq!(v["data"][1]["parent"], "smollm2-135m");
+        for (model, want) in [
+            ("smollm2-135m:weaver", &adapted),
+            ("weaver", &adapted),
+            ("smollm2-135m", &base),
+        ] {
+            let body = json!({"model": model, "prompt": "The history of weaving",
+                "max_tokens": 16, "temperature": 0});
+            let (st, v) = post(&s, "/v1/completions", body).await;
+            assert_eq!(st, StatusCode::OK, "{v}");
+            assert_eq!(
+                v["choices"][0]["text"].as_str(),
+                Some(want.as_str()),
+                "{model}"
+            );
+            assert_eq!(v["model"], model);
+        }
+        let (st, v) = post(
+            &s,
+            "/v1/completions",
+            json!({"model": "smollm2-135m:nope", "prompt": "x"}),
+        )
+        .await;
+        assert_eq!(st, StatusCode::NOT_FOUND);
+        error_shape(&v);
+    });
+}

@@ -121,6 +121,8 @@ pub(crate) struct Inner {
     pub kv_layout: KvLayout,
     pub fingerprint: std::sync::OnceLock<String>,
     pub layer_pager: Option<Arc<LayerPager>>,
+    /// The engine-level adapter stack (see [`Engine::push_lora`]).
+    pub lora_stack: std::sync::Mutex<Vec<(crate::adapter::Adapter, f32)>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -223,6 +225,7 @@ impl Engine {
                 kv_layout,
                 fingerprint: std::sync::OnceLock::new(),
                 layer_pager: config.layer_pager,
+                lora_stack: std::sync::Mutex::new(Vec::new()),
                 thread: Some(thread),
             }),
         })

@@ -3,6 +3,9 @@
 use weft_core::models::SlotMask;
 use weft_core::sampling::{validate_logit_bias, Penalties, Sampler};
 
+use weft_core::lora::ZoSeed;
+
+use crate::adapter::{Adapter, PassAdapters};
 use crate::brle::Brle;
 use crate::constraint::TokenMask;
 use crate::context::Context;
@@ -58,6 +61,7 @@ pub struct Forward<'c> {
     penalties: Option<Penalties>,
     bias: Vec<(u32, f32)>,
     horizon: usize,
+    adapters: PassAdapters,
     error: Option<Error>,
 }
 
@@ -77,6 +81,7 @@ impl<'c> Forward<'c> {
             penalties: None,
             bias: Vec::new(),
             horizon: 0,
+            adapters: PassAdapters::default(),
             error: None,
         }
     }
@@ -167,6 +172,29 @@ impl<'c> Forward<'c> {
     /// Adds `bias` to the logits of the listed ids before sampling (`-inf` bans an id).
     pub fn logit_bias(&mut self, bias: &[(u32, f32)]) -> &mut Self {
         self.bias.extend_from_slice(bias);
+        self
+    }
+
+    /// Replaces the pass's adapters (the generator's).
+    pub(crate) fn set_adapters(&mut self, adapters: PassAdapters) -> &mut Self {
+        self.adapters = adapters;
+        self
+    }
+
+    /// Runs the pass with `adapter` scaled by `scale` (call again to stack several: their
+    /// deltas add up). A pass that names no adapter runs with the engine's stack
+    /// ([`Engine::push_lora`](crate::Engine::push_lora)); scale 0 is the base model.
+    pub fn adapter(&mut self, adapter: &Adapter, scale: f32) -> &mut Self {
+        self.adapters.stack.push((adapter.clone(), scale));
+        self
+    }
+
+    /// Runs the pass with its adapters' weights perturbed by `sigma · ε(seed)`, a standard
+    /// normal value per weight generated from the seed on the fly (see
+    /// [`weft_core::lora::zo`] for the generator); negative `sigma` is the antithetic pair.
+    /// For evolution-strategies / zeroth-order training loops.
+    pub fn zo_seed(&mut self, seed: u64, sigma: f32) -> &mut Self {
+        self.adapters.zo = Some(ZoSeed { seed, sigma });
         self
     }
 
@@ -327,6 +355,7 @@ impl<'c> Forward<'c> {
             bias: self.bias,
             rng: ctx.rng.clone(),
             horizon: self.horizon,
+            adapters: self.adapters.resolve(&ctx.engine)?,
         };
         Ok((ctx, req))
     }

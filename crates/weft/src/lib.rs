@@ -26,6 +26,7 @@
 //! Dependencies point one way: front ends (CLI, HTTP server) → this crate → the engine core
 //! ([`weft_core`]) and the model registry ([`weft_hub`]).
 
+mod adapter;
 mod brle;
 pub mod chat;
 pub mod constraint;
@@ -40,6 +41,7 @@ mod scheduler;
 mod session;
 pub mod speculate;
 
+pub use adapter::Adapter;
 pub use brle::Brle;
 pub use chat::{ChatTemplate, Message};
 pub use constraint::{Constraint, Schema, TokenMask};
@@ -58,7 +60,7 @@ pub use weft_core::sampling::{Penalties, Sampler};
 pub use weft_core::gguf::{self, GgmlType, GgufFile};
 pub use weft_core::runner::{BatchEntry, ModelRunner, RunnerConfig};
 pub use weft_core::tokenizer::{self, StreamDecoder, Tokenizer};
-pub use weft_core::{kv, models, quant, runner, sampling};
+pub use weft_core::{kv, lora, models, quant, runner, sampling};
 pub use weft_hub::{self as hub, Hub, HubError, NoProgress, Progress};
 
 /// Runs a future to completion on the current thread: the blocking way to call the async

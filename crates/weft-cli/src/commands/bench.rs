@@ -19,6 +19,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::Context as _;
 use futures_util::future::join_all;
 use weft::sampling::Rng;
 use weft::{block_on, BatchEntry, Context, Engine, ModelRunner, Sampler};
@@ -58,6 +59,10 @@ pub struct Args {
     /// without the n-gram drafter, and its acceptance rate.
     #[arg(long)]
     speculate: bool,
+    /// LoRA adapter files (repeatable): also run the decode tests with them, beside the
+    /// same tests without (`+lora`; parallel contexts take the adapters in turn).
+    #[arg(long, value_name = "FILE")]
+    lora: Vec<std::path::PathBuf>,
 }
 
 /// The repetitive task of `--speculate`: copy a code block.
@@ -124,6 +129,9 @@ struct Bench {
     engine: Option<Engine>,
     rng: Rng,
     vocab: u32,
+    /// Adapters of the `+lora` tests, and whether the current test uses them.
+    loras: Vec<weft::Adapter>,
+    with_lora: bool,
 }
 
 impl Bench {
@@ -174,13 +182,21 @@ impl Bench {
         let t = Instant::now();
         for step in 0..steps {
             let horizon = steps - step - 1;
-            let passes = ctxs.iter_mut().zip(&next).map(|(c, &token)| async move {
-                let mut fwd = c.forward();
-                fwd.input(&[token]).horizon(horizon);
-                let h = fwd.sample(&[0], Sampler::Argmax);
-                let out = fwd.execute().await?;
-                Ok::<u32, weft::Error>(out.token(h).unwrap_or(token))
-            });
+            let loras: Vec<_> = (0..n_seq).map(|i| self.lora(i).cloned()).collect();
+            let passes =
+                ctxs.iter_mut()
+                    .zip(&next)
+                    .zip(loras)
+                    .map(|((c, &token), lora)| async move {
+                        let mut fwd = c.forward();
+                        fwd.input(&[token]).horizon(horizon);
+                        if let Some(a) = &lora {
+                            fwd.adapter(a, 1.0);
+                        }
+                        let h = fwd.sample(&[0], Sampler::Argmax);
+                        let out = fwd.execute().await?;
+                        Ok::<u32, weft::Error>(out.token(h).unwrap_or(token))
+                    });
             next = block_on(join_all(passes))
                 .into_iter()
                 .collect::<Result<Vec<_>, _>>()?;
@@ -201,6 +217,18 @@ impl Bench {
             }
             self.runner.forward(&batch)?;
         }
+        let adapters: Vec<(weft::kv::SeqId, weft::lora::AdapterSet)> = seqs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &seq)| {
+                let a = self.lora(i)?;
+                let set = weft::lora::AdapterSet {
+                    stack: vec![(a.as_core().clone(), 1.0)],
+                    zo: None,
+                };
+                Some((seq, set))
+            })
+            .collect();
         let t = Instant::now();
         for step in 0..steps {
             let tokens = self.tokens(seqs.len());
@@ -215,9 +243,17 @@ impl Bench {
                     mask: None,
                 })
                 .collect();
-            self.runner.forward(&batch)?;
+            self.runner.forward_with(&batch, &[], &adapters)?;
         }
         Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// The adapter of the `i`-th context of a `+lora` test.
+    fn lora(&self, i: usize) -> Option<&weft::Adapter> {
+        if !self.with_lora || self.loras.is_empty() {
+            return None;
+        }
+        self.loras.get(i % self.loras.len())
     }
 }
 
@@ -249,15 +285,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let runner = args.threads.runner(file.clone())?;
     let threads = runner.n_threads();
     let vocab = runner.info().vocab_size as u32;
-    let engine = if (args.parallel.is_empty() || args.n_gen == 0) && !args.speculate {
-        None
-    } else {
-        Some(args.threads.engine(file)?)
+    let engine =
+        if (args.parallel.is_empty() || args.n_gen == 0) && !args.speculate && args.lora.is_empty()
+        {
+            None
+        } else {
+            Some(args.threads.engine(file)?)
+        };
+    let loras = match &engine {
+        Some(e) => args
+            .lora
+            .iter()
+            .map(|p| {
+                e.load_adapter(p)
+                    .with_context(|| format!("cannot load the adapter {}", p.display()))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?,
+        None => Vec::new(),
     };
     let mut bench = Bench {
         runner,
         engine,
         rng: Rng::new(1234),
+        loras,
+        with_lora: false,
         vocab,
     };
     // Warm-up: touch the weights and size the buffers.
@@ -267,19 +318,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bench.decode_api(2, 4, 4)?;
     }
 
-    // name, prompt, gen, parallel, through the API
-    let mut tests: Vec<(String, usize, usize, usize, bool)> = Vec::new();
+    // name, prompt, gen, parallel, through the API, with the adapters
+    let mut tests: Vec<(String, usize, usize, usize, bool, bool)> = Vec::new();
     for &p in &args.n_prompt {
-        tests.push((format!("pp{p}"), p, 0, 1, false));
+        tests.push((format!("pp{p}"), p, 0, 1, false, false));
     }
+    let lora_runs: &[bool] = if args.lora.is_empty() {
+        &[false]
+    } else {
+        &[false, true]
+    };
     if args.n_gen > 0 {
-        tests.push((format!("tg{}", args.n_gen), 0, args.n_gen, 1, false));
+        for &lora in lora_runs {
+            let tag = if lora { " +lora" } else { "" };
+            tests.push((
+                format!("tg{}{tag}", args.n_gen),
+                0,
+                args.n_gen,
+                1,
+                false,
+                lora,
+            ));
+        }
         for &p in &args.parallel {
-            let name = format!("pp{PARALLEL_PROMPT}+tg{} x{p}", args.n_gen);
-            if args.raw {
-                tests.push((format!("{name} raw"), PARALLEL_PROMPT, args.n_gen, p, false));
+            for &lora in lora_runs {
+                let tag = if lora { " +lora" } else { "" };
+                let name = format!("pp{PARALLEL_PROMPT}+tg{} x{p}{tag}", args.n_gen);
+                if args.raw {
+                    let raw = format!("{name} raw");
+                    tests.push((raw, PARALLEL_PROMPT, args.n_gen, p, false, lora));
+                }
+                tests.push((name, PARALLEL_PROMPT, args.n_gen, p, true, lora));
             }
-            tests.push((name, PARALLEL_PROMPT, args.n_gen, p, true));
         }
     }
     let model = &args.model.model;
@@ -287,7 +357,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("| model | size | params | threads | test | t/s |");
         println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     }
-    for (name, prompt, gen, parallel, api) in tests {
+    for (name, prompt, gen, parallel, api, lora) in tests {
+        bench.with_lora = lora;
         let mut samples = Vec::with_capacity(args.repetitions);
         for _ in 0..args.repetitions {
             let tps = if gen == 0 {

@@ -50,6 +50,10 @@ pub struct Args {
     /// Save the session (prompt and output, KV cache included) to FILE at the end.
     #[arg(long, value_name = "FILE")]
     save_session: Option<std::path::PathBuf>,
+    /// Apply a LoRA adapter (GGUF file or PEFT directory), optionally scaled: `PATH[:SCALE]`
+    /// (repeatable; the adapters' deltas add up).
+    #[arg(long, value_name = "PATH[:SCALE]", value_parser = parse_lora)]
+    lora: Vec<(std::path::PathBuf, f32)>,
     /// The prompt, used as is (no chat template).
     #[arg(default_value = "")]
     prompt: String,
@@ -115,7 +119,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             temperature: args.temp,
         }
     };
+    let adapters = args
+        .lora
+        .iter()
+        .map(|(p, scale)| {
+            let a = engine
+                .load_adapter(p)
+                .with_context(|| format!("cannot load the adapter {}", p.display()))?;
+            anyhow::Ok((a, *scale))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut g = ctx.generate(sampler).max_tokens(args.n_predict);
+    for (a, scale) in &adapters {
+        g = g.adapter(a, *scale);
+    }
     for s in schemas {
         g = g.constrain_with(s);
     }
@@ -218,4 +235,17 @@ fn load_session(
     }
     ctx.fill_tokens(&ids[common..])?;
     Ok((ctx, common))
+}
+
+/// `PATH[:SCALE]` of `--lora` (a suffix that is not a number belongs to the path).
+fn parse_lora(s: &str) -> Result<(std::path::PathBuf, f32), String> {
+    if let Some((path, scale)) = s.rsplit_once(':') {
+        if let Ok(scale) = scale.parse::<f32>() {
+            if !scale.is_finite() {
+                return Err(format!("the scale in {s:?} is not a finite number"));
+            }
+            return Ok((path.into(), scale));
+        }
+    }
+    Ok((s.into(), 1.0))
 }

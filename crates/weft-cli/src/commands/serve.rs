@@ -43,6 +43,22 @@ pub struct Args {
     /// Largest request body in MiB; a larger one gets 413.
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     max_body_mib: usize,
+    /// Serve a LoRA adapter (GGUF file or PEFT directory) as NAME (repeatable): requests pick
+    /// it with `"model": "BASE:NAME"` (or `"NAME"`); `/v1/models` lists it.
+    #[arg(long, value_name = "NAME=PATH", value_parser = parse_lora)]
+    lora: Vec<(String, std::path::PathBuf)>,
+}
+
+/// `NAME=PATH` of `--lora`.
+fn parse_lora(s: &str) -> Result<(String, std::path::PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() && !name.contains(':') => {
+            Ok((name.to_string(), path.into()))
+        }
+        _ => Err(format!(
+            "expected NAME=PATH (a name without ':'), got {s:?}"
+        )),
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -90,10 +106,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let state = Arc::new(State::new(config));
         let loading = state.clone();
         let model = args.model.clone();
+        let loras = args.lora.clone();
         tokio::task::spawn_blocking(move || {
             let loaded = model.path().and_then(|path| {
-                weft::Engine::open(&path, engine_cfg)
-                    .with_context(|| format!("cannot load model {}", path.display()))
+                let engine = weft::Engine::open(&path, engine_cfg)
+                    .with_context(|| format!("cannot load model {}", path.display()))?;
+                let adapters = loras
+                    .iter()
+                    .map(|(name, p)| {
+                        let a = engine.load_adapter(p).with_context(|| {
+                            format!("cannot load adapter {name}={}", p.display())
+                        })?;
+                        anyhow::Ok((name.clone(), a))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                loading.set_adapters(adapters);
+                anyhow::Ok(engine)
             });
             match loaded {
                 Ok(engine) => {

@@ -12,6 +12,7 @@ mod stop;
 pub use step::{Step, StepOutput};
 pub use stop::StopStrings;
 
+use crate::adapter::{Adapter, PassAdapters};
 use crate::constraint::{self, Constraint, Schema, TokenMask};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -99,6 +100,8 @@ pub struct Generator<'c> {
     /// Where the step in flight started: if its future is dropped, the next step goes back
     /// there.
     restart: Option<Restart>,
+    /// The adapters every step runs with (none named: the engine's stack).
+    adapters: PassAdapters,
 }
 
 /// The state a step starts from.
@@ -147,6 +150,7 @@ impl<'c> Generator<'c> {
             draft_accepted: 0,
             config_error: None,
             restart: None,
+            adapters: PassAdapters::default(),
         }
     }
 
@@ -197,6 +201,21 @@ impl<'c> Generator<'c> {
     /// Speculative tokens drafted and accepted so far.
     pub fn speculation_stats(&self) -> (usize, usize) {
         (self.drafted, self.draft_accepted)
+    }
+
+    /// Runs every step with `adapter` scaled by `scale` (call again to stack several; see
+    /// [`Forward::adapter`](crate::Forward::adapter)). Without one, steps use the engine's
+    /// stack.
+    pub fn adapter(mut self, adapter: &Adapter, scale: f32) -> Self {
+        self.adapters.stack.push((adapter.clone(), scale));
+        self
+    }
+
+    /// Runs every step with the adapters' weights perturbed by `sigma · ε(seed)` (see
+    /// [`Forward::zo_seed`](crate::Forward::zo_seed)).
+    pub fn zo_seed(mut self, seed: u64, sigma: f32) -> Self {
+        self.adapters.zo = Some(weft_core::lora::ZoSeed { seed, sigma });
+        self
     }
 
     /// Stop after `n` tokens (default 256).

@@ -143,7 +143,9 @@ async fn run(
     if let Some(p) = gen.penalties.clone() {
         fwd.penalties(p);
     }
-    fwd.logit_bias(&bias).horizon(horizon);
+    fwd.logit_bias(&bias)
+        .horizon(horizon)
+        .set_adapters(gen.adapters.clone());
     let output = fwd.execute().await?;
     let Some(chosen) = h.and_then(|h| output.tokens(h)).map(<[u32]>::to_vec) else {
         return Ok(StepOutput {

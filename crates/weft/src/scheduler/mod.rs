@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use futures_channel::oneshot;
 use weft_core::kv::SeqId;
+use weft_core::lora::AdapterSet;
 use weft_core::models::SlotMask;
 use weft_core::runner::{BatchEntry, ModelRunner};
 use weft_core::sampling::{Penalties, Rng, Sampler};
@@ -71,6 +72,8 @@ pub(crate) struct PassRequest {
     pub rng: Rng,
     /// How many more passes this context expects to submit after this one.
     pub horizon: usize,
+    /// The LoRA adapters the pass runs with (`None`: the base model).
+    pub adapters: Option<AdapterSet>,
 }
 
 /// What a pass returns.
@@ -446,7 +449,10 @@ impl Shared {
             }
             let n = a.req.tokens.len();
             let limit = a.wanted.first().copied().unwrap_or(n).min(n - 1);
-            a.done = runner.attach_prefix(a.req.seq, &a.req.tokens, limit);
+            a.done = match &a.req.adapters {
+                Some(set) => runner.attach_prefix_with(a.req.seq, &a.req.tokens, limit, set),
+                None => runner.attach_prefix(a.req.seq, &a.req.tokens, limit),
+            };
         }
     }
 }
@@ -492,8 +498,12 @@ fn run_chunks(
 ) -> Result<()> {
     let mut entries = Vec::new();
     let mut masks = Vec::new();
+    let mut adapters = Vec::new();
     for &(i, a, b) in chosen {
         let r = &active[i].req;
+        if let Some(set) = &r.adapters {
+            adapters.push((r.seq, set.clone()));
+        }
         for t in a..b {
             let mask = r.masks.as_ref().map(|m| {
                 masks.push(m[t].clone());
@@ -508,7 +518,7 @@ fn run_chunks(
             });
         }
     }
-    runner.forward_masked(&entries, &masks)?;
+    runner.forward_with(&entries, &masks, &adapters)?;
     Ok(())
 }
 

@@ -41,3 +41,17 @@ pub fn engine(name: &str, kv_tokens: usize) -> Engine {
 pub fn engine_with(name: &str, config: EngineConfig) -> Engine {
     Engine::open(&model_path(name), config).unwrap_or_else(|e| panic!("cannot load {name}: {e}"))
 }
+
+/// `../shared/reference` beside the checkout (or `$WEFT_REFERENCE_DIR`): llama.cpp's outputs.
+pub fn reference_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("WEFT_REFERENCE_DIR") {
+        return dir.into();
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference");
+    assert!(
+        dir.is_dir(),
+        "reference outputs not found at {} (set WEFT_REFERENCE_DIR)",
+        dir.display()
+    );
+    dir
+}
