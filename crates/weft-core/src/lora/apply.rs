@@ -14,8 +14,10 @@ const PART: usize = 16;
 
 /// Adds to each row `y[r]` (`n_out` values) of projection `key` the deltas of the adapters of
 /// its token (`tokens[r].lora` indexes `sets`), from the projection's input `x[r]` (`n_in`
-/// values). Rows without adapters are untouched. The work items (row, adapter, rank part) are
-/// spread over the pool's threads, so even one decode row uses every core.
+/// values). Rows without adapters are untouched. The work items (row, adapter, rank part of
+/// [`PART`] rows) are spread over the pool's threads; a single item (one decode row with one
+/// rank-16 adapter) runs on the calling thread, where a pool round trip would cost more than
+/// it saves.
 #[allow(clippy::too_many_arguments)]
 pub fn apply(
     pool: &ThreadPool,
@@ -221,6 +223,7 @@ mod tests {
                 seq: crate::kv::SeqId(0),
                 slot: 0,
                 logits: false,
+                hidden: false,
                 mask: None,
                 lora: Some(0),
             };

@@ -125,11 +125,12 @@ impl Loader {
                 rows,
                 cols,
             )));
+            // The file's pages of a repacked tensor are not read again (a no-op for bytes
+            // from a pager source).
+            self.file.release(&data);
         } else if let Cow::Owned(bytes) = data {
             lin.owned = Some(Arc::new(bytes));
-            return Ok(lin);
         }
-        self.file.release(&data);
         Ok(lin)
     }
 

@@ -20,8 +20,8 @@ impl Generator<'_> {
     /// generation exactly: the same tokens as if it had never stopped, constraints included.
     ///
     /// Constraints must come from [`Generator::constrain_with`] (a [`Schema`]); a custom
-    /// [`Constraint`](crate::Constraint) or [`Speculator`](crate::Speculator) cannot be saved
-    /// and gives [`Error::Config`]. Per-step probes are not saved: add them again. A generator
+    /// [`Constraint`](crate::Constraint) or [`Speculator`](crate::Speculator), or LoRA
+    /// adapters named on the generator, cannot be saved and give [`Error::Config`]. Per-step probes are not saved: add them again. A generator
     /// that has stopped saves just its context.
     ///
     /// ```no_run
@@ -50,6 +50,13 @@ impl Generator<'_> {
         if self.custom_constraint {
             return Err(Error::Config(
                 "snapshot: a custom constraint cannot be saved (use constrain_with)".into(),
+            ));
+        }
+        if !self.adapters.stack.is_empty() || self.adapters.zo.is_some() {
+            return Err(Error::Config(
+                "snapshot: a generator with LoRA adapters cannot be saved (adapters are not part of \
+                 a snapshot)"
+                    .into(),
             ));
         }
         if self.speculator.is_some() && !self.builtin_speculator {
