@@ -679,3 +679,58 @@ fn bad_adapters_are_typed_errors() {
     let e = smol.load_adapter(&dora).unwrap_err();
     assert!(e.to_string().contains("DoRA"), "{e}");
 }
+
+/// The prefix cache keys pages by the adapters that wrote them: a context with the same adapter
+/// attaches them, one without (or with another) computes its own, and every output equals an
+/// engine's without the cache.
+#[test]
+fn prefix_cache_pages_belong_to_their_adapter() {
+    let model = "smollm2-135m";
+    let cached = engine(model);
+    let uncached = common::engine_with(
+        model,
+        EngineConfig {
+            n_threads: 2,
+            kv_tokens: 4096,
+            prefix_cache: false,
+            ..EngineConfig::default()
+        },
+    );
+    let ads = adapters(&cached, model, 2);
+    let path_b = scratch().join(format!("{model}-r16-1.gguf"));
+    let b_uncached = uncached.load_adapter(&path_b).unwrap();
+    let a_uncached = uncached
+        .load_adapter(&scratch().join(format!("{model}-r16-0.gguf")))
+        .unwrap();
+    let prompt = "The loom is one of the oldest machines people have built. ".repeat(8);
+    let run = |engine: &Engine, adapter: Option<&Adapter>| {
+        let mut ctx = engine.context();
+        ctx.fill(&prompt).unwrap();
+        let mut fwd = ctx.forward();
+        if let Some(a) = adapter {
+            fwd.adapter(a, 1.0);
+        }
+        let last = fwd.len() - 1;
+        let h = fwd.probe(last, weft::Logits);
+        block_on(fwd.execute()).unwrap().logits(h).unwrap().to_vec()
+    };
+    let hits = |e: &Engine| e.metrics().prefix_hit_tokens;
+    let with_a = run(&cached, Some(&ads[0]));
+    assert_eq!(hits(&cached), 0);
+    assert!(run(&cached, Some(&ads[0])) == with_a);
+    let after_a = hits(&cached);
+    assert!(
+        after_a >= 64,
+        "the same adapter attaches the pages ({after_a})"
+    );
+    let base = run(&cached, None);
+    let with_b = run(&cached, Some(&ads[1]));
+    assert_eq!(
+        hits(&cached),
+        after_a,
+        "pages of another adapter are not attached"
+    );
+    assert!(base == run(&uncached, None));
+    assert!(with_a == run(&uncached, Some(&a_uncached)));
+    assert!(with_b == run(&uncached, Some(&b_uncached)));
+}
