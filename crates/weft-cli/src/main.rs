@@ -22,6 +22,8 @@ enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming,
     /// structured output, tools, metrics).
     Serve(commands::serve::Args),
+    /// Embed text: one JSON vector per input line (pooled final-norm hidden states).
+    Embed(commands::embed::Args),
     /// Measure prefill and decode speed (like llama-bench and llama-batched-bench).
     Bench(commands::bench::Args),
     /// Perplexity of a text file (as llama-perplexity computes it).
@@ -65,6 +67,7 @@ fn run() -> anyhow::Result<()> {
         Command::Serve(args) => commands::serve::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Bench(args) => commands::bench::run(args),
+        Command::Embed(args) => commands::embed::run(args),
         Command::Perplexity(args) => commands::perplexity::run(args),
         Command::Pull(args) => commands::pull::run(args),
         Command::Models => commands::pull::list(),

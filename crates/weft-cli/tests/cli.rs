@@ -260,3 +260,28 @@ fn run_applies_lora_adapters_with_a_scale() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("adapter for llama models"), "{stderr}");
 }
+
+#[test]
+fn embed_prints_one_unit_vector_per_line() {
+    let out = weft(
+        &["embed", "--pooling", "last"],
+        "The cat sat on the mat.\nParis is the capital of France.\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<Vec<f64>> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON array per line"))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for v in &lines {
+        assert_eq!(v.len(), 576);
+        let norm: f64 = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    }
+    assert_ne!(lines[0], lines[1]);
+    let out = weft(&["embed", "--pooling", "median"], "x\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("unknown pooling"), "{stderr}");
+}

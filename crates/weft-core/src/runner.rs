@@ -25,6 +25,8 @@ pub struct BatchEntry {
     pub seq: SeqId,
     /// Return logits for this token.
     pub logits: bool,
+    /// Return its final-norm hidden state (see [`ModelRunner::last_hidden`]).
+    pub hidden: bool,
     /// Index of this token's attention mask in the masks given to
     /// [`ModelRunner::forward_masked`] (`None`: causal).
     pub mask: Option<u32>,
@@ -43,6 +45,7 @@ impl BatchEntry {
                 seq,
                 logits: all_logits || i + 1 == tokens.len(),
                 mask: None,
+                hidden: false,
             })
             .collect()
     }
@@ -89,6 +92,9 @@ pub struct ModelRunner {
     logits: Vec<f32>,
     /// Rows of `logits` the last forward filled.
     last_rows: usize,
+    /// Final-norm hidden states of the last forward's `hidden` entries.
+    hidden: Vec<f32>,
+    last_hidden_rows: usize,
     batch: Vec<BatchToken>,
     n_ctx: usize,
     max_ubatch: usize,
@@ -112,6 +118,8 @@ impl ModelRunner {
             ws: Workspace::default(),
             logits: Vec::new(),
             last_rows: 0,
+            hidden: Vec::new(),
+            last_hidden_rows: 0,
             batch: Vec::new(),
             n_ctx,
             max_ubatch: cfg.max_ubatch.max(1),
@@ -282,6 +290,11 @@ impl ModelRunner {
         if self.logits.len() < n_out * vocab {
             self.logits.resize(n_out * vocab, 0.0);
         }
+        let n_hidden = batch.iter().filter(|e| e.hidden).count();
+        let d = self.model.info().n_embd;
+        if self.hidden.len() < n_hidden * d {
+            self.hidden.resize(n_hidden * d, 0.0);
+        }
         let lora_of: HashMap<SeqId, u32> = adapters
             .iter()
             .enumerate()
@@ -311,9 +324,17 @@ impl ModelRunner {
             }
         }
         self.last_rows = 0;
+        self.last_hidden_rows = 0;
         result?;
         self.last_rows = n_out;
+        self.last_hidden_rows = n_hidden;
         Ok(&self.logits[..n_out * vocab])
+    }
+
+    /// The final-norm hidden states (one row of `n_embd` values per entry with `hidden` set, in
+    /// batch order) of the last successful forward (empty after an error).
+    pub fn last_hidden(&self) -> &[f32] {
+        &self.hidden[..self.last_hidden_rows * self.model.info().n_embd]
     }
 
     /// The logits the last successful [`ModelRunner::forward`] returned (empty after an error).
@@ -330,6 +351,8 @@ impl ModelRunner {
         vocab: usize,
     ) -> Result<()> {
         let mut row = 0;
+        let mut hrow = 0;
+        let d = self.model.info().n_embd;
         for chunk in batch.chunks(self.max_ubatch) {
             // Append this micro-batch's slots: each sequence's tokens in batch order.
             let mut per_seq: HashMap<SeqId, Vec<u32>> = HashMap::new();
@@ -351,6 +374,7 @@ impl ModelRunner {
                     seq: e.seq,
                     slot: *slot,
                     logits: e.logits,
+                    hidden: e.hidden,
                     mask: e.mask,
                     lora: lora_of.get(&e.seq).copied(),
                 });
@@ -358,6 +382,8 @@ impl ModelRunner {
             }
             let n_out = chunk.iter().filter(|e| e.logits).count();
             let out = &mut self.logits[row * vocab..(row + n_out) * vocab];
+            let n_hid = chunk.iter().filter(|e| e.hidden).count();
+            let hid = &mut self.hidden[hrow * d..(hrow + n_hid) * d];
             self.model.forward(
                 &self.batch,
                 masks,
@@ -366,8 +392,10 @@ impl ModelRunner {
                 &self.pool,
                 &mut self.ws,
                 out,
+                hid,
             )?;
             row += n_out;
+            hrow += n_hid;
         }
         Ok(())
     }

@@ -75,6 +75,7 @@ fn together(r: &mut ModelRunner, prompts: &[Vec<u32>]) -> Vec<Vec<f32>> {
                 seq,
                 logits: true,
                 mask: None,
+                hidden: false,
             })
             .collect();
         let logits = r.forward(&batch).expect("forward").to_vec();

@@ -71,6 +71,7 @@ fn run(r: &mut ModelRunner, prompt: &[u32], feed: Option<&[u32]>, steps: usize) 
             seq,
             logits: true,
             mask: None,
+            hidden: false,
         }];
     }
     r.free_sequence(seq);

@@ -90,6 +90,7 @@ fn a_tiny_synthetic_llama_runs_and_is_causal() {
             seq,
             logits: true,
             mask: None,
+            hidden: false,
         })
         .collect();
     let all = r.forward(&batch).expect("forward").to_vec();

@@ -11,7 +11,7 @@ use crate::constraint::TokenMask;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::probe::{
-    Distribution, Entropy, Logits, LogprobProbe, Probe, ProbeHandle, ProbeKind, ProbeValue,
+    Distribution, Entropy, Hidden, Logits, LogprobProbe, Probe, ProbeHandle, ProbeKind, ProbeValue,
 };
 use crate::scheduler::{PassRequest, SampleSpec};
 
@@ -440,6 +440,14 @@ impl ForwardOutput {
     pub fn entropy(&self, h: ProbeHandle<Entropy>) -> Option<f32> {
         match self.probes.get(h.index)? {
             ProbeValue::Entropy(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The final-norm hidden state (`n_embd` values).
+    pub fn hidden(&self, h: ProbeHandle<Hidden>) -> Option<&[f32]> {
+        match self.probes.get(h.index)? {
+            ProbeValue::Hidden(v) => Some(v),
             _ => None,
         }
     }

@@ -31,6 +31,7 @@ mod brle;
 pub mod chat;
 pub mod constraint;
 mod context;
+mod embed;
 mod engine;
 mod error;
 mod forward;
@@ -46,12 +47,13 @@ pub use brle::Brle;
 pub use chat::{ChatTemplate, Message};
 pub use constraint::{Constraint, Schema, TokenMask};
 pub use context::Context;
+pub use embed::{EmbedOptions, Pooling};
 pub use engine::{Engine, EngineConfig, Metrics};
 pub use error::{Error, Result};
 pub use forward::{Forward, ForwardOutput, SampleHandle};
 pub use generator::{Generator, Step, StepOutput, StopReason, StopStrings};
 pub use probe::{
-    Distribution, Entropy, Logits, Logprob, LogprobProbe, Logprobs, Probe, ProbeHandle,
+    Distribution, Entropy, Hidden, Logits, Logprob, LogprobProbe, Logprobs, Probe, ProbeHandle,
 };
 pub use session::SNAPSHOT_VERSION;
 pub use speculate::{NgramSpeculator, Speculator};

@@ -34,6 +34,11 @@ pub struct Logprobs(pub Vec<u32>);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entropy;
 
+/// The hidden state after the model's final norm at the index (`n_embd` values): what
+/// embeddings are pooled from. A pass that asks only for hidden states skips the LM head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hidden;
+
 /// What the engine computes for a probe.
 #[derive(Debug, Clone, PartialEq)]
 #[doc(hidden)]
@@ -42,6 +47,7 @@ pub enum ProbeKind {
     Distribution { temperature: f32, k: usize },
     Logprobs(Vec<u32>),
     Entropy,
+    Hidden,
 }
 
 /// A probe's result.
@@ -51,13 +57,15 @@ pub(crate) enum ProbeValue {
     Distribution(Vec<u32>, Vec<f32>),
     Logprobs(Vec<f32>),
     Entropy(f32),
+    Hidden(Vec<f32>),
 }
 
 mod sealed {
     pub trait Sealed {}
 }
 
-/// A probe type: [`Logits`], [`Distribution`], [`Logprob`], [`Logprobs`] or [`Entropy`].
+/// A probe type: [`Logits`], [`Distribution`], [`Logprob`], [`Logprobs`], [`Entropy`] or
+/// [`Hidden`].
 pub trait Probe: sealed::Sealed {
     #[doc(hidden)]
     fn kind(self) -> ProbeKind;
@@ -82,6 +90,7 @@ probe!(Distribution, p => ProbeKind::Distribution { temperature: p.temperature, 
 probe!(Logprob, p => ProbeKind::Logprobs(vec![p.0]));
 probe!(Logprobs, p => ProbeKind::Logprobs(p.0));
 probe!(Entropy, _p => ProbeKind::Entropy);
+probe!(Hidden, _p => ProbeKind::Hidden);
 impl LogprobProbe for Logprob {}
 impl LogprobProbe for Logprobs {}
 
@@ -129,9 +138,11 @@ impl ProbeKind {
         Ok(())
     }
 
-    /// The probe's value for one row of logits.
+    /// The probe's value for one row of logits (or, for [`ProbeKind::Hidden`], of hidden
+    /// state).
     pub(crate) fn compute(&self, logits: &[f32]) -> ProbeValue {
         match self {
+            ProbeKind::Hidden => ProbeValue::Hidden(logits.to_vec()),
             ProbeKind::Logits => ProbeValue::Logits(logits.to_vec()),
             ProbeKind::Distribution { temperature, k } => {
                 let (ids, probs) = sampling::distribution(logits, *temperature, *k);

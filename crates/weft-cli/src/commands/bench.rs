@@ -241,6 +241,7 @@ impl Bench {
                     seq,
                     logits: true,
                     mask: None,
+                    hidden: false,
                 })
                 .collect();
             self.runner.forward_with(&batch, &[], &adapters)?;

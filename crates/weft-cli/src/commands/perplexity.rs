@@ -74,6 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             seq,
             logits,
             mask: None,
+            hidden: false,
         };
         // Context half: no logits needed.
         let context: Vec<BatchEntry> = (0..first).map(|j| entry(j, false)).collect();

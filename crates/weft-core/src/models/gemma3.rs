@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use super::layers::{self, add_assign, gelu_tanh_mul, rms_norm, rms_norm_inplace, Rope};
 use super::{
-    buf, embed, output_logits, BatchToken, Blocks, LayerPager, Linear, Loader, Model, ModelInfo,
-    Pass, SlotMask, Workspace,
+    buf, embed, output_hidden, output_logits, BatchToken, Blocks, LayerPager, Linear, Loader,
+    Model, ModelInfo, Pass, SlotMask, Workspace,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -196,6 +196,7 @@ impl Model for Gemma3 {
         pool: &ThreadPool,
         ws: &mut Workspace,
         logits: &mut [f32],
+        hidden: &mut [f32],
     ) -> Result<()> {
         let c = &self.cfg;
         let f = &*self.file;
@@ -271,6 +272,7 @@ impl Model for Gemma3 {
             rms_norm_inplace(h, &b.post_ffw_norm, c.eps);
             add_assign(x, h);
         }
+        output_hidden(tokens, x, &self.output_norm, c.eps, hidden);
         let output = self.token_embd.matrix(f)?;
         output_logits(
             pool,

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use super::layers::{self, add_assign, rms_norm, silu_mul, Rope};
 use super::{
-    buf, embed, output_logits, BatchToken, Blocks, LayerPager, Linear, Loader, Model, ModelInfo,
-    Pass, SlotMask, Workspace,
+    buf, embed, output_hidden, output_logits, BatchToken, Blocks, LayerPager, Linear, Loader,
+    Model, ModelInfo, Pass, SlotMask, Workspace,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -170,6 +170,7 @@ impl Model for Llama {
         pool: &ThreadPool,
         ws: &mut Workspace,
         logits: &mut [f32],
+        hidden: &mut [f32],
     ) -> Result<()> {
         let c = &self.cfg;
         let f = &*self.file;
@@ -231,6 +232,7 @@ impl Model for Llama {
             b.down.forward(&pass, gate, h, mm)?;
             add_assign(x, h);
         }
+        output_hidden(tokens, x, &self.output_norm, c.eps, hidden);
         let output = self.output.matrix(f)?;
         output_logits(
             pool,

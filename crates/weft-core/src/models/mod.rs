@@ -52,6 +52,8 @@ pub struct BatchToken {
     pub slot: usize,
     /// Whether logits are wanted for this token.
     pub logits: bool,
+    /// Whether its final-norm hidden state is wanted (embeddings; no LM head needed).
+    pub hidden: bool,
     /// Index of this token's attention mask in the `masks` given to [`Model::forward`]; `None`
     /// is the causal mask (every earlier position of the sequence).
     pub mask: Option<u32>,
@@ -98,7 +100,9 @@ pub trait Model: Send + Sync {
     /// The KV cache this model needs.
     fn kv_layout(&self) -> KvLayout;
     /// Runs `tokens`, writing their KV entries, and fills `logits` with one row of
-    /// `vocab_size` values per token whose `logits` flag is set, in batch order. A token with
+    /// `vocab_size` values per token whose `logits` flag is set, and `hidden` with one row of
+    /// `n_embd` values (the hidden state after the final norm) per token whose `hidden` flag is
+    /// set, both in batch order. A token with
     /// `mask: Some(i)` attends as `masks[i]` says, one with `lora: Some(j)` runs with the
     /// adapters `loras[j]`.
     #[allow(clippy::too_many_arguments)]
@@ -111,6 +115,7 @@ pub trait Model: Send + Sync {
         pool: &ThreadPool,
         ws: &mut Workspace,
         logits: &mut [f32],
+        hidden: &mut [f32],
     ) -> Result<()>;
 }
 
@@ -175,6 +180,20 @@ pub fn embed(emb: &Matrix, tokens: &[BatchToken], x: &mut [f32]) -> Result<()> {
         kernels::dequantize_row(emb, t.token as usize, row);
     }
     Ok(())
+}
+
+/// The final-norm hidden states of the rows that want them, into `hidden` (one row of
+/// `norm.len()` values each, in batch order).
+pub fn output_hidden(tokens: &[BatchToken], x: &[f32], norm: &[f32], eps: f32, hidden: &mut [f32]) {
+    let d = norm.len();
+    let picked = tokens
+        .iter()
+        .zip(x.chunks_exact(d))
+        .filter(|(t, _)| t.hidden)
+        .map(|(_, r)| r);
+    for (dst, src) in hidden.chunks_exact_mut(d).zip(picked) {
+        layers::rms_norm(src, norm, eps, dst);
+    }
 }
 
 /// The last step of every model: final norm and output projection for the rows that want

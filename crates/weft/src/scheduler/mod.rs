@@ -97,6 +97,10 @@ struct Active {
     wanted: Vec<usize>,
     /// Logits rows of wanted indices run in earlier steps.
     saved: Vec<(usize, Vec<f32>)>,
+    /// Indices whose final-norm hidden state is needed (hidden probes), sorted, and the rows
+    /// of those run in earlier steps.
+    wanted_hidden: Vec<usize>,
+    saved_hidden: Vec<(usize, Vec<f32>)>,
     /// The answer, once the pass has finished or failed.
     outcome: Option<Result<PassResult>>,
     /// The prefix cache was consulted for this pass.
@@ -341,7 +345,6 @@ impl Shared {
         let mut ran = Vec::with_capacity(chosen.len());
         {
             let mut runner = self.runner();
-            let vocab = runner.info().vocab_size;
             // A context dropped while its pass waited: fail that pass alone.
             chosen.retain(|&(i, _, _)| match runner.kv().len(active[i].req.seq) {
                 Ok(_) => true,
@@ -353,7 +356,7 @@ impl Shared {
             let together = run_chunks(&mut runner, active, &chosen);
             if together.is_ok() {
                 ran.extend_from_slice(&chosen);
-                advance(&runner, active, &chosen, vocab);
+                advance(&runner, active, &chosen);
             } else if chosen.len() == 1 {
                 if let Err(e) = together {
                     fail(&mut runner, &mut active[chosen[0].0], e);
@@ -368,7 +371,7 @@ impl Shared {
                     match run_chunks(&mut runner, active, &[c]) {
                         Ok(()) => {
                             ran.push(c);
-                            advance(&runner, active, &[c], vocab);
+                            advance(&runner, active, &[c]);
                         }
                         Err(e) => fail(&mut runner, &mut active[c.0], e),
                     }
@@ -448,7 +451,8 @@ impl Shared {
                 continue;
             }
             let n = a.req.tokens.len();
-            let limit = a.wanted.first().copied().unwrap_or(n).min(n - 1);
+            let first_out = a.wanted.first().into_iter().chain(a.wanted_hidden.first());
+            let limit = first_out.copied().min().unwrap_or(n).min(n - 1);
             a.done = match &a.req.adapters {
                 Some(set) => runner.attach_prefix_with(a.req.seq, &a.req.tokens, limit, set),
                 None => runner.attach_prefix(a.req.seq, &a.req.tokens, limit),
@@ -470,20 +474,31 @@ fn fail(runner: &mut ModelRunner, a: &mut Active, e: Error) {
 
 impl Active {
     fn new(req: PassRequest, reply: Reply) -> Active {
+        let hidden = |p: &ProbeKind| matches!(p, ProbeKind::Hidden);
         let mut wanted: Vec<usize> = req
             .samplers
             .iter()
             .flat_map(|s| s.indices.iter().copied())
-            .chain(req.probes.iter().map(|p| p.0))
+            .chain(req.probes.iter().filter(|p| !hidden(&p.1)).map(|p| p.0))
             .collect();
         wanted.sort_unstable();
         wanted.dedup();
+        let mut wanted_hidden: Vec<usize> = req
+            .probes
+            .iter()
+            .filter(|p| hidden(&p.1))
+            .map(|p| p.0)
+            .collect();
+        wanted_hidden.sort_unstable();
+        wanted_hidden.dedup();
         Active {
             req,
             reply,
             done: 0,
             wanted,
             saved: Vec::new(),
+            wanted_hidden,
+            saved_hidden: Vec::new(),
             outcome: None,
             prefix_checked: false,
         }
@@ -514,6 +529,7 @@ fn run_chunks(
                 pos: r.positions[t],
                 seq: r.seq,
                 logits: active[i].wanted.binary_search(&t).is_ok(),
+                hidden: active[i].wanted_hidden.binary_search(&t).is_ok(),
                 mask,
             });
         }

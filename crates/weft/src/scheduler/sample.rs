@@ -9,20 +9,31 @@ use weft_core::sampling::{apply_logit_bias, Rng, SampleScratch, Sampler};
 use super::{Active, PassRequest, PassResult};
 use crate::constraint::TokenMask;
 use crate::error::{Error, Result};
+use crate::probe::ProbeKind;
 
-/// The logits rows of the last forward, per chosen range: `(pass, index, row)`.
+/// The rows of the last forward, per chosen range: `(pass, index, row)` — logits rows of
+/// each pass's `wanted` indices, or (`hidden`) hidden-state rows of its `wanted_hidden` ones.
 fn rows_of<'r>(
     runner: &'r ModelRunner,
     active: &[Active],
     chosen: &[(usize, usize, usize)],
-    vocab: usize,
+    hidden: bool,
 ) -> Vec<(usize, usize, &'r [f32])> {
-    let all = runner.last_logits();
+    let (all, width) = if hidden {
+        (runner.last_hidden(), runner.info().n_embd)
+    } else {
+        (runner.last_logits(), runner.info().vocab_size)
+    };
     let mut rows = Vec::new();
     let mut row = 0;
     for &(i, a, b) in chosen {
-        for &t in active[i].wanted.iter().filter(|&&t| t >= a && t < b) {
-            rows.push((i, t, &all[row * vocab..(row + 1) * vocab]));
+        let wanted = if hidden {
+            &active[i].wanted_hidden
+        } else {
+            &active[i].wanted
+        };
+        for &t in wanted.iter().filter(|&&t| t >= a && t < b) {
+            rows.push((i, t, &all[row * width..(row + 1) * width]));
             row += 1;
         }
     }
@@ -36,9 +47,9 @@ pub(super) fn advance(
     runner: &ModelRunner,
     active: &mut [Active],
     chosen: &[(usize, usize, usize)],
-    vocab: usize,
 ) {
-    let rows = rows_of(runner, active, chosen, vocab);
+    let rows = rows_of(runner, active, chosen, false);
+    let hidden_rows = rows_of(runner, active, chosen, true);
     let mut finished = Vec::new();
     for &(i, _, b) in chosen {
         let a = &mut active[i];
@@ -46,6 +57,9 @@ pub(super) fn advance(
         if b < a.req.tokens.len() {
             let mine = rows.iter().filter(|r| r.0 == i);
             a.saved.extend(mine.map(|&(_, t, row)| (t, row.to_vec())));
+            let mine = hidden_rows.iter().filter(|r| r.0 == i);
+            a.saved_hidden
+                .extend(mine.map(|&(_, t, row)| (t, row.to_vec())));
         } else {
             finished.push(i);
         }
@@ -57,20 +71,10 @@ pub(super) fn advance(
         let mut scratch = Scratch::default();
         for j in (ti..finished.len()).step_by(nt) {
             let i = finished[j];
-            let row = |t: usize| -> &[f32] {
-                rows.iter()
-                    .find(|r| r.0 == i && r.1 == t)
-                    .map(|r| r.2)
-                    .or_else(|| {
-                        done[i]
-                            .saved
-                            .iter()
-                            .find(|s| s.0 == t)
-                            .map(|s| s.1.as_slice())
-                    })
-                    .unwrap_or(&[])
-            };
-            let _ = results[j].set(outcome(&done[i].req, row, &mut scratch));
+            let row = |t: usize| -> &[f32] { find_row(&rows, &done[i].saved, i, t) };
+            let hidden =
+                |t: usize| -> &[f32] { find_row(&hidden_rows, &done[i].saved_hidden, i, t) };
+            let _ = results[j].set(outcome(&done[i].req, row, hidden, &mut scratch));
         }
     };
     if finished.len() > 1 {
@@ -83,10 +87,25 @@ pub(super) fn advance(
     }
 }
 
-/// Samples and probes a finished pass, given its logits rows by index.
+/// Row `t` of pass `i`: from this step's rows, or saved from an earlier step.
+fn find_row<'a>(
+    rows: &[(usize, usize, &'a [f32])],
+    saved: &'a [(usize, Vec<f32>)],
+    i: usize,
+    t: usize,
+) -> &'a [f32] {
+    rows.iter()
+        .find(|r| r.0 == i && r.1 == t)
+        .map(|r| r.2)
+        .or_else(|| saved.iter().find(|s| s.0 == t).map(|s| s.1.as_slice()))
+        .unwrap_or(&[])
+}
+
+/// Samples and probes a finished pass, given its logits and hidden-state rows by index.
 fn outcome<'r>(
     req: &PassRequest,
     row: impl Fn(usize) -> &'r [f32],
+    hidden: impl Fn(usize) -> &'r [f32],
     scratch: &mut Scratch,
 ) -> Result<PassResult> {
     let mut rng = req.rng.clone();
@@ -103,7 +122,14 @@ fn outcome<'r>(
             .collect::<Result<Vec<_>>>()?;
         tokens.push(ids);
     }
-    let probes = req.probes.iter().map(|(t, p)| p.compute(row(*t))).collect();
+    let probes = req
+        .probes
+        .iter()
+        .map(|(t, p)| match p {
+            ProbeKind::Hidden => p.compute(hidden(*t)),
+            _ => p.compute(row(*t)),
+        })
+        .collect();
     Ok(PassResult {
         tokens,
         probes,

@@ -1,0 +1,69 @@
+//! `weft embed -m MODEL [--pooling P] [--no-normalize] [FILE|-]`: one JSON array (the text's
+//! embedding) per input line, computed in batches through the engine's scheduler.
+
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use weft::{EmbedOptions, Pooling};
+
+use crate::model_arg::{ModelArg, ThreadsArg};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArg,
+    #[command(flatten)]
+    threads: ThreadsArg,
+    /// How token states become one vector: mean, max, last, cls, or none (every token's).
+    #[arg(long, default_value = "mean")]
+    pooling: String,
+    /// Print the vectors as pooled, without scaling them to unit length.
+    #[arg(long)]
+    no_normalize: bool,
+    /// Lines embedded per batch.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// The input: one text per line (default or `-`: standard input).
+    file: Option<std::path::PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let pooling: Pooling = args.pooling.parse()?;
+    anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
+    let opts = EmbedOptions {
+        pooling,
+        normalize: !args.no_normalize,
+    };
+    let path = args.model.path()?;
+    let file = Arc::new(args.model.open_path(&path)?);
+    let engine = args.threads.engine_at(file, &path)?;
+    let input: Box<dyn BufRead> = match &args.file {
+        Some(p) if p.as_os_str() != "-" => Box::new(std::io::BufReader::new(
+            std::fs::File::open(p).with_context(|| format!("cannot read {}", p.display()))?,
+        )),
+        _ => Box::new(std::io::stdin().lock()),
+    };
+    let mut out = std::io::stdout().lock();
+    let mut lines = Vec::with_capacity(args.batch);
+    let mut flush = |lines: &mut Vec<String>| -> anyhow::Result<()> {
+        let texts: Vec<&str> = lines.iter().map(String::as_str).collect();
+        for v in engine.embed_batch_opts(&texts, opts)? {
+            writeln!(out, "{}", serde_json::to_string(&v)?)?;
+        }
+        lines.clear();
+        Ok(())
+    };
+    for (i, line) in input.lines().enumerate() {
+        let line = line.with_context(|| format!("cannot read input line {}", i + 1))?;
+        anyhow::ensure!(!line.is_empty(), "input line {} is empty", i + 1);
+        lines.push(line);
+        if lines.len() == args.batch {
+            flush(&mut lines)?;
+        }
+    }
+    if !lines.is_empty() {
+        flush(&mut lines)?;
+    }
+    Ok(())
+}

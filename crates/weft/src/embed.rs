@@ -1,0 +1,188 @@
+//! Embeddings: one vector per text, pooled from the model's final-norm hidden states (seed 004's
+//! `embed`, `embed_with`, `embed_batch`, `embed_batch_with`).
+//!
+//! Each text is one pass with a [`Hidden`] probe at the positions the pooling needs (the LM head
+//! is skipped); a batch submits all its passes at once, so the scheduler runs many texts in one
+//! model call. A text's vector is the same alone or in any batch.
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::probe::Hidden;
+
+/// How the hidden states of a text's tokens become one vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pooling {
+    /// The average over all tokens (llama.cpp's `--pooling mean`, sentence-transformers').
+    #[default]
+    Mean,
+    /// The element-wise maximum over all tokens.
+    Max,
+    /// The last token's state (llama.cpp's `--pooling last`; what a causal model has read the
+    /// whole text into).
+    Last,
+    /// The first token's state (llama.cpp's `--pooling cls`).
+    Cls,
+    /// No pooling: every token's state, one after the other (`tokens × n_embd` values).
+    None,
+}
+
+impl std::str::FromStr for Pooling {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Pooling> {
+        Ok(match s {
+            "mean" => Pooling::Mean,
+            "max" => Pooling::Max,
+            "last" => Pooling::Last,
+            "cls" => Pooling::Cls,
+            "none" => Pooling::None,
+            _ => {
+                return Err(Error::Config(format!(
+                    "unknown pooling {s:?} (mean, max, last, cls or none)"
+                )))
+            }
+        })
+    }
+}
+
+/// How [`Engine::embed_batch_opts`] pools and normalizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbedOptions {
+    pub pooling: Pooling,
+    /// Scale each vector (each token's, for [`Pooling::None`]) to unit L2 norm (default on).
+    pub normalize: bool,
+}
+
+impl Default for EmbedOptions {
+    fn default() -> Self {
+        EmbedOptions {
+            pooling: Pooling::Mean,
+            normalize: true,
+        }
+    }
+}
+
+impl Engine {
+    /// The embedding of `text`: mean-pooled final-norm hidden states, L2-normalized.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let a = engine.embed("A man is eating food.")?;
+    /// let b = engine.embed("A man is eating a piece of bread.")?;
+    /// let cosine: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+    /// println!("{cosine}");
+    /// # Ok(()) }
+    /// ```
+    pub fn embed(&self, text: &str) -> Result<Vec<f32>> {
+        self.embed_with(text, Pooling::Mean)
+    }
+
+    /// [`Engine::embed`] with another pooling.
+    pub fn embed_with(&self, text: &str, pooling: Pooling) -> Result<Vec<f32>> {
+        let mut v = self.embed_batch_with(&[text], pooling)?;
+        Ok(v.pop().unwrap_or_default())
+    }
+
+    /// The embeddings of `texts` (mean pooling, L2-normalized), computed together.
+    pub fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        self.embed_batch_with(texts, Pooling::Mean)
+    }
+
+    /// [`Engine::embed_batch`] with another pooling.
+    pub fn embed_batch_with(&self, texts: &[&str], pooling: Pooling) -> Result<Vec<Vec<f32>>> {
+        self.embed_batch_opts(
+            texts,
+            EmbedOptions {
+                pooling,
+                normalize: true,
+            },
+        )
+    }
+
+    /// The embeddings of `texts` with the given pooling and normalization. Each text is
+    /// tokenized as a fresh context's first fill (with the model's BOS if it wants one); an
+    /// empty text gives [`Error::EmptyPass`], one longer than the context
+    /// [`Error::ContextTooLong`].
+    pub fn embed_batch_opts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+        let mut contexts = Vec::with_capacity(texts.len());
+        for text in texts {
+            let mut ctx = self.context();
+            ctx.fill(text)?;
+            if ctx.pending().is_empty() {
+                return Err(Error::EmptyPass);
+            }
+            contexts.push(ctx);
+        }
+        let passes = contexts.iter_mut().map(|ctx| async move {
+            let mut fwd = ctx.forward();
+            let n = fwd.len();
+            let indices: Vec<usize> = match opts.pooling {
+                Pooling::Last => vec![n - 1],
+                Pooling::Cls => vec![0],
+                Pooling::Mean | Pooling::Max | Pooling::None => (0..n).collect(),
+            };
+            let handles: Vec<_> = indices.iter().map(|&i| fwd.probe(i, Hidden)).collect();
+            let out = fwd.execute().await?;
+            let rows: Vec<&[f32]> = handles
+                .iter()
+                .map(|&h| out.hidden(h).unwrap_or(&[]))
+                .collect();
+            Ok::<Vec<f32>, Error>(pool(&rows, opts))
+        });
+        crate::block_on(futures_util::future::join_all(passes))
+            .into_iter()
+            .collect()
+    }
+}
+
+/// Pools token rows into one vector (or, for [`Pooling::None`], concatenates them) and
+/// normalizes.
+fn pool(rows: &[&[f32]], opts: EmbedOptions) -> Vec<f32> {
+    let d = rows.first().map_or(0, |r| r.len());
+    let normalize = |v: &mut [f32]| {
+        let norm = v
+            .iter()
+            .map(|&x| f64::from(x) * f64::from(x))
+            .sum::<f64>()
+            .sqrt();
+        if opts.normalize && norm > 0.0 {
+            v.iter_mut()
+                .for_each(|x| *x = (f64::from(*x) / norm) as f32);
+        }
+    };
+    match opts.pooling {
+        Pooling::None => {
+            let mut out: Vec<f32> = rows.concat();
+            if d > 0 {
+                out.chunks_exact_mut(d).for_each(normalize);
+            }
+            out
+        }
+        Pooling::Mean => {
+            let mut sum = vec![0f64; d];
+            for r in rows {
+                for (s, &x) in sum.iter_mut().zip(*r) {
+                    *s += f64::from(x);
+                }
+            }
+            let mut v: Vec<f32> = sum.iter().map(|s| (s / rows.len() as f64) as f32).collect();
+            normalize(&mut v);
+            v
+        }
+        Pooling::Max => {
+            let mut v = vec![f32::NEG_INFINITY; d];
+            for r in rows {
+                for (m, &x) in v.iter_mut().zip(*r) {
+                    *m = m.max(x);
+                }
+            }
+            normalize(&mut v);
+            v
+        }
+        Pooling::Last | Pooling::Cls => {
+            let mut v = rows.first().map(|r| r.to_vec()).unwrap_or_default();
+            normalize(&mut v);
+            v
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Embeddings from the GGUF models against llama.cpp's `llama-embedding`
+//! (`shared/reference/embeddings.json`: `--pooling mean|last|cls`, L2-normalized, one text per
+//! run); a text's vector is bit-identical alone or in a batch; hidden states come without the
+//! LM head.
+//!
+//! How close is close. `llama-embedding` splits its prompt at newlines (`--embd-separator`
+//! defaults to "\n") and the file holds the first part's vector, so a text with a newline is
+//! compared up to its first newline. SmolLM2 is within cosine 0.999 of every case. For Gemma 3,
+//! llama.cpp itself does not reproduce the file to 0.999: its own `llama-server --embeddings`
+//! at the same commit on the development machine reaches 0.99778 (last) and 0.99878 (mean) on
+//! it, as activations are quantized to 8 bits and the 262k-vocabulary model's last hidden
+//! state is sensitive; the Gemma bar is that shortfall with 2x headroom, 0.995.
+
+mod common;
+
+use weft::{EmbedOptions, Engine, EngineConfig, Pooling};
+
+fn engine(model: &str) -> Engine {
+    common::engine_with(
+        model,
+        EngineConfig {
+            n_threads: 2,
+            kv_tokens: 4096,
+            ..EngineConfig::default()
+        },
+    )
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+fn matches_llama_embedding(model: &str, key: &str, bar: f64) {
+    let engine = engine(model);
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::reference_dir().join("embeddings.json")).unwrap(),
+    )
+    .unwrap();
+    let cases: Vec<&serde_json::Value> = reference["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["model"] == key)
+        .collect();
+    assert!(cases.len() >= 12, "reference lost its {key} cases");
+    let mut worst = 1.0f64;
+    for case in &cases {
+        let text = case["text"].as_str().unwrap();
+        // What llama-embedding embedded: the text up to its first newline (see above).
+        let text = text.split('\n').next().unwrap_or(text);
+        let pooling: Pooling = case["pooling"].as_str().unwrap().parse().unwrap();
+        let want: Vec<f32> = case["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        let got = engine.embed_with(text, pooling).unwrap();
+        assert_eq!(got.len(), want.len());
+        let c = cosine(&got, &want);
+        worst = worst.min(c);
+        eprintln!("{key} {pooling:?} {text:?}: cosine {c:.6}");
+    }
+    eprintln!(
+        "{key}: worst cosine to llama-embedding {worst:.6} over {} cases",
+        cases.len()
+    );
+    assert!(worst >= bar, "{key}: worst cosine {worst} (bar {bar})");
+}
+
+#[test]
+fn smollm2_matches_llama_embedding() {
+    matches_llama_embedding("smollm2-135m", "smollm2", 0.999);
+}
+
+#[test]
+fn gemma3_matches_llama_embedding() {
+    matches_llama_embedding("gemma3-270m", "gemma3", 0.995);
+}
+
+#[test]
+fn a_text_embeds_the_same_alone_or_in_a_batch() {
+    let engine = engine("smollm2-135m");
+    let texts = [
+        "The cat sat on the mat.",
+        "Paris is the capital of France.",
+        "def add(a, b):\n    return a + b",
+        "A much longer sentence about looms, weaving, warp and weft threads and the history of cloth.",
+    ];
+    for pooling in [Pooling::Mean, Pooling::Max, Pooling::Last, Pooling::Cls] {
+        let batch = engine.embed_batch_with(&texts, pooling).unwrap();
+        for (t, v) in texts.iter().zip(&batch) {
+            assert!(
+                engine.embed_with(t, pooling).unwrap() == *v,
+                "{pooling:?} {t:?}"
+            );
+            let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-4);
+        }
+    }
+    // Per-token vectors, not normalized: as many rows as tokens, the last one equals `Last`
+    // before normalization up to scale.
+    let rows = engine
+        .embed_batch_opts(
+            &[texts[0]],
+            EmbedOptions {
+                pooling: Pooling::None,
+                normalize: false,
+            },
+        )
+        .unwrap()
+        .remove(0);
+    let d = engine.info().n_embd;
+    let n = engine.tokenize(texts[0]).len();
+    assert_eq!(rows.len(), n * d);
+    let last = engine.embed_with(texts[0], Pooling::Last).unwrap();
+    assert!(cosine(&rows[(n - 1) * d..], &last) > 0.999_999);
+    // Similar sentences are closer than unrelated ones.
+    let e = engine
+        .embed_batch(&[
+            "A man is eating food.",
+            "A man is eating a piece of bread.",
+            "The stock market fell sharply today.",
+        ])
+        .unwrap();
+    assert!(cosine(&e[0], &e[1]) > cosine(&e[0], &e[2]));
+    assert!(matches!(engine.embed(""), Err(weft::Error::EmptyPass)));
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
