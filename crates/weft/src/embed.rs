@@ -104,35 +104,62 @@ impl Engine {
     /// empty text gives [`Error::EmptyPass`], one longer than the context
     /// [`Error::ContextTooLong`].
     pub fn embed_batch_opts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
-        let mut contexts = Vec::with_capacity(texts.len());
+        // Texts go in groups that fit in half the KV pages free now, so a long list never
+        // fills the pool (each text's pages are freed as soon as its group is done).
+        let budget = (self.kv_free_tokens() / 2).max(1);
+        let mut out = Vec::with_capacity(texts.len());
+        let mut group = Vec::new();
+        let mut tokens = 0;
         for text in texts {
             let mut ctx = self.context();
             ctx.fill(text)?;
-            if ctx.pending().is_empty() {
+            let n = ctx.pending().len();
+            if n == 0 {
                 return Err(Error::EmptyPass);
             }
-            contexts.push(ctx);
+            if n > self.n_ctx() {
+                return Err(Error::ContextTooLong {
+                    len: n,
+                    n_ctx: self.n_ctx(),
+                });
+            }
+            // Whole pages: a text holds its partial last page too.
+            let pages = n.div_ceil(weft_core::kv::PAGE_SIZE) * weft_core::kv::PAGE_SIZE;
+            if !group.is_empty() && tokens + pages > budget {
+                out.extend(embed_group(&mut group, opts)?);
+                tokens = 0;
+            }
+            tokens += pages;
+            group.push(ctx);
         }
-        let passes = contexts.iter_mut().map(|ctx| async move {
-            let mut fwd = ctx.forward();
-            let n = fwd.len();
-            let indices: Vec<usize> = match opts.pooling {
-                Pooling::Last => vec![n - 1],
-                Pooling::Cls => vec![0],
-                Pooling::Mean | Pooling::Max | Pooling::None => (0..n).collect(),
-            };
-            let handles: Vec<_> = indices.iter().map(|&i| fwd.probe(i, Hidden)).collect();
-            let out = fwd.execute().await?;
-            let rows: Vec<&[f32]> = handles
-                .iter()
-                .map(|&h| out.hidden(h).unwrap_or(&[]))
-                .collect();
-            Ok::<Vec<f32>, Error>(pool(&rows, opts))
-        });
-        crate::block_on(futures_util::future::join_all(passes))
-            .into_iter()
-            .collect()
+        out.extend(embed_group(&mut group, opts)?);
+        Ok(out)
     }
+}
+
+/// Runs one pass per context of `group` (all submitted together), pools, and frees them.
+fn embed_group(group: &mut Vec<crate::Context>, opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+    let passes = group.iter_mut().map(|ctx| async move {
+        let mut fwd = ctx.forward();
+        let n = fwd.len();
+        let indices: Vec<usize> = match opts.pooling {
+            Pooling::Last => vec![n - 1],
+            Pooling::Cls => vec![0],
+            Pooling::Mean | Pooling::Max | Pooling::None => (0..n).collect(),
+        };
+        let handles: Vec<_> = indices.iter().map(|&i| fwd.probe(i, Hidden)).collect();
+        let out = fwd.execute().await?;
+        let rows: Vec<&[f32]> = handles
+            .iter()
+            .map(|&h| out.hidden(h).unwrap_or(&[]))
+            .collect();
+        Ok::<Vec<f32>, Error>(pool(&rows, opts))
+    });
+    let result = crate::block_on(futures_util::future::join_all(passes))
+        .into_iter()
+        .collect();
+    group.clear();
+    result
 }
 
 /// Pools token rows into one vector (or, for [`Pooling::None`], concatenates them) and

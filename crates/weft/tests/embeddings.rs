@@ -134,3 +134,18 @@ fn a_text_embeds_the_same_alone_or_in_a_batch() {
     assert!(matches!(engine.embed(""), Err(weft::Error::EmptyPass)));
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
+
+#[test]
+fn a_batch_larger_than_the_kv_pool_is_embedded_in_groups() {
+    let engine = common::engine("smollm2-135m", 1024);
+    let texts: Vec<String> = (0..200)
+        .map(|i| format!("Sentence number {i} is about weaving, looms and thread."))
+        .collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let all = engine.embed_batch(&refs).unwrap();
+    assert_eq!(all.len(), 200);
+    for i in [0, 57, 199] {
+        assert!(engine.embed(&texts[i]).unwrap() == all[i], "text {i}");
+    }
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}

@@ -15,7 +15,7 @@ const PART: usize = 16;
 /// Adds to each row `y[r]` (`n_out` values) of projection `key` the deltas of the adapters of
 /// its token (`tokens[r].lora` indexes `sets`), from the projection's input `x[r]` (`n_in`
 /// values). Rows without adapters are untouched. The work items (row, adapter, rank part of
-/// [`PART`] rows) are spread over the pool's threads; a single item (one decode row with one
+/// `PART` rows) are spread over the pool's threads; a single item (one decode row with one
 /// rank-16 adapter) runs on the calling thread, where a pool round trip would cost more than
 /// it saves.
 #[allow(clippy::too_many_arguments)]
