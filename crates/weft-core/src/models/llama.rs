@@ -116,14 +116,7 @@ impl Llama {
             .filter(|&f| f > 0.0)
             .unwrap_or(1.0);
         let rope = Rope::new(rope_dims, base, 1.0 / scale, false, freq_factors);
-        let block_loader = Loader {
-            source: pager.as_ref().and_then(|p| p.source().cloned()),
-            ..l.clone()
-        };
-        let block_cfg = cfg.clone();
-        let blocks = Blocks::load(cfg.n_layers, pager, move |i| {
-            load_block(&block_loader, &block_cfg, i)
-        })?;
+        let blocks = Blocks::load_from(l, &cfg, cfg.n_layers, pager, load_block)?;
         let info = ModelInfo {
             arch: l.arch.clone(),
             vocab_size: vocab,

@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::Loader;
 use crate::error::Result;
 use crate::gguf::TensorInfo;
 
@@ -161,6 +162,27 @@ impl<B> Blocks<B> {
             blocks.get(i)?;
         }
         Ok(blocks)
+    }
+
+    /// `n` blocks read by `load(loader, cfg, i)`: through the pager's [`PagerSource`] when it
+    /// has one, else from `l`'s model file.
+    pub fn load_from<C>(
+        l: &Loader,
+        cfg: &C,
+        n: usize,
+        pager: Option<Arc<LayerPager>>,
+        load: fn(&Loader, &C, usize) -> Result<B>,
+    ) -> Result<Blocks<B>>
+    where
+        B: 'static,
+        C: Clone + Send + Sync + 'static,
+    {
+        let loader = Loader {
+            source: pager.as_ref().and_then(|p| p.source().cloned()),
+            ..l.clone()
+        };
+        let cfg = cfg.clone();
+        Blocks::load(n, pager, move |i| load(&loader, &cfg, i))
     }
 
     /// Block `i`, loading it (and dropping the least recently used one) if needed.
