@@ -13,17 +13,10 @@
 
 mod common;
 
-use weft::{EmbedOptions, Engine, EngineConfig, Pooling};
+use weft::{EmbedOptions, Engine, Pooling};
 
 fn engine(model: &str) -> Engine {
-    common::engine_with(
-        model,
-        EngineConfig {
-            n_threads: 2,
-            kv_tokens: 4096,
-            ..EngineConfig::default()
-        },
-    )
+    common::engine(model, 4096)
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {

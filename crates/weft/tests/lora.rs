@@ -22,14 +22,7 @@ use weft::{block_on, Adapter, Engine, EngineConfig, Sampler};
 const REFERENCE_SHA256: &str = "62cee2e327a39558c4c017db385468d505dbcc084caa51714866c8b54b7a85d8";
 
 fn engine(model: &str) -> Engine {
-    common::engine_with(
-        model,
-        EngineConfig {
-            n_threads: 2,
-            kv_tokens: 4096,
-            ..EngineConfig::default()
-        },
-    )
+    common::engine(model, 4096)
 }
 
 fn scratch() -> PathBuf {

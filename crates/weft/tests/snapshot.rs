@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::engine;
+
 use sha2::{Digest, Sha256};
 use weft::{block_on, Engine, EngineConfig, Error, Sampler, Schema};
 
@@ -17,17 +19,6 @@ fn engine_with_pool(model: &str, kv_tokens: usize) -> Engine {
             n_threads: 2,
             kv_tokens,
             prefix_cache: false,
-            ..EngineConfig::default()
-        },
-    )
-}
-
-fn engine(model: &str, kv_tokens: usize) -> Engine {
-    common::engine_with(
-        model,
-        EngineConfig {
-            n_threads: 2,
-            kv_tokens,
             ..EngineConfig::default()
         },
     )

@@ -480,10 +480,11 @@ impl<'a> SeqView<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn layout(window: Option<usize>) -> KvLayout {
+    /// Two layers of one KV head of size 2: layer 0 with full attention, layer 1 with `window`.
+    pub(in crate::kv) fn layout(window: Option<usize>) -> KvLayout {
         KvLayout {
             n_layers: 2,
             n_kv_heads: 1,

@@ -164,26 +164,11 @@ impl KvCache {
 
 #[cfg(test)]
 mod tests {
-    use super::super::GroupSpec;
+    use super::super::tests::layout;
     use super::*;
 
     fn cache(pages: usize) -> KvCache {
-        let layout = KvLayout {
-            n_layers: 2,
-            n_kv_heads: 1,
-            head_dim: 2,
-            groups: vec![
-                GroupSpec {
-                    layers: vec![0],
-                    window: None,
-                },
-                GroupSpec {
-                    layers: vec![1],
-                    window: Some(PAGE_SIZE),
-                },
-            ],
-        };
-        KvCache::new(layout, pages * PAGE_SIZE).unwrap()
+        KvCache::new(layout(Some(PAGE_SIZE)), pages * PAGE_SIZE).unwrap()
     }
 
     #[test]
