@@ -40,6 +40,12 @@ fn marker_contents(spec: &ModelSpec) -> String {
     format!("sha256 {}\nsize {}\n", spec.sha256, spec.size)
 }
 
+/// Whether `file` is there with `spec`'s size and a marker for its sha.
+pub(crate) fn is_verified(file: &Path, spec: &ModelSpec) -> bool {
+    fs::metadata(file).is_ok_and(|m| m.is_file() && m.len() == spec.size)
+        && marker_matches(file, spec)
+}
+
 /// Whether `file`'s marker records exactly `spec`'s sha and size.
 pub(crate) fn marker_matches(file: &Path, spec: &ModelSpec) -> bool {
     fs::read_to_string(marker_path(file)).is_ok_and(|s| s == marker_contents(spec))
@@ -141,14 +147,20 @@ pub(crate) struct PartialFile {
 }
 
 impl PartialFile {
-    /// The prefix of partial files for `file_name`, used to sweep stale ones.
+    /// The prefix of partial files for `file_name` (its last path component), used to sweep
+    /// stale ones in its directory.
     pub(crate) fn prefix(file_name: &str) -> String {
-        format!("{file_name}.partial-")
+        let base = file_name.rsplit('/').next().unwrap_or(file_name);
+        format!("{base}.partial-")
     }
 
-    /// Creates a fresh partial file for `file_name` in `models_dir`.
+    /// Creates a fresh partial file for `file_name` (a path relative to `models_dir`, whose
+    /// directories are created) in the directory it will be renamed into.
     pub(crate) fn create(models_dir: &Path, file_name: &str) -> Result<Self, HubError> {
-        let path = models_dir.join(format!("{}{}", Self::prefix(file_name), unique_suffix()));
+        let target = models_dir.join(file_name);
+        let dir = target.parent().unwrap_or(models_dir);
+        fs::create_dir_all(dir).map_err(|e| HubError::io("create directory", dir, e))?;
+        let path = dir.join(format!("{}{}", Self::prefix(file_name), unique_suffix()));
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -234,7 +246,8 @@ impl PartialFile {
             });
         }
         let dir = self.path.parent().unwrap_or(Path::new("."));
-        let target = dir.join(spec.file_name);
+        let base = spec.file_name.rsplit('/').next().unwrap_or(spec.file_name);
+        let target = dir.join(base);
         if let Err(e) = fs::rename(&self.path, &target) {
             // Another process may have put the same verified file in place meanwhile.
             let theirs_ok = fs::metadata(&target).is_ok_and(|m| m.len() == spec.size)
@@ -274,6 +287,7 @@ mod tests {
             sha256: sha,
             pypi: None,
             hf: None,
+            companions: &[],
         }
     }
 

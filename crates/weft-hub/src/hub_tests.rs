@@ -22,6 +22,7 @@ fn spec() -> ModelSpec {
         sha256: Box::leak(hex(&Sha256::digest(DATA)).into_boxed_str()),
         pypi: None,
         hf: None,
+        companions: &[],
     }
 }
 

