@@ -164,7 +164,7 @@ fn embed_group(group: &mut Vec<crate::Context>, opts: EmbedOptions) -> Result<Ve
 
 /// Pools token rows into one vector (or, for [`Pooling::None`], concatenates them) and
 /// normalizes.
-fn pool(rows: &[&[f32]], opts: EmbedOptions) -> Vec<f32> {
+pub(crate) fn pool(rows: &[&[f32]], opts: EmbedOptions) -> Vec<f32> {
     let d = rows.first().map_or(0, |r| r.len());
     let normalize = |v: &mut [f32]| {
         let norm = v

@@ -33,6 +33,7 @@
 //! sequence would depend on what else was batched with it.
 
 mod float;
+pub mod gemm_f32;
 pub mod interleaved;
 mod interleaved_k;
 mod kquants;

@@ -202,8 +202,8 @@ pub fn rope_and_cache(
 
 /// A raw pointer the attention workers write disjoint rows through.
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: every user hands each thread a disjoint part of the buffer (attention: one
+pub(crate) struct SharedOut(pub(crate) *mut f32);
+// SAFETY: every user hands each thread a disjoint part of the buffer (attention, BERT attention: one
 // `head_dim` slice per (query, head) pair; `gated`: one contiguous range per thread), so no two
 // threads write the same element.
 unsafe impl Send for SharedOut {}

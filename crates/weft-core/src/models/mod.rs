@@ -4,10 +4,12 @@
 //! may belong to many sequences, at any positions, whose KV slots were already appended to the
 //! cache, writes their keys and values into it and returns logits for the rows asked for.
 
+pub mod bert;
 pub mod gemma3;
 pub mod layers;
 pub mod llama;
 mod pager;
+mod tensor_file;
 mod weights;
 
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use crate::lora::AdapterSet;
 use crate::threadpool::ThreadPool;
 pub(crate) use pager::Blocks;
 pub use pager::{LayerPager, PagerSource, PagerStats};
+pub use tensor_file::TensorFile;
 pub use weights::Pass;
 pub use weights::{Linear, Loader};
 

@@ -1,9 +1,11 @@
-//! Tokenizers built from GGUF metadata, matching llama.cpp token for token.
+//! Tokenizers built from GGUF metadata, matching llama.cpp token for token, or from a Hugging
+//! Face `tokenizer.json`, matching the `tokenizers` library.
 //!
-//! Two families: byte-level BPE (`tokenizer.ggml.model = "gpt2"`, e.g. SmolLM2) and
-//! SentencePiece-style (`"llama"`, e.g. Gemma 3, Llama 2). Both first cut special tokens out of
-//! the input (user-defined tokens always; control tokens only when special-token parsing is on),
-//! then tokenize the text between them.
+//! Three families: byte-level BPE (`tokenizer.ggml.model = "gpt2"`, e.g. SmolLM2),
+//! SentencePiece-style (`"llama"`, e.g. Gemma 3, Llama 2) and, from `tokenizer.json`, BERT's
+//! WordPiece (e.g. all-MiniLM-L6-v2). All first cut special tokens out of the input
+//! (user-defined tokens always; control tokens only when special-token parsing is on), then
+//! tokenize the text between them.
 //!
 //! Key design decision: our own code rather than the `tokenizers` crate. llama.cpp's behaviour
 //! (its hand-written pre-tokenizers, its special-token partition, its byte fallback) is the
@@ -19,10 +21,12 @@
 //! ```
 
 mod bpe;
+mod json;
 mod pretokenize;
 mod spm;
 mod stream;
 mod vocab;
+mod wordpiece;
 
 pub use pretokenize::PreTokenizer;
 pub use stream::{StreamDecoder, Utf8Buffer};
@@ -36,6 +40,7 @@ use crate::gguf::{Array, GgufFile};
 enum Model {
     Bpe(Box<bpe::Bpe>),
     Spm { add_space_prefix: bool },
+    WordPiece(Box<json::BertPipeline>),
 }
 
 /// A tokenizer: encodes text to token ids and decodes ids to text.
@@ -43,6 +48,8 @@ enum Model {
 pub struct Tokenizer {
     vocab: Vocab,
     model: Model,
+    /// The longest input the file says to truncate to (`tokenizer.json`'s `truncation`).
+    truncation: Option<usize>,
 }
 
 /// A piece of input after special tokens are cut out.
@@ -88,7 +95,30 @@ impl Tokenizer {
                 })
             }
         };
-        Ok(Tokenizer { vocab, model })
+        Ok(Tokenizer {
+            vocab,
+            model,
+            truncation: None,
+        })
+    }
+
+    /// Builds the tokenizer a Hugging Face `tokenizer.json` describes (see the module docs
+    /// for what is supported). Special tokens (`[CLS]`, …) are control tokens; encoding with
+    /// `add_special` wraps the text as the file's post-processor does.
+    ///
+    /// ```no_run
+    /// use weft_core::tokenizer::Tokenizer;
+    /// let tok = Tokenizer::from_json(&std::fs::read_to_string("tokenizer.json")?)?;
+    /// let ids = tok.encode("Hello world!", true, true);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_json(text: &str) -> Result<Tokenizer> {
+        json::from_json(text)
+    }
+
+    /// The length the tokenizer's file says inputs are truncated to, if it says one.
+    pub fn truncation(&self) -> Option<usize> {
+        self.truncation
     }
 
     /// The vocabulary.
@@ -131,6 +161,7 @@ impl Tokenizer {
                             let escaped = spm::escape_spaces(&format!("{prefix}{t}"));
                             spm::encode(&self.vocab, &escaped, &mut out);
                         }
+                        Model::WordPiece(bert) => bert.encode(t, &mut out),
                     }
                     prev_special = false;
                 }
@@ -201,13 +232,23 @@ impl Tokenizer {
                 Model::Spm { .. } => {
                     out.extend_from_slice(text.replace(spm::SPACE, " ").as_bytes())
                 }
+                // A word-continuing piece joins the previous one; others start a new word.
+                Model::WordPiece(bert) => match text.strip_prefix(&bert.continuing_prefix) {
+                    Some(rest) => out.extend_from_slice(rest.as_bytes()),
+                    None => {
+                        out.push(b' ');
+                        out.extend_from_slice(text.as_bytes());
+                    }
+                },
             },
             TokenType::Byte => match &self.model {
                 Model::Spm { .. } => out.push(parse_byte_token(text).unwrap_or(b'?')),
                 Model::Bpe(bpe) => bpe.bytes.decode_into(text, out),
+                Model::WordPiece(_) => out.extend_from_slice(text.as_bytes()),
             },
             TokenType::Unknown => match &self.model {
                 Model::Spm { .. } => out.extend_from_slice("\u{2585}".as_bytes()),
+                Model::WordPiece(_) => out.extend_from_slice(text.as_bytes()),
                 Model::Bpe(_) if render_special => out.extend_from_slice(text.as_bytes()),
                 Model::Bpe(_) => {}
             },
@@ -240,7 +281,8 @@ impl Tokenizer {
         }
         if let Model::Spm {
             add_space_prefix: true,
-        } = self.model
+        }
+        | Model::WordPiece(_) = self.model
         {
             if bytes.first() == Some(&b' ') {
                 bytes.remove(0);

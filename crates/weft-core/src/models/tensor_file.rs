@@ -1,0 +1,146 @@
+//! A safetensors file (Hugging Face's weight format): memory-mapped or in memory, its header
+//! parsed once with the `safetensors` crate, and every tensor read checked for name, shape and
+//! type, so a truncated or mislabelled file is an [`Error::BadModel`], never a panic.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{Error, Result};
+
+/// The bytes of the file: mapped from disk or owned.
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// One tensor's entry in the header.
+#[derive(Debug, Clone)]
+struct Entry {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Its bytes within the file.
+    range: Range<usize>,
+}
+
+/// A parsed safetensors file.
+pub struct TensorFile {
+    name: String,
+    bytes: Bytes,
+    entries: HashMap<String, Entry>,
+}
+
+impl std::fmt::Debug for TensorFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorFile")
+            .field("name", &self.name)
+            .field("tensors", &self.entries.len())
+            .finish()
+    }
+}
+
+impl TensorFile {
+    /// Maps and parses the file at `path`.
+    pub fn open(path: &Path) -> Result<TensorFile> {
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: a read-only map of a model file nobody is expected to change while it is
+        // loaded (as for GGUF files); all reads are bounds-checked against the header.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        TensorFile::parse(path.display().to_string(), Bytes::Mapped(map))
+    }
+
+    /// Parses a safetensors file held in memory; `name` is used in error messages.
+    pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<TensorFile> {
+        TensorFile::parse(name.to_string(), Bytes::Owned(bytes))
+    }
+
+    fn parse(name: String, bytes: Bytes) -> Result<TensorFile> {
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::BadModel {
+            reason: format!("{name} is not a valid safetensors file: {e}"),
+        })?;
+        let base = bytes.as_ptr() as usize;
+        let entries = st
+            .tensors()
+            .into_iter()
+            .map(|(tensor, view)| {
+                // The crate checked that the data lies inside the buffer.
+                let start = view.data().as_ptr() as usize - base;
+                let entry = Entry {
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    range: start..start + view.data().len(),
+                };
+                (tensor, entry)
+            })
+            .collect();
+        Ok(TensorFile {
+            name,
+            bytes,
+            entries,
+        })
+    }
+
+    /// The file's name (its path, for a file on disk).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the file has a tensor `tensor`.
+    pub fn has(&self, tensor: &str) -> bool {
+        self.entries.contains_key(tensor)
+    }
+
+    /// The values of tensor `tensor` as f32 (stored as F32, F16 or BF16), after checking that
+    /// its shape is `shape`.
+    pub fn f32(&self, tensor: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let bad = |reason: String| Error::BadModel {
+            reason: format!("{}: {reason}", self.name),
+        };
+        let entry = self
+            .entries
+            .get(tensor)
+            .ok_or_else(|| bad(format!("missing tensor {tensor}")))?;
+        if entry.shape != shape {
+            return Err(bad(format!(
+                "tensor {tensor} has shape {:?}, expected {shape:?}",
+                entry.shape
+            )));
+        }
+        let data = &self.bytes[entry.range.clone()];
+        Ok(match entry.dtype {
+            Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => data
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => data
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(bad(format!(
+                    "tensor {tensor} is {other:?}; weights must be F32, F16 or BF16"
+                )))
+            }
+        })
+    }
+}
