@@ -41,6 +41,11 @@ pub async fn models(Extract(state): Extract<Arc<State>>) -> Json<Value> {
             "owned_by": "weft", "parent": base, "root": adapter.name(),
         }));
     }
+    if let Some(id) = state.embedding_id() {
+        data.push(json!({
+            "id": id, "object": "model", "created": unix_time(), "owned_by": "weft",
+        }));
+    }
     Json(json!({"object": "list", "data": data}))
 }
 

@@ -6,7 +6,8 @@
 //! client that goes away drops the channel, the task ends at its next step, and the contexts
 //! give their KV pages back. Admission under KV pressure is described in [`admission`].
 //!
-//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
+//! `GET /v1/models`,
 //! `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`.
 //!
 //! Embedding the router in another axum application:
@@ -29,6 +30,7 @@ pub mod admission;
 mod body;
 mod chat;
 mod completions;
+mod embeddings;
 mod error;
 mod generate;
 mod metrics;
@@ -55,6 +57,7 @@ pub fn router(state: Arc<State>) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
+        .route("/v1/embeddings", post(embeddings::handle))
         .route("/tokenize", post(admin::tokenize))
         .route("/detokenize", post(admin::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));

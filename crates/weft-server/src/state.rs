@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use weft::{Adapter, Engine};
+use weft::{Adapter, EmbeddingModel, Engine};
 
 use crate::admission::{Admission, Preempted};
 use crate::error::ApiError;
@@ -38,6 +38,18 @@ impl Default for ServerConfig {
     }
 }
 
+/// An embedding model and the id it is served under.
+struct Served {
+    id: String,
+    model: Arc<dyn EmbeddingModel>,
+}
+
+impl std::fmt::Debug for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Served").field("id", &self.id).finish()
+    }
+}
+
 /// The shared state behind the router.
 #[derive(Debug)]
 pub struct State {
@@ -45,6 +57,8 @@ pub struct State {
     engine: OnceLock<Engine>,
     /// LoRA adapters served beside the base model, by name.
     adapters: OnceLock<Vec<(String, Adapter)>>,
+    /// The model `/v1/embeddings` serves (`--embedding-model`), with its id.
+    embedding: OnceLock<Served>,
     load_error: OnceLock<String>,
     pub admission: Arc<Admission>,
     pub metrics: ServerMetrics,
@@ -58,6 +72,7 @@ impl State {
             config,
             engine: OnceLock::new(),
             adapters: OnceLock::new(),
+            embedding: OnceLock::new(),
             load_error: OnceLock::new(),
             metrics: ServerMetrics::default(),
             ids: AtomicU64::new(0),
@@ -73,6 +88,39 @@ impl State {
     /// The adapters served, by name.
     pub fn adapters(&self) -> &[(String, Adapter)] {
         self.adapters.get().map_or(&[], Vec::as_slice)
+    }
+
+    /// Serves `model` on `/v1/embeddings` under `id` (beside the chat model, whose pooled
+    /// hidden states `/v1/embeddings` gives when asked for by the chat model's id).
+    pub fn set_embedding_model(&self, id: String, model: Arc<dyn EmbeddingModel>) {
+        let _ = self.embedding.set(Served { id, model });
+    }
+
+    /// The id of the embedding model, if one is served.
+    pub fn embedding_id(&self) -> Option<&str> {
+        self.embedding.get().map(|s| s.id.as_str())
+    }
+
+    /// The model a `/v1/embeddings` request names (absent: the embedding model if there is
+    /// one, else the chat model), with the id to report.
+    pub fn embedding_model(
+        &self,
+        asked: Option<&str>,
+    ) -> Result<(String, Arc<dyn EmbeddingModel>), ApiError> {
+        let chat_id = self.config.model_id.as_str();
+        match (self.embedding.get(), asked) {
+            (Some(e), None) => Ok((e.id.clone(), e.model.clone())),
+            (Some(e), Some(m)) if m == e.id => Ok((e.id.clone(), e.model.clone())),
+            (_, None) => Ok((chat_id.to_string(), Arc::new(self.engine()?.clone()))),
+            (_, Some(m)) if m == chat_id => {
+                Ok((chat_id.to_string(), Arc::new(self.engine()?.clone())))
+            }
+            (_, Some(m)) => {
+                let mut served = vec![chat_id.to_string()];
+                served.extend(self.embedding_id().map(str::to_string));
+                Err(ApiError::model_not_found(m, &served.join(", ")))
+            }
+        }
     }
 
     /// Makes the loaded engine available: `/health` turns 200.

@@ -5,11 +5,11 @@
 //! cargo run --release --example embed_throughput -- [MODEL] [THREADS]
 //! ```
 //! MODEL is a known name or a path (default `all-minilm-l6-v2`); a GGUF decoder runs through
-//! `Engine::embed_batch`, an encoder folder through `Embedder::embed_batch`.
+//! `Engine::embed_batch_opts`, an encoder folder through `Embedder::embed_batch_opts`.
 
 use std::time::Instant;
 
-use weft::{Embedder, EmbedderConfig, Engine, EngineConfig, Hub, NoProgress};
+use weft::{EmbedOptions, EngineConfig, Hub, NoProgress};
 
 const WORDS: &[&str] = &[
     "the", "a", "model", "reads", "every", "sentence", "and", "writes", "one", "vector", "for",
@@ -45,30 +45,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = Hub::from_env()?.resolve(&model, &mut NoProgress)?;
     let texts = sentences();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-    let is_gguf = std::fs::read(&path)
-        .map(|b| b.starts_with(b"GGUF"))
-        .unwrap_or(false);
-    let run: Box<dyn Fn() -> weft::Result<Vec<Vec<f32>>>> = if is_gguf {
-        let engine = Engine::open(
-            &path,
-            EngineConfig {
-                n_threads: threads,
-                ..EngineConfig::default()
-            },
-        )?;
-        Box::new(move || engine.embed_batch(&refs))
-    } else {
-        let embedder = Embedder::open(
-            &path,
-            EmbedderConfig {
-                n_threads: threads,
-                ..EmbedderConfig::default()
-            },
-        )?;
-        let tokens: usize = refs.iter().map(|t| embedder.tokenize(t).len()).sum();
-        println!("{} sentences, {tokens} tokens", refs.len());
-        Box::new(move || embedder.embed_batch(&refs))
+    let config = EngineConfig {
+        n_threads: threads,
+        ..EngineConfig::default()
     };
+    let embedder = weft::open_embedding_model(&path, config)?;
+    let tokens: usize = refs.iter().map(|t| embedder.input_ids(t).len()).sum();
+    println!("{} sentences, {tokens} tokens", refs.len());
+    let opts = EmbedOptions {
+        pooling: embedder.default_pooling(),
+        normalize: true,
+    };
+    let run = || embedder.embed_texts(&refs, opts);
     let mut rates = Vec::new();
     for _ in 0..3 {
         let start = Instant::now();

@@ -104,16 +104,23 @@ impl Engine {
     /// empty text gives [`Error::EmptyPass`], one longer than the context
     /// [`Error::ContextTooLong`].
     pub fn embed_batch_opts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+        let inputs: Vec<Vec<u32>> = texts
+            .iter()
+            .map(|t| self.tokenizer().encode(t, true, true))
+            .collect();
+        self.embed_tokens(&inputs, opts)
+    }
+
+    /// The embeddings of inputs given as token ids (used as they are: no BOS is added).
+    pub fn embed_tokens(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
         // Texts go in groups that fit in half the KV pages free now, so a long list never
         // fills the pool (each text's pages are freed as soon as its group is done).
         let budget = (self.kv_free_tokens() / 2).max(1);
-        let mut out = Vec::with_capacity(texts.len());
+        let mut out = Vec::with_capacity(inputs.len());
         let mut group = Vec::new();
         let mut tokens = 0;
-        for text in texts {
-            let mut ctx = self.context();
-            ctx.fill(text)?;
-            let n = ctx.pending().len();
+        for ids in inputs {
+            let n = ids.len();
             if n == 0 {
                 return Err(Error::EmptyPass);
             }
@@ -123,6 +130,8 @@ impl Engine {
                     n_ctx: self.n_ctx(),
                 });
             }
+            let mut ctx = self.context();
+            ctx.fill_tokens(ids)?;
             // Whole pages: a text holds its partial last page too.
             let pages = n.div_ceil(weft_core::kv::PAGE_SIZE) * weft_core::kv::PAGE_SIZE;
             if !group.is_empty() && tokens + pages > budget {
@@ -135,6 +144,87 @@ impl Engine {
         out.extend(embed_group(&mut group, opts)?);
         Ok(out)
     }
+}
+
+/// A model that turns texts (or token ids) into vectors: a decoder [`Engine`] (pooled
+/// final-norm hidden states) or an encoder [`Embedder`](crate::Embedder). What the CLI's
+/// `weft embed` and the server's `/v1/embeddings` run on.
+pub trait EmbeddingModel: Send + Sync {
+    /// The vectors of `texts`.
+    fn embed_texts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>>;
+    /// The vectors of inputs given as token ids.
+    fn embed_ids(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>>;
+    /// The ids the model sees for `text` (what a request's token count is).
+    fn input_ids(&self, text: &str) -> Vec<u32>;
+    /// Length of the pooled vectors.
+    fn dimensions(&self) -> usize;
+    /// The pooling the model is meant to be used with.
+    fn default_pooling(&self) -> Pooling;
+}
+
+impl EmbeddingModel for Engine {
+    fn embed_texts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+        self.embed_batch_opts(texts, opts)
+    }
+    fn embed_ids(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+        self.embed_tokens(inputs, opts)
+    }
+    fn input_ids(&self, text: &str) -> Vec<u32> {
+        self.tokenizer().encode(text, true, true)
+    }
+    fn dimensions(&self) -> usize {
+        self.info().n_embd
+    }
+    fn default_pooling(&self) -> Pooling {
+        Pooling::Mean
+    }
+}
+
+impl EmbeddingModel for crate::Embedder {
+    fn embed_texts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+        self.embed_batch_opts(texts, opts)
+    }
+    fn embed_ids(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+        self.embed_tokens(inputs, opts)
+    }
+    fn input_ids(&self, text: &str) -> Vec<u32> {
+        self.tokenize(text)
+    }
+    fn dimensions(&self) -> usize {
+        self.dim()
+    }
+    fn default_pooling(&self) -> Pooling {
+        self.pooling()
+    }
+}
+
+/// Opens the model at `path` for embeddings: a GGUF decoder as an [`Engine`] (with `config`),
+/// anything else (a sentence-transformers folder or its `model.safetensors`) as an
+/// [`Embedder`](crate::Embedder) on `config.n_threads` threads.
+pub fn open_embedding_model(
+    path: &std::path::Path,
+    config: crate::EngineConfig,
+) -> Result<std::sync::Arc<dyn EmbeddingModel>> {
+    if is_gguf(path) {
+        return Ok(std::sync::Arc::new(Engine::open(path, config)?));
+    }
+    let embedder = crate::Embedder::open(
+        path,
+        crate::EmbedderConfig {
+            n_threads: config.n_threads,
+            ..crate::EmbedderConfig::default()
+        },
+    )?;
+    Ok(std::sync::Arc::new(embedder))
+}
+
+/// Whether the file at `path` starts with the GGUF magic.
+pub fn is_gguf(path: &std::path::Path) -> bool {
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok()
+        && &magic == b"GGUF"
 }
 
 /// Runs one pass per context of `group` (all submitted together), pools, and frees them.

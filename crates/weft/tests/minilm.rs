@@ -65,7 +65,10 @@ fn token_ids_match_hf_tokenizers() {
     assert!(checked > 60, "only {checked} cases");
     // Special tokens written in the text are matched before normalization, as `tokenizers`
     // does (its ids for this text: [101, 102, 7632, 103, 102]).
-    assert_eq!(model.tokenize("[SEP] hi [MASK]"), [101, 102, 7632, 103, 102]);
+    assert_eq!(
+        model.tokenize("[SEP] hi [MASK]"),
+        [101, 102, 7632, 103, 102]
+    );
 }
 
 /// Sentence vectors have cosine ≥ 0.9999 to the float64 reference.

@@ -1,11 +1,12 @@
 //! `weft embed -m MODEL [--pooling P] [--no-normalize] [FILE|-]`: one JSON array (the text's
-//! embedding) per input line, computed in batches through the engine's scheduler.
+//! embedding) per input line, computed in batches — through the engine's scheduler for a GGUF
+//! decoder, through the encoder for a sentence-transformers model (`all-minilm-l6-v2`).
 
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use weft::{EmbedOptions, Pooling};
+use weft::{EmbedOptions, EmbeddingModel, Pooling};
 
 use crate::model_arg::{ModelArg, ThreadsArg};
 
@@ -16,8 +17,9 @@ pub struct Args {
     #[command(flatten)]
     threads: ThreadsArg,
     /// How token states become one vector: mean, max, last, cls, or none (every token's).
-    #[arg(long, default_value = "mean")]
-    pooling: String,
+    /// Default: the model's own (an encoder's pooling config), else mean.
+    #[arg(long)]
+    pooling: Option<String>,
     /// Print the vectors as pooled, without scaling them to unit length.
     #[arg(long)]
     no_normalize: bool,
@@ -29,15 +31,21 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let pooling: Pooling = args.pooling.parse()?;
+    let pooling: Option<Pooling> = args.pooling.as_deref().map(str::parse).transpose()?;
     anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
+    let path = args.model.path()?;
+    let model: Arc<dyn EmbeddingModel> = if weft::is_gguf(&path) {
+        let file = Arc::new(args.model.open_path(&path)?);
+        Arc::new(args.threads.engine_at(file, &path)?)
+    } else {
+        let config = args.threads.engine_config()?;
+        weft::open_embedding_model(&path, config)
+            .with_context(|| format!("cannot load model {}", path.display()))?
+    };
     let opts = EmbedOptions {
-        pooling,
+        pooling: pooling.unwrap_or_else(|| model.default_pooling()),
         normalize: !args.no_normalize,
     };
-    let path = args.model.path()?;
-    let file = Arc::new(args.model.open_path(&path)?);
-    let engine = args.threads.engine_at(file, &path)?;
     let input: Box<dyn BufRead> = match &args.file {
         Some(p) if p.as_os_str() != "-" => Box::new(std::io::BufReader::new(
             std::fs::File::open(p).with_context(|| format!("cannot read {}", p.display()))?,
@@ -48,7 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut lines = Vec::with_capacity(args.batch);
     let mut flush = |lines: &mut Vec<String>| -> anyhow::Result<()> {
         let texts: Vec<&str> = lines.iter().map(String::as_str).collect();
-        for v in engine.embed_batch_opts(&texts, opts)? {
+        for v in model.embed_texts(&texts, opts)? {
             writeln!(out, "{}", serde_json::to_string(&v)?)?;
         }
         lines.clear();

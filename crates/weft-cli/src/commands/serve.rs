@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use weft_server::{ServerConfig, State};
 
 use crate::model_arg::{ModelArg, ThreadsArg};
+use crate::progress::Bar;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -47,6 +48,11 @@ pub struct Args {
     /// it with `"model": "BASE:NAME"` (or `"NAME"`); `/v1/models` lists it.
     #[arg(long, value_name = "NAME=PATH", value_parser = parse_lora)]
     lora: Vec<(String, std::path::PathBuf)>,
+    /// Serve this embedding model on /v1/embeddings (a known name such as all-minilm-l6-v2, a
+    /// sentence-transformers folder, or a GGUF file); without it /v1/embeddings pools the chat
+    /// model's hidden states.
+    #[arg(long, value_name = "MODEL")]
+    embedding_model: Option<String>,
 }
 
 /// `NAME=PATH` of `--lora`.
@@ -107,8 +113,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let loading = state.clone();
         let model = args.model.clone();
         let loras = args.lora.clone();
+        let embedding = args.embedding_model.clone();
         tokio::task::spawn_blocking(move || {
             let loaded = model.path().and_then(|path| {
+                if let Some(name) = &embedding {
+                    let path = weft::Hub::from_env()?.resolve(name, &mut Bar::default())?;
+                    let embedder = weft::open_embedding_model(&path, engine_cfg.clone())
+                        .with_context(|| {
+                            format!("cannot load embedding model {}", path.display())
+                        })?;
+                    loading.set_embedding_model(embedding_name(name), embedder);
+                }
                 let engine = weft::Engine::open(&path, engine_cfg)
                     .with_context(|| format!("cannot load model {}", path.display()))?;
                 let adapters = loras
@@ -137,6 +152,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         weft_server::serve(listener, state).await?;
         anyhow::Ok(())
     })
+}
+
+/// The id an embedding model is served under: a known name as given, a model folder (or its
+/// `model.safetensors`) by the folder's name, a GGUF file by its file name.
+fn embedding_name(model: &str) -> String {
+    let p = std::path::Path::new(model.trim_end_matches('/'));
+    let folder = if p.file_name().is_some_and(|n| n == "model.safetensors") {
+        p.parent()
+    } else {
+        Some(p)
+    };
+    match folder.and_then(|f| f.file_name()) {
+        Some(n) if !model.ends_with(".gguf") => n.to_string_lossy().into_owned(),
+        _ => served_name(model),
+    }
 }
 
 /// The id a model is served under: a known name as given, a file path by its file name.

@@ -1,0 +1,175 @@
+//! `POST /v1/embeddings` in OpenAI's shape: `input` as a string, a list of strings, a list of
+//! token ids or a list of such lists; `encoding_format` `float` (default) or `base64` (the
+//! little-endian f32 bytes); `dimensions` accepted only when it is the model's own.
+//!
+//! The vectors come from the embedding model given with `weft serve --embedding-model` (an
+//! encoder such as all-MiniLM-L6-v2), or — named by the chat model's id, or when no embedding
+//! model is served — from the chat model's pooled hidden states, like llama-server's
+//! `--embedding`. Vectors are pooled as the model was trained and L2-normalized.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State as Extract;
+use axum::Json;
+use base64::Engine as _;
+use serde_json::{json, Value};
+use weft::{EmbedOptions, EmbeddingModel};
+
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::state::State;
+
+/// Most inputs one request may carry (OpenAI's limit).
+const MAX_INPUTS: usize = 2048;
+
+/// What a request asks to embed.
+enum Inputs {
+    Texts(Vec<String>),
+    Ids(Vec<Vec<u32>>),
+}
+
+/// Reads `input`, naming what is wrong with it.
+fn inputs(body: &Body) -> Result<Inputs, ApiError> {
+    let bad = |m: &str| ApiError::param("input", m);
+    let input = body
+        .raw("input")
+        .ok_or_else(|| bad("'input' is required."))?;
+    let as_ids = |v: &Value| -> Option<Vec<u32>> {
+        v.as_array()?
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .filter(|&n| n <= u64::from(u32::MAX))
+                    .map(|n| n as u32)
+            })
+            .collect()
+    };
+    let parsed = match input {
+        Value::String(s) => Inputs::Texts(vec![s.clone()]),
+        Value::Array(items) if items.is_empty() => {
+            return Err(bad("'input' must not be an empty list."))
+        }
+        Value::Array(items) if items.iter().all(Value::is_string) => Inputs::Texts(
+            items
+                .iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect(),
+        ),
+        Value::Array(items) if items.iter().all(Value::is_number) => {
+            Inputs::Ids(vec![as_ids(input).ok_or_else(|| {
+                bad("'input' token ids must be integers from 0 to 4294967295.")
+            })?])
+        }
+        Value::Array(items) if items.iter().all(Value::is_array) => Inputs::Ids(
+            items
+                .iter()
+                .map(as_ids)
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| bad("'input' token id lists must hold integer ids only."))?,
+        ),
+        _ => {
+            return Err(bad(
+                "'input' must be a string, a list of strings, a list of token ids or a list of token id lists.",
+            ))
+        }
+    };
+    let (count, empty) = match &parsed {
+        Inputs::Texts(t) => (t.len(), t.iter().any(String::is_empty)),
+        Inputs::Ids(i) => (i.len(), i.iter().any(Vec::is_empty)),
+    };
+    if empty {
+        return Err(bad("'input' cannot contain an empty string or list."));
+    }
+    if count > MAX_INPUTS {
+        return Err(bad(&format!(
+            "'input' holds {count} items; at most {MAX_INPUTS} are allowed per request."
+        )));
+    }
+    Ok(parsed)
+}
+
+/// `POST /v1/embeddings`.
+pub async fn handle(
+    Extract(state): Extract<Arc<State>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = Body::read(body)?;
+    let asked = body.string("model")?;
+    let (model_id, model) = state.embedding_model(asked.as_deref())?;
+    let inputs = inputs(&body)?;
+    let base64 = match body.string("encoding_format")?.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::param(
+                "encoding_format",
+                format!("'encoding_format' must be \"float\" or \"base64\", not {other:?}."),
+            ))
+        }
+    };
+    let dims = model.dimensions();
+    if let Some(d) = body.integer("dimensions", 1, i64::from(u32::MAX))? {
+        if d as usize != dims {
+            return Err(ApiError::param(
+                "dimensions",
+                format!("This model's embeddings have {dims} dimensions and cannot be shortened to {d}."),
+            ));
+        }
+    }
+    let opts = EmbedOptions {
+        pooling: model.default_pooling(),
+        normalize: true,
+    };
+    let (vectors, tokens) = tokio::task::spawn_blocking(move || embed(&*model, &inputs, opts))
+        .await
+        .map_err(|e| ApiError::internal(format!("the embedding task failed: {e}")))??;
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(index, v)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": index, "embedding": embedding})
+        })
+        .collect();
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": model_id,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })))
+}
+
+/// The vectors and the number of tokens the model read.
+fn embed(
+    model: &dyn EmbeddingModel,
+    inputs: &Inputs,
+    opts: EmbedOptions,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    let map_err = |e: weft::Error| match e {
+        weft::Error::ContextTooLong { len, n_ctx } => {
+            ApiError::context_length("input", len, None, n_ctx)
+        }
+        weft::Error::TokenOutOfVocab { .. } | weft::Error::EmptyPass => {
+            ApiError::param("input", e.to_string())
+        }
+        e => ApiError::from(e),
+    };
+    match inputs {
+        Inputs::Texts(texts) => {
+            let tokens = texts.iter().map(|t| model.input_ids(t).len()).sum();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            Ok((model.embed_texts(&refs, opts).map_err(map_err)?, tokens))
+        }
+        Inputs::Ids(ids) => {
+            let tokens = ids.iter().map(Vec::len).sum();
+            Ok((model.embed_ids(ids, opts).map_err(map_err)?, tokens))
+        }
+    }
+}
