@@ -101,6 +101,13 @@ impl TensorFile {
         &self.name
     }
 
+    /// Every tensor's name and shape.
+    pub fn tensors(&self) -> impl Iterator<Item = (String, Vec<usize>)> + '_ {
+        self.entries
+            .iter()
+            .map(|(name, e)| (name.clone(), e.shape.clone()))
+    }
+
     /// Whether the file has a tensor `tensor`.
     pub fn has(&self, tensor: &str) -> bool {
         self.entries.contains_key(tensor)
