@@ -10,13 +10,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 use serde_json::Value;
 
 use super::gguf::base_shape;
 use super::{key, pair_from, LoraAdapter, Proj};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::models::tensor_file::to_f32;
 
 fn bad(reason: String) -> Error {
     Error::BadAdapter { reason }
@@ -158,26 +159,12 @@ fn read(st: &SafeTensors, tensor: &str, name: &str) -> Result<(Vec<usize>, Vec<f
     let view = st
         .tensor(tensor)
         .map_err(|_| bad(format!("{name}: missing tensor {tensor}")))?;
-    let data = view.data();
-    let values: Vec<f32> = match view.dtype() {
-        Dtype::F32 => data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        Dtype::F16 => data
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        Dtype::BF16 => data
-            .chunks_exact(2)
-            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        other => {
-            return Err(bad(format!(
-                "{name}: tensor {tensor} has unsupported type {other:?}"
-            )))
-        }
-    };
+    let values = to_f32(view.dtype(), view.data()).ok_or_else(|| {
+        bad(format!(
+            "{name}: tensor {tensor} has unsupported type {:?}",
+            view.dtype()
+        ))
+    })?;
     Ok((view.shape().to_vec(), values))
 }
 

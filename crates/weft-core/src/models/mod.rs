@@ -9,7 +9,7 @@ pub mod gemma3;
 pub mod layers;
 pub mod llama;
 mod pager;
-mod tensor_file;
+pub(crate) mod tensor_file;
 mod weights;
 
 use std::sync::Arc;

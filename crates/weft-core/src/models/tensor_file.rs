@@ -129,25 +129,30 @@ impl TensorFile {
                 entry.shape
             )));
         }
-        let data = &self.bytes[entry.range.clone()];
-        Ok(match entry.dtype {
-            Dtype::F32 => data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => data
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => data
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(bad(format!(
-                    "tensor {tensor} is {other:?}; weights must be F32, F16 or BF16"
-                )))
-            }
+        to_f32(entry.dtype, &self.bytes[entry.range.clone()]).ok_or_else(|| {
+            bad(format!(
+                "tensor {tensor} is {:?}; weights must be F32, F16 or BF16",
+                entry.dtype
+            ))
         })
     }
+}
+
+/// Little-endian F32, F16 or BF16 bytes as f32 values; `None` for any other type.
+pub fn to_f32(dtype: Dtype, data: &[u8]) -> Option<Vec<f32>> {
+    Some(match dtype {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        _ => return None,
+    })
 }
