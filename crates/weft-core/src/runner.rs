@@ -30,6 +30,9 @@ pub struct BatchEntry {
     /// Index of this token's attention mask in the masks given to
     /// [`ModelRunner::forward_masked`] (`None`: causal).
     pub mask: Option<u32>,
+    /// Index of this token's input vector in [`BatchInputs::embeds`], which the model reads
+    /// instead of `token`'s embedding (`None`: the token's).
+    pub embed: Option<u32>,
 }
 
 impl BatchEntry {
@@ -46,9 +49,22 @@ impl BatchEntry {
                 logits: all_logits || i + 1 == tokens.len(),
                 mask: None,
                 hidden: false,
+                embed: None,
             })
             .collect()
     }
+}
+
+/// What a batch carries beside its entries, all of it optional.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchInputs<'a> {
+    /// The attention masks entries refer to (see [`ModelRunner::forward_masked`]).
+    pub masks: &'a [SlotMask],
+    /// Adapters per sequence (see [`ModelRunner::forward_with`]).
+    pub adapters: &'a [(SeqId, AdapterSet)],
+    /// Input vectors entries refer to ([`BatchEntry::embed`]), `n_embd` values each: what the
+    /// model's first block reads (see [`Model::input_embeddings`]).
+    pub embeds: &'a [f32],
 }
 
 /// How a [`ModelRunner`] is set up.
@@ -238,7 +254,34 @@ impl ModelRunner {
         masks: &[SlotMask],
         adapters: &[(SeqId, AdapterSet)],
     ) -> Result<&[f32]> {
+        self.forward_inputs(
+            batch,
+            BatchInputs {
+                masks,
+                adapters,
+                embeds: &[],
+            },
+        )
+    }
+
+    /// [`ModelRunner::forward_with`] where an entry with `embed: Some(e)` starts from row `e`
+    /// of `inputs.embeds` instead of its token's embedding (multimodal front ends, soft
+    /// prompts). Such tokens never enter the prefix cache: their pages are not a function of
+    /// token ids.
+    pub fn forward_inputs(&mut self, batch: &[BatchEntry], inputs: BatchInputs) -> Result<&[f32]> {
+        let BatchInputs {
+            masks,
+            adapters,
+            embeds,
+        } = inputs;
         let vocab = self.model.info().vocab_size;
+        let d = self.model.info().n_embd;
+        let n_embeds = embeds.len() / d.max(1);
+        if embeds.len() % d.max(1) != 0 {
+            return Err(Error::BadBatch {
+                reason: format!("{} input values are not whole rows of {d}", embeds.len()),
+            });
+        }
         // Validate everything before touching the cache.
         let mut growth: HashMap<SeqId, usize> = HashMap::new();
         for e in batch {
@@ -246,6 +289,11 @@ impl ModelRunner {
                 return Err(Error::TokenOutOfRange {
                     id: e.token,
                     vocab_size: vocab,
+                });
+            }
+            if let Some(i) = e.embed.filter(|&i| i as usize >= n_embeds) {
+                return Err(Error::BadBatch {
+                    reason: format!("input vector {i} of {n_embeds} does not exist"),
                 });
             }
             *growth.entry(e.seq).or_default() += 1;
@@ -291,7 +339,6 @@ impl ModelRunner {
             self.logits.resize(n_out * vocab, 0.0);
         }
         let n_hidden = batch.iter().filter(|e| e.hidden).count();
-        let d = self.model.info().n_embd;
         if self.hidden.len() < n_hidden * d {
             self.hidden.resize(n_hidden * d, 0.0);
         }
@@ -302,7 +349,7 @@ impl ModelRunner {
             .map(|(i, (seq, _))| (*seq, i as u32))
             .collect();
         let sets: Vec<AdapterSet> = adapters.iter().map(|(_, s)| s.clone()).collect();
-        let result = self.run_ubatches(batch, masks, &lora_of, &sets, vocab);
+        let result = self.run_ubatches(batch, masks, &lora_of, &sets, embeds, vocab);
         for (&seq, &len) in &start_len {
             if result.is_err() {
                 // Nothing was released during the call, so the sequence can always go back to
@@ -310,12 +357,12 @@ impl ModelRunner {
                 let _ = self.kv.truncate(seq, len);
             } else {
                 // Record the tokens for the prefix cache: shareable when the sequence's tokens
-                // were written causally at positions equal to their slots.
+                // were written causally at positions equal to their slots, from their ids.
                 let mine = batch.iter().filter(|e| e.seq == seq);
                 let tokens: Vec<u32> = mine.clone().map(|e| e.token).collect();
-                let plain = mine
-                    .enumerate()
-                    .all(|(k, e)| e.mask.is_none() && e.pos as usize == len + k);
+                let plain = mine.enumerate().all(|(k, e)| {
+                    e.mask.is_none() && e.embed.is_none() && e.pos as usize == len + k
+                });
                 let salt = lora_of
                     .get(&seq)
                     .map_or(0, |&i| sets[i as usize].identity());
@@ -337,6 +384,13 @@ impl ModelRunner {
         &self.hidden[..self.last_hidden_rows * self.model.info().n_embd]
     }
 
+    /// The rows the model's first block reads for `ids` (see [`Model::input_embeddings`]).
+    pub fn input_embeddings(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let mut out = vec![0.0; ids.len() * self.model.info().n_embd];
+        self.model.input_embeddings(ids, &mut out)?;
+        Ok(out)
+    }
+
     /// The logits the last successful [`ModelRunner::forward`] returned (empty after an error).
     pub fn last_logits(&self) -> &[f32] {
         &self.logits[..self.last_rows * self.model.info().vocab_size]
@@ -348,6 +402,7 @@ impl ModelRunner {
         masks: &[SlotMask],
         lora_of: &HashMap<SeqId, u32>,
         sets: &[AdapterSet],
+        embeds: &[f32],
         vocab: usize,
     ) -> Result<()> {
         let mut row = 0;
@@ -377,6 +432,7 @@ impl ModelRunner {
                     hidden: e.hidden,
                     mask: e.mask,
                     lora: lora_of.get(&e.seq).copied(),
+                    embed: e.embed,
                 });
                 *slot += 1;
             }
@@ -388,6 +444,7 @@ impl ModelRunner {
                 &self.batch,
                 masks,
                 sets,
+                embeds,
                 &mut self.kv,
                 &self.pool,
                 &mut self.ws,

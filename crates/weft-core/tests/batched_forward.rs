@@ -76,6 +76,7 @@ fn together(r: &mut ModelRunner, prompts: &[Vec<u32>]) -> Vec<Vec<f32>> {
                 logits: true,
                 mask: None,
                 hidden: false,
+                embed: None,
             })
             .collect();
         let logits = r.forward(&batch).expect("forward").to_vec();

@@ -72,6 +72,7 @@ fn run(r: &mut ModelRunner, prompt: &[u32], feed: Option<&[u32]>, steps: usize) 
             logits: true,
             mask: None,
             hidden: false,
+            embed: None,
         }];
     }
     r.free_sequence(seq);

@@ -91,6 +91,7 @@ fn a_tiny_synthetic_llama_runs_and_is_causal() {
             logits: true,
             mask: None,
             hidden: false,
+            embed: None,
         })
         .collect();
     let all = r.forward(&batch).expect("forward").to_vec();

@@ -1,5 +1,8 @@
 //! A context: one sequence of tokens in the engine's KV cache, with its own sampling seed.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use weft_core::kv::SeqId;
 use weft_core::sampling::{Rng, Sampler};
 
@@ -43,6 +46,13 @@ pub struct Context {
     /// A generator saved in the snapshot this context was resumed from (JSON), until
     /// [`Context::resume_generator`] takes it.
     pub(crate) saved_generator: Option<String>,
+    /// Input vectors of tokens (run or pending) that stand for a vector rather than their id,
+    /// by index in the sequence (run tokens first, then pending ones).
+    pub(crate) embeds: BTreeMap<usize, Arc<[f32]>>,
+    /// Additive attention bias rows of pending tokens, by index in the sequence.
+    pub(crate) pending_bias: BTreeMap<usize, Vec<f32>>,
+    /// Some token ran with a custom attention mask or bias (so its KV cannot be recomputed).
+    pub(crate) custom_attention: bool,
 }
 
 impl std::fmt::Debug for Context {
@@ -74,6 +84,9 @@ impl Context {
             rng: Rng::new(0),
             inflight: false,
             saved_generator: None,
+            embeds: BTreeMap::new(),
+            pending_bias: BTreeMap::new(),
+            custom_attention: false,
         }
     }
 
@@ -90,6 +103,7 @@ impl Context {
         if cached < self.tokens.len() {
             self.tokens.truncate(cached);
             self.positions.truncate(cached);
+            self.embeds.retain(|&i, _| i < cached + self.pending.len());
         }
         self.inflight = false;
     }
@@ -181,6 +195,9 @@ impl Context {
             rng: self.rng.clone(),
             inflight: false,
             saved_generator: None,
+            embeds: self.embeds.clone(),
+            pending_bias: self.pending_bias.clone(),
+            custom_attention: self.custom_attention,
         })
     }
 
@@ -206,13 +223,16 @@ impl Context {
         self.tokens.truncate(n);
         self.positions.truncate(n);
         self.pending.clear();
+        self.pending_bias.clear();
+        self.embeds.retain(|&i, _| i < n);
         Ok(())
     }
 
     /// Gives the context's KV pages back to the pool but keeps its tokens: they become pending
     /// again, and the next pass recomputes them (preemption by recomputation, as vLLM does
     /// when the pool runs out). Only for contexts whose tokens sit at consecutive positions
-    /// from 0 (anything filled and generated normally); others get [`Error::Config`].
+    /// from 0 and ran with causal attention (anything filled and generated normally, input
+    /// vectors included); others get [`Error::Config`].
     pub fn evict(&mut self) -> Result<()> {
         self.settle();
         if self
@@ -225,15 +245,27 @@ impl Context {
                 "evict: the context has custom positions and cannot be recomputed".into(),
             ));
         }
+        if self.custom_attention {
+            return Err(Error::Config(
+                "evict: the context ran with custom attention masks and cannot be recomputed"
+                    .into(),
+            ));
+        }
         let mut tokens = std::mem::take(&mut self.tokens);
         let pending = std::mem::take(&mut self.pending);
+        // Indices do not move (run tokens become pending in place): the vectors stay valid.
+        let (embeds, bias) = (self.embeds.clone(), std::mem::take(&mut self.pending_bias));
         self.tokens = tokens.clone();
         if let Err(e) = self.truncate(0) {
             self.pending = pending;
+            self.embeds = embeds;
+            self.pending_bias = bias;
             return Err(e);
         }
         tokens.extend(pending);
         self.pending = tokens;
+        self.embeds = embeds;
+        self.pending_bias = bias;
         Ok(())
     }
 
@@ -244,6 +276,88 @@ impl Context {
         let r = self.truncate(n);
         self.pending = pending;
         r
+    }
+
+    /// Moves the last run token back to the pending buffer (with its input vector, if it had
+    /// one), so the next pass computes its logits again.
+    pub(crate) fn unrun_last(&mut self) -> Result<()> {
+        let n = self.tokens.len();
+        let last = *self.tokens.last().ok_or(Error::EmptyPass)?;
+        let vector = self.embeds.get(&(n - 1)).cloned();
+        let pending = std::mem::take(&mut self.pending);
+        self.truncate(n - 1)?;
+        self.pending.push(last);
+        self.pending.extend(pending);
+        if let Some(v) = vector {
+            self.embeds.insert(n - 1, v);
+        }
+        Ok(())
+    }
+
+    /// Buffers input vectors for the next pass: `rows` holds one vector of the model's width
+    /// (`n_embd`) per id, which the model's first block reads instead of that id's embedding
+    /// (image or audio features projected to the model's width, soft prompts). The `ids` are
+    /// what the context records in their place (placeholders such as an image token); the
+    /// model never sees them. A vector must be what the model feeds its first block: its own
+    /// embedding of an id is [`Engine::input_embeddings`] (already scaled, for Gemma).
+    ///
+    /// `attn_bias`, if given, is an additive attention bias for the new tokens: one row of
+    /// `len + n` values per token, row-major, where `len` counts the context's tokens before
+    /// them (run and pending) and `n = ids.len()`. Entry `j` of row `i` is added to that
+    /// token's score for the `j`-th token of the sequence; `-inf` hides it. Entries past the
+    /// token itself (`j > len + i`) must be `-inf`: a token cannot see later ones. Without a
+    /// bias, attention is causal.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("Describe the picture: ")?;
+    /// let ids = engine.tokenize(" a cat");
+    /// let vectors = engine.input_embeddings(&ids)?; // stand-ins for projected image features
+    /// ctx.fill_embeds(&ids, &vectors, None)?;
+    /// let text = weft::block_on(
+    ///     ctx.generate(weft::Sampler::Argmax).max_tokens(16).collect_text(),
+    /// )?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fill_embeds(
+        &mut self,
+        ids: &[u32],
+        rows: &[f32],
+        attn_bias: Option<&[f32]>,
+    ) -> Result<()> {
+        let vocab_size = self.engine.info().vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(Error::TokenOutOfVocab { id, vocab_size });
+        }
+        let vectors = crate::forward::split_vectors(rows, ids.len(), self.engine.info().n_embd)?;
+        let base = self.tokens.len() + self.pending.len();
+        let bias = match attn_bias {
+            Some(b) => crate::forward::bias_rows(b, base, ids.len())?,
+            None => Vec::new(),
+        };
+        self.pending.extend_from_slice(ids);
+        for (k, v) in vectors.into_iter().enumerate() {
+            self.embeds.insert(base + k, v);
+        }
+        for (k, b) in bias.into_iter().enumerate() {
+            self.pending_bias.insert(base + k, b);
+        }
+        Ok(())
+    }
+
+    /// Fills input vectors ([`Context::fill_embeds`]), runs them with anything pending and
+    /// returns the logits after the last one (seed 002's `prefill_from_embeds`). Generating
+    /// afterwards continues from them.
+    pub async fn prefill_from_embeds(
+        &mut self,
+        ids: &[u32],
+        embeds: &[f32],
+        attn_bias: Option<&[f32]>,
+    ) -> Result<Vec<f32>> {
+        self.fill_embeds(ids, embeds, attn_bias)?;
+        self.flush_logits().await
     }
 
     /// A forward pass over this context (see [`Forward`]).

@@ -253,6 +253,27 @@ impl Engine {
         &self.inner.info
     }
 
+    /// The vectors the model's first block reads for `ids`, `ids.len() × n_embd` values: the
+    /// embedding rows, scaled as the model scales them (Gemma 3: by √n_embd). Given to
+    /// [`Context::fill_embeds`] or [`crate::Forward::input_embeds`] they reproduce the ids'
+    /// logits exactly; a multimodal front end mixes its projected features with them.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let ids = engine.tokenize("Hello");
+    /// let rows = engine.input_embeddings(&ids)?;
+    /// assert_eq!(rows.len(), ids.len() * engine.info().n_embd);
+    /// # Ok(()) }
+    /// ```
+    pub fn input_embeddings(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let vocab_size = self.info().vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(Error::TokenOutOfVocab { id, vocab_size });
+        }
+        Ok(self.inner.shared.runner().input_embeddings(ids)?)
+    }
+
     /// Longest context in tokens.
     pub fn n_ctx(&self) -> usize {
         self.inner.n_ctx

@@ -42,6 +42,13 @@ pub enum Error {
         expected: usize,
         got: usize,
     },
+    /// Input vectors (`input_embeds`, `fill_embeds`) of the wrong shape or with values that
+    /// are not finite.
+    #[error("input embeddings: {reason}")]
+    InputEmbeds { reason: String },
+    /// An additive attention bias of the wrong shape, or one that lets a token see a later one.
+    #[error("attention bias: {reason}")]
+    AttentionBias { reason: String },
     /// The pass would make the context longer than the engine allows.
     #[error("the context would hold {len} tokens, more than its limit of {n_ctx}")]
     ContextTooLong { len: usize, n_ctx: usize },

@@ -1,5 +1,8 @@
 //! The forward pass builder: what one pass runs, what it samples and what it reports.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use weft_core::models::SlotMask;
 use weft_core::sampling::{validate_logit_bias, Penalties, Sampler};
 
@@ -62,6 +65,9 @@ pub struct Forward<'c> {
     bias: Vec<(u32, f32)>,
     horizon: usize,
     adapters: PassAdapters,
+    /// Input vectors of this pass's inputs, by index in the pass.
+    vectors: BTreeMap<usize, Arc<[f32]>>,
+    attn_bias: Option<Vec<Vec<f32>>>,
     error: Option<Error>,
 }
 
@@ -82,6 +88,8 @@ impl<'c> Forward<'c> {
             bias: Vec::new(),
             horizon: 0,
             adapters: PassAdapters::default(),
+            vectors: BTreeMap::new(),
+            attn_bias: None,
             error: None,
         }
     }
@@ -98,10 +106,7 @@ impl<'c> Forward<'c> {
 
     /// Appends `tokens` at consecutive positions after the last one.
     pub fn input(&mut self, tokens: &[u32]) -> &mut Self {
-        let start = match self.positions.last() {
-            Some(&p) => p + 1,
-            None => self.ctx.positions.last().map_or(0, |&p| p + 1),
-        };
+        let start = self.next_position();
         self.inputs.extend_from_slice(tokens);
         self.positions
             .extend((0..tokens.len() as u32).map(|i| start + i));
@@ -121,6 +126,72 @@ impl<'c> Forward<'c> {
         }
         self.inputs.extend_from_slice(tokens);
         self.positions.extend_from_slice(positions);
+        self
+    }
+
+    /// Appends input vectors at the given positions: `rows` holds one vector of the model's
+    /// width (`n_embd`) per position, which the model's first block reads in place of a
+    /// token's embedding (see [`Context::fill_embeds`] for what a vector must be). They run in
+    /// the same pass as ordinary tokens and are recorded in the context as token id 0; use
+    /// [`Forward::input_embeds_as`] to record ids of your choice.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("A picture of")?;
+    /// let rows = engine.input_embeddings(&engine.tokenize(" a cat"))?;
+    /// let mut fwd = ctx.forward();
+    /// let at = fwd.next_position();
+    /// let positions: Vec<u32> = (at..).take(rows.len() / engine.info().n_embd).collect();
+    /// fwd.input_embeds(&rows, &positions);
+    /// let last = fwd.len() - 1;
+    /// let next = fwd.sample(&[last], weft::Sampler::Argmax);
+    /// let out = weft::block_on(fwd.execute())?;
+    /// println!("{:?}", out.token(next));
+    /// # Ok(()) }
+    /// ```
+    pub fn input_embeds(&mut self, rows: &[f32], positions: &[u32]) -> &mut Self {
+        let ids = vec![0; positions.len()];
+        self.input_embeds_as(&ids, rows, positions)
+    }
+
+    /// [`Forward::input_embeds`], recording `ids` (one per vector) in the context in their
+    /// place (placeholders such as an image token; the model never sees them).
+    pub fn input_embeds_as(&mut self, ids: &[u32], rows: &[f32], positions: &[u32]) -> &mut Self {
+        let d = self.ctx.engine.info().n_embd;
+        match split_vectors(rows, ids.len(), d) {
+            Ok(vectors) => {
+                let start = self.len();
+                self.input_at(ids, positions);
+                if self.len() == start + ids.len() {
+                    for (k, v) in vectors.into_iter().enumerate() {
+                        self.vectors.insert(start + k, v);
+                    }
+                }
+            }
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+        self
+    }
+
+    /// The position the next [`Forward::input`] token gets (after the last one so far).
+    pub fn next_position(&self) -> u32 {
+        match self.positions.last() {
+            Some(&p) => p + 1,
+            None => self.ctx.positions.last().map_or(0, |&p| p + 1),
+        }
+    }
+
+    /// An additive attention bias: one row per token of the pass (pending tokens first), of
+    /// the length an [`Forward::attention_mask`] has (`ctx.len() + i + 1` for the pass's
+    /// `i`-th token). Entry `j` is added to the token's score for the sequence's `j`-th
+    /// token; `-inf` hides it. Replaces the causal rule; combined with `attention_mask` if
+    /// both are given (a slot is visible when both allow it).
+    pub fn attention_bias(&mut self, rows: Vec<Vec<f32>>) -> &mut Self {
+        self.attn_bias = Some(rows);
         self
     }
 
@@ -251,8 +322,10 @@ impl<'c> Forward<'c> {
         self.samplers.clear();
     }
 
-    /// Checks the pass and turns it into a scheduler request.
-    fn into_request(self) -> Result<(&'c mut Context, PassRequest)> {
+    /// Checks the pass and turns it into a scheduler request, with the input vectors of its
+    /// own inputs (by index in the pass) for the context to record.
+    #[allow(clippy::type_complexity)]
+    fn into_request(self) -> Result<(&'c mut Context, PassRequest, BTreeMap<usize, Arc<[f32]>>)> {
         if let Some(e) = self.error {
             return Err(e);
         }
@@ -313,31 +386,32 @@ impl<'c> Forward<'c> {
             }
             m => m,
         };
-        let masks = match self.masks {
-            None => None,
-            Some(m) if m.len() != n => {
-                return Err(Error::MaskLength {
-                    what: "attention mask list (one mask per token of the pass)",
-                    expected: n,
-                    got: m.len(),
-                })
-            }
-            Some(m) => {
-                let mut out = Vec::with_capacity(n);
-                for (i, mask) in m.iter().enumerate() {
-                    let expected = ctx.tokens.len() + i + 1;
-                    if mask.len() != expected {
-                        return Err(Error::MaskLength {
-                            what: "attention mask",
-                            expected,
-                            got: mask.len(),
-                        });
-                    }
-                    out.push(SlotMask::new(mask.to_bools()));
-                }
-                Some(out)
+        let base = ctx.tokens.len();
+        let masks = attention(
+            base,
+            n,
+            self.masks.as_deref(),
+            self.attn_bias.as_deref(),
+            &ctx.pending_bias,
+        )?;
+        // Input vectors: the pending tokens' (recorded in the context) and this pass's own.
+        let (mut embeds, mut embed_rows) = (Vec::new(), Vec::new());
+        let n_pending = ctx.pending.len();
+        let vector = |i: usize| {
+            if i < n_pending {
+                ctx.embeds.get(&(base + i))
+            } else {
+                self.vectors.get(&i)
             }
         };
+        if !self.vectors.is_empty() || ctx.embeds.range(base..).next().is_some() {
+            for i in 0..n {
+                embeds.push(vector(i).map(|v| {
+                    embed_rows.extend_from_slice(v);
+                    (embed_rows.len() / v.len() - 1) as u32
+                }));
+            }
+        }
         let penalties = self.penalties.map(|p| {
             let mut history = ctx.tokens.clone();
             history.extend_from_slice(&tokens);
@@ -356,8 +430,10 @@ impl<'c> Forward<'c> {
             rng: ctx.rng.clone(),
             horizon: self.horizon,
             adapters: self.adapters.resolve(&ctx.engine)?,
+            embeds,
+            embed_rows,
         };
-        Ok((ctx, req))
+        Ok((ctx, req, self.vectors))
     }
 
     /// Submits the pass to the scheduler and waits for its outputs. Works under any async
@@ -366,10 +442,16 @@ impl<'c> Forward<'c> {
     /// The context records the pass's tokens as soon as it is submitted: dropping this future
     /// before it completes does not cancel the pass.
     pub async fn execute(self) -> Result<ForwardOutput> {
-        let (ctx, req) = self.into_request()?;
+        let (ctx, req, vectors) = self.into_request()?;
         let (len, pending) = (ctx.tokens.len(), std::mem::take(&mut ctx.pending));
+        let pending_bias = std::mem::take(&mut ctx.pending_bias);
+        let custom_attention = ctx.custom_attention;
+        ctx.custom_attention |= req.masks.is_some();
         ctx.tokens.extend_from_slice(&req.tokens);
         ctx.positions.extend_from_slice(&req.positions);
+        for (i, v) in vectors {
+            ctx.embeds.insert(len + i, v);
+        }
         let rx = ctx.engine.inner.shared.submit(req);
         // Cleared below; if this future is dropped first, the context settles later.
         ctx.inflight = true;
@@ -387,7 +469,10 @@ impl<'c> Forward<'c> {
                 // The runner rolled the sequence back; so does the context.
                 ctx.tokens.truncate(len);
                 ctx.positions.truncate(len);
+                ctx.embeds.retain(|&i, _| i < len + pending.len());
                 ctx.pending = pending;
+                ctx.pending_bias = pending_bias;
+                ctx.custom_attention = custom_attention;
                 Err(e)
             }
         }
@@ -451,4 +536,136 @@ impl ForwardOutput {
             _ => None,
         }
     }
+}
+
+/// Splits `rows` into `n` vectors of `d` values, checking the shape and that every value is
+/// finite.
+pub(crate) fn split_vectors(rows: &[f32], n: usize, d: usize) -> Result<Vec<Arc<[f32]>>> {
+    if rows.len() != n * d {
+        return Err(Error::InputEmbeds {
+            reason: format!(
+                "{} values for {n} vectors of the model's width {d} (expected {})",
+                rows.len(),
+                n * d
+            ),
+        });
+    }
+    if let Some(i) = rows.iter().position(|v| !v.is_finite()) {
+        return Err(Error::InputEmbeds {
+            reason: format!("value {} of vector {} is {}", i % d, i / d, rows[i]),
+        });
+    }
+    Ok(rows.chunks_exact(d.max(1)).map(Arc::from).collect())
+}
+
+/// Splits a row-major `n × (base + n)` additive attention bias into one row per token, each
+/// cut after the token itself (`base + i + 1` values), refusing a row that lets a token see a
+/// later one.
+pub(crate) fn bias_rows(bias: &[f32], base: usize, n: usize) -> Result<Vec<Vec<f32>>> {
+    let width = base + n;
+    if bias.len() != n * width {
+        return Err(Error::AttentionBias {
+            reason: format!(
+                "{} values for {n} rows of {width} (the context's {base} tokens and the {n} new ones)",
+                bias.len()
+            ),
+        });
+    }
+    let mut out = Vec::with_capacity(n);
+    for (i, row) in bias.chunks_exact(width.max(1)).enumerate() {
+        let own = base + i + 1;
+        if let Some(j) = row[own..].iter().position(|&b| b != f32::NEG_INFINITY) {
+            return Err(Error::AttentionBias {
+                reason: format!(
+                    "row {i} lets token {} see the later token {} (entries past a token must be -inf)",
+                    own - 1,
+                    own + j
+                ),
+            });
+        }
+        if let Some(b) = row[..own]
+            .iter()
+            .find(|b| b.is_nan() || **b == f32::INFINITY)
+        {
+            return Err(Error::AttentionBias {
+                reason: format!("row {i} holds {b}"),
+            });
+        }
+        out.push(row[..own].to_vec());
+    }
+    Ok(out)
+}
+
+/// The pass's attention masks, one per token, when any token has a custom mask or bias (the
+/// pass's own `masks` / `bias`, one per token, or the pending tokens' bias rows recorded in
+/// the context by index in the sequence); `None` when every token is causal.
+fn attention(
+    base: usize,
+    n: usize,
+    masks: Option<&[Brle]>,
+    bias: Option<&[Vec<f32>]>,
+    pending_bias: &BTreeMap<usize, Vec<f32>>,
+) -> Result<Option<Vec<SlotMask>>> {
+    if masks.is_none() && bias.is_none() && pending_bias.is_empty() {
+        return Ok(None);
+    }
+    let check = |what, len: usize| {
+        if len == n {
+            Ok(())
+        } else {
+            Err(Error::MaskLength {
+                what,
+                expected: n,
+                got: len,
+            })
+        }
+    };
+    if let Some(m) = masks {
+        check(
+            "attention mask list (one mask per token of the pass)",
+            m.len(),
+        )?;
+    }
+    if let Some(b) = bias {
+        check(
+            "attention bias list (one row per token of the pass)",
+            b.len(),
+        )?;
+    }
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let expected = base + i + 1;
+        let mut mask = match masks.map(|m| &m[i]) {
+            Some(m) if m.len() != expected => {
+                return Err(Error::MaskLength {
+                    what: "attention mask",
+                    expected,
+                    got: m.len(),
+                })
+            }
+            Some(m) => SlotMask::new(m.to_bools()),
+            None => SlotMask::new(vec![true; expected]),
+        };
+        let row = match bias {
+            Some(b) => Some(&b[i]),
+            None => pending_bias.get(&(base + i)),
+        };
+        if let Some(row) = row {
+            if row.len() != expected {
+                return Err(Error::MaskLength {
+                    what: "attention bias row",
+                    expected,
+                    got: row.len(),
+                });
+            }
+            if row.iter().any(|b| b.is_nan() || *b == f32::INFINITY) {
+                return Err(Error::AttentionBias {
+                    reason: format!("row {i} holds NaN or +inf"),
+                });
+            }
+            mask = mask.and(&SlotMask::with_bias(row.clone()));
+        }
+        out.push(mask);
+    }
+    Ok(Some(out))
 }

@@ -242,6 +242,7 @@ impl Bench {
                     logits: true,
                     mask: None,
                     hidden: false,
+                    embed: None,
                 })
                 .collect();
             self.runner.forward_with(&batch, &[], &adapters)?;

@@ -75,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             logits,
             mask: None,
             hidden: false,
+            embed: None,
         };
         // Context half: no logits needed.
         let context: Vec<BatchEntry> = (0..first).map(|j| entry(j, false)).collect();

@@ -226,6 +226,7 @@ mod tests {
                 hidden: false,
                 mask: None,
                 lora: Some(0),
+                embed: None,
             };
             apply(
                 &ThreadPool::new(2),

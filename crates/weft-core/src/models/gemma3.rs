@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use super::layers::{self, add_assign, gelu_tanh_mul, rms_norm, rms_norm_inplace, Rope};
 use super::{
-    buf, embed, output_hidden, output_logits, BatchToken, Blocks, LayerPager, Linear, Loader,
-    Model, ModelInfo, Pass, SlotMask, Workspace,
+    buf, embedding_rows, input_rows, output_hidden, output_logits, BatchToken, Blocks, LayerPager,
+    Linear, Loader, Model, ModelInfo, Pass, SlotMask, Workspace,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -153,6 +153,11 @@ impl Gemma3 {
             cfg,
         })
     }
+
+    /// The factor the embedding rows are multiplied by before the first block: √d.
+    fn embd_scale(&self) -> f32 {
+        (self.cfg.n_embd as f32).sqrt()
+    }
 }
 
 impl Model for Gemma3 {
@@ -180,11 +185,17 @@ impl Model for Gemma3 {
         }
     }
 
+    fn input_embeddings(&self, ids: &[u32], out: &mut [f32]) -> Result<()> {
+        let emb = self.token_embd.matrix(&self.file)?;
+        embedding_rows(&emb, self.embd_scale(), ids, out)
+    }
+
     fn forward(
         &self,
         tokens: &[BatchToken],
         masks: &[SlotMask],
         loras: &[AdapterSet],
+        embeds: &[f32],
         kv: &mut KvCache,
         pool: &ThreadPool,
         ws: &mut Workspace,
@@ -216,9 +227,14 @@ impl Model for Gemma3 {
             loras,
         };
         let x = buf(x, n * d);
-        embed(&self.token_embd.matrix(f)?, tokens, x)?;
-        let embd_scale = (d as f32).sqrt();
-        x.iter_mut().for_each(|v| *v *= embd_scale);
+        // Gemma scales its embeddings by √d before the first block.
+        input_rows(
+            &self.token_embd.matrix(f)?,
+            self.embd_scale(),
+            tokens,
+            embeds,
+            x,
+        )?;
         // Angles of each token for local and global layers, computed once.
         let half = hd / 2;
         rope.resize(2 * n * half, (0.0, 0.0));

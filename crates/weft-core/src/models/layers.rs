@@ -214,7 +214,8 @@ unsafe impl Sync for SharedOut {}
 /// `q` holds `queries.len() × n_head × head_dim` values (already scaled as the model wants;
 /// scores are multiplied by `scale`). A key at position `p` is visible to a query at position
 /// `t` when `p <= t` and, on a sliding-window layer, `t - p < window` — llama.cpp's rule. A
-/// query with a mask (`masks[mask]`) sees the slots its mask allows instead of `p <= t`.
+/// query with a mask (`masks[mask]`) sees the slots its mask allows instead of `p <= t`, with
+/// the mask's additive bias (if any) added to its scores.
 /// Heads share KV heads in groups (GQA). Softmax is computed online (flash-attention style),
 /// so no score buffer is needed whatever the context length.
 #[allow(clippy::too_many_arguments)]
@@ -312,6 +313,11 @@ pub fn attention(
                         let sc = &mut scores[n * gh..(n + 1) * gh];
                         kernels::dots_f32_f16(qv, k, sc);
                         sc.iter_mut().for_each(|x| *x *= scale);
+                        // A float mask's additive bias, the same for every head.
+                        if let Some(b) = masks[qi].and_then(SlotMask::bias) {
+                            let b = b.get(first + s).copied().unwrap_or(0.0);
+                            sc.iter_mut().for_each(|x| *x += b);
+                        }
                         rows[n] = s as u32;
                         n += 1;
                     }

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use super::layers::{self, add_assign, rms_norm, silu_mul, Rope};
 use super::{
-    buf, embed, output_hidden, output_logits, BatchToken, Blocks, LayerPager, Linear, Loader,
-    Model, ModelInfo, Pass, SlotMask, Workspace,
+    buf, embedding_rows, input_rows, output_hidden, output_logits, BatchToken, Blocks, LayerPager,
+    Linear, Loader, Model, ModelInfo, Pass, SlotMask, Workspace,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -154,11 +154,17 @@ impl Model for Llama {
         }
     }
 
+    fn input_embeddings(&self, ids: &[u32], out: &mut [f32]) -> Result<()> {
+        let emb = self.token_embd.matrix(&self.file)?;
+        embedding_rows(&emb, 1.0, ids, out)
+    }
+
     fn forward(
         &self,
         tokens: &[BatchToken],
         masks: &[SlotMask],
         loras: &[AdapterSet],
+        embeds: &[f32],
         kv: &mut KvCache,
         pool: &ThreadPool,
         ws: &mut Workspace,
@@ -190,7 +196,7 @@ impl Model for Llama {
             loras,
         };
         let x = buf(x, n * d);
-        embed(&self.token_embd.matrix(f)?, tokens, x)?;
+        input_rows(&self.token_embd.matrix(f)?, 1.0, tokens, embeds, x)?;
         // The rotation angles of each token, computed once for all layers.
         let half = self.rope.dims / 2;
         rope.resize(n * half, (0.0, 0.0));

@@ -63,20 +63,56 @@ pub struct BatchToken {
     /// Index of this token's adapters in the `loras` given to [`Model::forward`]; `None`: the
     /// base model.
     pub lora: Option<u32>,
+    /// Index of this token's input vector in the `embeds` given to [`Model::forward`] (one row
+    /// of `n_embd` values each), which replaces the embedding of `token`; `None`: `token`'s.
+    pub embed: Option<u32>,
 }
 
 /// Which KV slots of its sequence a token attends to: slot `i` (the `i`-th token appended to
 /// the sequence) is visible when `visible[i]`; slots past the end are not. Replaces the causal
-/// rule for that token (a sliding-window layer still applies its window).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// rule for that token (a sliding-window layer still applies its window). A mask may also
+/// carry an additive attention bias: `bias[i]` is added to the token's (scaled) score for
+/// slot `i`, as Hugging Face's float attention masks are.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct SlotMask {
     visible: Vec<bool>,
+    bias: Option<Vec<f32>>,
 }
 
 impl SlotMask {
     /// A mask from one flag per slot.
     pub fn new(visible: Vec<bool>) -> SlotMask {
-        SlotMask { visible }
+        SlotMask {
+            visible,
+            bias: None,
+        }
+    }
+
+    /// A mask from one additive bias per slot: `-inf` hides a slot, any other value is added
+    /// to the slot's score. NaN counts as hidden.
+    pub fn with_bias(bias: Vec<f32>) -> SlotMask {
+        let visible = bias.iter().map(|&b| b > f32::NEG_INFINITY).collect();
+        SlotMask {
+            visible,
+            bias: Some(bias),
+        }
+    }
+
+    /// This mask with a slot hidden wherever `other` hides it, and `other`'s bias (if any).
+    pub fn and(mut self, other: &SlotMask) -> SlotMask {
+        for (v, i) in self.visible.iter_mut().zip(0..) {
+            *v &= other.allows(i);
+        }
+        if other.bias.is_some() {
+            self.bias = other.bias.clone();
+        }
+        self
+    }
+
+    /// The additive bias per slot, if the mask has one.
+    #[inline]
+    pub fn bias(&self) -> Option<&[f32]> {
+        self.bias.as_deref()
     }
 
     /// Number of slots the mask covers.
@@ -107,19 +143,26 @@ pub trait Model: Send + Sync {
     /// `n_embd` values (the hidden state after the final norm) per token whose `hidden` flag is
     /// set, both in batch order. A token with
     /// `mask: Some(i)` attends as `masks[i]` says, one with `lora: Some(j)` runs with the
-    /// adapters `loras[j]`.
+    /// adapters `loras[j]`, one with `embed: Some(e)` starts from row `e` of `embeds` instead
+    /// of its token's embedding.
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         tokens: &[BatchToken],
         masks: &[SlotMask],
         loras: &[AdapterSet],
+        embeds: &[f32],
         kv: &mut KvCache,
         pool: &ThreadPool,
         ws: &mut Workspace,
         logits: &mut [f32],
         hidden: &mut [f32],
     ) -> Result<()>;
+
+    /// The rows the model feeds its first block for `ids` (`ids.len() × n_embd` values into
+    /// `out`): the embedding rows, scaled as the model scales them (Gemma: by √n_embd). Given
+    /// back as [`BatchToken::embed`] inputs, they reproduce the ids exactly.
+    fn input_embeddings(&self, ids: &[u32], out: &mut [f32]) -> Result<()>;
 }
 
 /// Loads the model a GGUF file describes, every block resident.
@@ -171,9 +214,32 @@ pub fn buf(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut v[..n]
 }
 
-/// Embeds `tokens` into rows of `x` (`tokens.len() × n_embd`) from the embedding matrix.
-pub fn embed(emb: &Matrix, tokens: &[BatchToken], x: &mut [f32]) -> Result<()> {
-    for (t, row) in tokens.iter().zip(x.chunks_exact_mut(emb.cols)) {
+/// The first block's input rows, into `x` (`tokens.len() × n_embd`): each token's row of the
+/// embedding matrix times `scale` (1 for models that do not scale it), or, for a token with
+/// `embed: Some(e)`, row `e` of `embeds` as given (the caller's vectors are already what the
+/// first block reads: see [`Model::input_embeddings`]).
+pub fn input_rows(
+    emb: &Matrix,
+    scale: f32,
+    tokens: &[BatchToken],
+    embeds: &[f32],
+    x: &mut [f32],
+) -> Result<()> {
+    let d = emb.cols;
+    for (t, row) in tokens.iter().zip(x.chunks_exact_mut(d)) {
+        if let Some(e) = t.embed {
+            let e = e as usize;
+            let src = embeds
+                .get(e * d..(e + 1) * d)
+                .ok_or_else(|| Error::BadBatch {
+                    reason: format!(
+                        "input vector {e} of {} does not exist",
+                        embeds.len() / d.max(1)
+                    ),
+                })?;
+            row.copy_from_slice(src);
+            continue;
+        }
         if t.token as usize >= emb.rows {
             return Err(Error::TokenOutOfRange {
                 id: t.token,
@@ -181,8 +247,41 @@ pub fn embed(emb: &Matrix, tokens: &[BatchToken], x: &mut [f32]) -> Result<()> {
             });
         }
         kernels::dequantize_row(emb, t.token as usize, row);
+        if scale != 1.0 {
+            row.iter_mut().for_each(|v| *v *= scale);
+        }
     }
     Ok(())
+}
+
+/// [`Model::input_embeddings`] for a model whose first block reads its embedding rows times
+/// `scale`.
+pub fn embedding_rows(emb: &Matrix, scale: f32, ids: &[u32], out: &mut [f32]) -> Result<()> {
+    if out.len() != ids.len() * emb.cols {
+        return Err(Error::BadBatch {
+            reason: format!(
+                "{} ids need {} values of output, got {}",
+                ids.len(),
+                ids.len() * emb.cols,
+                out.len()
+            ),
+        });
+    }
+    let tokens: Vec<BatchToken> = ids
+        .iter()
+        .map(|&token| BatchToken {
+            token,
+            pos: 0,
+            seq: SeqId(0),
+            slot: 0,
+            logits: false,
+            hidden: false,
+            mask: None,
+            lora: None,
+            embed: None,
+        })
+        .collect();
+    input_rows(emb, scale, &tokens, &[], out)
 }
 
 /// The final-norm hidden states of the rows that want them, into `hidden` (one row of

@@ -109,6 +109,9 @@ struct Restart {
     ctx_len: usize,
     pending: Vec<u32>,
     input: Vec<u32>,
+    /// The context's input vectors and pending attention bias rows.
+    embeds: std::collections::BTreeMap<usize, std::sync::Arc<[f32]>>,
+    pending_bias: std::collections::BTreeMap<usize, Vec<f32>>,
 }
 
 /// Default `max_tokens`.
@@ -316,6 +319,8 @@ impl<'c> Generator<'c> {
                 self.ctx.truncate(r.ctx_len)?;
             }
             self.ctx.pending = r.pending;
+            self.ctx.embeds = r.embeds;
+            self.ctx.pending_bias = r.pending_bias;
             self.next_input = r.input;
         }
         Ok(())
@@ -378,10 +383,7 @@ impl<'c> Generator<'c> {
         }
         if self.next_input.is_empty() && self.ctx.pending.is_empty() {
             // Nothing to run: recompute the last token's logits by running it again.
-            let n = self.ctx.len();
-            let last = *self.ctx.tokens.last().ok_or(Error::EmptyPass)?;
-            self.ctx.truncate(n - 1)?;
-            self.next_input.push(last);
+            self.ctx.unrun_last()?;
         }
         Ok(Some(Step {
             gen: self,

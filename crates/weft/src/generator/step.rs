@@ -56,6 +56,8 @@ impl Step<'_, '_> {
             ctx_len: gen.ctx.len(),
             pending: gen.ctx.pending.clone(),
             input: input.clone(),
+            embeds: gen.ctx.embeds.clone(),
+            pending_bias: gen.ctx.pending_bias.clone(),
         });
         let result = run(gen, &input, self.auto, &self.probes).await;
         gen.restart = None;

@@ -30,7 +30,7 @@ use futures_channel::oneshot;
 use weft_core::kv::SeqId;
 use weft_core::lora::AdapterSet;
 use weft_core::models::SlotMask;
-use weft_core::runner::{BatchEntry, ModelRunner};
+use weft_core::runner::{BatchEntry, BatchInputs, ModelRunner};
 use weft_core::sampling::{Penalties, Rng, Sampler};
 
 use crate::constraint::TokenMask;
@@ -74,6 +74,10 @@ pub(crate) struct PassRequest {
     pub horizon: usize,
     /// The LoRA adapters the pass runs with (`None`: the base model).
     pub adapters: Option<AdapterSet>,
+    /// Tokens whose input is a vector rather than their id's embedding: per token of the
+    /// pass, the index of its row in `embed_rows` (`n_embd` values each). Empty when none is.
+    pub embeds: Vec<Option<u32>>,
+    pub embed_rows: Vec<f32>,
 }
 
 /// What a pass returns.
@@ -452,7 +456,14 @@ impl Shared {
             }
             let n = a.req.tokens.len();
             let first_out = a.wanted.first().into_iter().chain(a.wanted_hidden.first());
-            let limit = first_out.copied().min().unwrap_or(n).min(n - 1);
+            // Pages past a vector input are not a function of the ids: never attach them.
+            let first_vector = a.req.embeds.iter().position(Option::is_some);
+            let limit = first_out
+                .copied()
+                .chain(first_vector)
+                .min()
+                .unwrap_or(n)
+                .min(n - 1);
             a.done = match &a.req.adapters {
                 Some(set) => runner.attach_prefix_with(a.req.seq, &a.req.tokens, limit, set),
                 None => runner.attach_prefix(a.req.seq, &a.req.tokens, limit),
@@ -514,6 +525,8 @@ fn run_chunks(
     let mut entries = Vec::new();
     let mut masks = Vec::new();
     let mut adapters = Vec::new();
+    let mut embeds = Vec::new();
+    let d = runner.info().n_embd;
     for &(i, a, b) in chosen {
         let r = &active[i].req;
         if let Some(set) = &r.adapters {
@@ -524,6 +537,11 @@ fn run_chunks(
                 masks.push(m[t].clone());
                 (masks.len() - 1) as u32
             });
+            let embed = r.embeds.get(t).copied().flatten().map(|e| {
+                let e = e as usize;
+                embeds.extend_from_slice(&r.embed_rows[e * d..(e + 1) * d]);
+                (embeds.len() / d - 1) as u32
+            });
             entries.push(BatchEntry {
                 token: r.tokens[t],
                 pos: r.positions[t],
@@ -531,10 +549,18 @@ fn run_chunks(
                 logits: active[i].wanted.binary_search(&t).is_ok(),
                 hidden: active[i].wanted_hidden.binary_search(&t).is_ok(),
                 mask,
+                embed,
             });
         }
     }
-    runner.forward_with(&entries, &masks, &adapters)?;
+    runner.forward_inputs(
+        &entries,
+        BatchInputs {
+            masks: &masks,
+            adapters: &adapters,
+            embeds: &embeds,
+        },
+    )?;
     Ok(())
 }
 

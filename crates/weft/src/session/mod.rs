@@ -168,6 +168,13 @@ impl Context {
         more_pending: &[u32],
     ) -> Result<Vec<u8>> {
         self.settle();
+        if !self.embeds.is_empty() || !self.pending_bias.is_empty() {
+            return Err(Error::Config(
+                "snapshot: the context holds input vectors or an attention bias \
+                 (fill_embeds / input_embeds), which snapshots do not record"
+                    .into(),
+            ));
+        }
         let (reply, done) = std::sync::mpsc::sync_channel(1);
         self.engine.inner.shared.command(Command::Export {
             seq: self.seq,
