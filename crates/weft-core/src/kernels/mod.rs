@@ -38,6 +38,7 @@ pub mod interleaved;
 mod interleaved_k;
 mod kquants;
 mod legacy;
+pub mod math;
 mod matmul;
 pub mod quantize;
 

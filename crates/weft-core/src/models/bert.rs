@@ -300,7 +300,7 @@ impl Bert {
 
             layer.up.forward(pool, &x, &mut hidden);
             par_rows(pool, &mut hidden, cfg.intermediate_size, &|rows| {
-                rows.iter_mut().for_each(|h| *h = gelu(*h))
+                kernels::math::gelu_inplace(rows)
             });
             layer.down.forward(pool, &hidden, &mut proj);
             add_assign(&mut x, &proj);
@@ -379,11 +379,9 @@ fn attention(
                     *sc = kernels::dot_f32(qi, &k[at(j)..][..hd]) * scale;
                     max = max.max(*sc);
                 }
-                let mut sum = 0f32;
-                for sc in scores.iter_mut() {
-                    *sc = (*sc - max).exp();
-                    sum += *sc;
-                }
+                scores.iter_mut().for_each(|sc| *sc -= max);
+                kernels::math::exp_inplace(&mut scores);
+                let sum: f32 = scores.iter().sum();
                 acc.fill(0.0);
                 for (j, &p) in scores.iter().enumerate() {
                     for (a, &x) in acc.iter_mut().zip(&v[at(j)..][..hd]) {
@@ -403,52 +401,9 @@ fn attention(
     });
 }
 
-/// The exact GELU, `x·Φ(x) = x/2 · (1 + erf(x/√2))`.
-fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
-}
-
-/// The error function, to about 1e-7 absolute (Numerical Recipes' `erfc` Chebyshev fit, in
-/// f32: under the rounding of the activations it feeds).
-#[allow(clippy::excessive_precision)] // the published coefficients, as printed
-fn erf(x: f32) -> f32 {
-    let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let poly = -z * z - 1.265_512_23
-        + t * (1.000_023_68
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let erfc = t * poly.exp();
-    if x >= 0.0 {
-        1.0 - erfc
-    } else {
-        erfc - 1.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    #[allow(clippy::excessive_precision)]
-    fn erf_matches_known_values() {
-        // erf values from Abramowitz & Stegun table 7.1.
-        for (x, want) in [
-            (0.0, 0.0),
-            (0.5, 0.520_499_877_8),
-            (1.0, 0.842_700_792_9),
-            (2.0, 0.995_322_265_0),
-            (-1.0, -0.842_700_792_9),
-        ] {
-            assert!((erf(x) - want).abs() < 3e-7, "erf({x}) = {}", erf(x));
-        }
-        assert!((gelu(1.0) - 0.841_344_7).abs() < 1e-6);
-    }
 
     #[test]
     fn config_errors_are_typed() {
