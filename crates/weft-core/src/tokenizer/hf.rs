@@ -292,11 +292,14 @@ pub(crate) struct AddedToken {
     pub single_word: bool,
 }
 
+/// A node of [`AddedSet`]'s trie: children (byte, node) sorted by byte, and the token ending
+/// here.
+type TrieNode = (Vec<(u8, u32)>, Option<AddedToken>);
+
 /// A byte trie of added-token texts, for leftmost-longest matching.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct AddedSet {
-    /// Per node: children (byte, node) sorted by byte, and the token ending here.
-    nodes: Vec<(Vec<(u8, u32)>, Option<AddedToken>)>,
+    nodes: Vec<TrieNode>,
 }
 
 /// A piece of a text split on added tokens.
@@ -495,13 +498,14 @@ impl Pipeline {
 mod tests {
     use super::*;
 
-    fn split(text: &str, pattern: &str, behavior: Behavior, invert: bool) -> Vec<&str> {
+    fn split<'a>(text: &'a str, pattern: &str, behavior: Behavior, invert: bool) -> Vec<&'a str> {
         apply_behavior(literal_spans(text, pattern), behavior, invert)
             .into_iter()
             .map(|(a, b)| &text[a..b])
             .collect()
     }
 
+    /// Expectations: `tokenizers.pre_tokenizers.Split(" ", behavior)` 0.23.3.
     #[test]
     fn split_behaviors_follow_the_library() {
         let t = "a  b c";
@@ -527,6 +531,29 @@ mod tests {
             split("", " ", Behavior::Isolated, false),
             Vec::<&str>::new()
         );
+    }
+
+    fn pre(step: PreStep, text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let piece = Piece {
+            text: text.to_string(),
+            first: true,
+        };
+        step.apply(piece, &ByteMap::new(), &mut out);
+        out.into_iter().map(|p| p.text).collect()
+    }
+
+    /// Expectations: `Metaspace(prepend_scheme="first")` and `Digits(False)`, tokenizers 0.23.3.
+    #[test]
+    fn metaspace_and_digits_follow_the_library() {
+        let meta = PreStep::Metaspace {
+            replacement: '\u{2581}',
+            prepend: PrependScheme::First,
+            split: true,
+        };
+        assert_eq!(pre(meta, "hello  world"), ["▁hello", "▁", "▁world"]);
+        let digits = PreStep::Digits { individual: false };
+        assert_eq!(pre(digits, "a12b3"), ["a", "12", "b", "3"]);
     }
 
     #[test]

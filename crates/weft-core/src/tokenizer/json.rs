@@ -59,7 +59,13 @@ pub(super) fn from_json(text: &str) -> Result<Tokenizer> {
     let model = v.get("model").ok_or_else(|| bad("no \"model\""))?;
     match model.get("type").and_then(Value::as_str) {
         Some("WordPiece") => wordpiece_from_json(&v, model),
-        Some("BPE") => super::json_bpe::from_json(&v, model),
+        // Name the model in what this loader refuses: "… normalizer BertNormalizer (BPE model)".
+        Some("BPE") => super::json_bpe::from_json(&v, model).map_err(|e| match e {
+            Error::UnsupportedTokenizer { model } => Error::UnsupportedTokenizer {
+                model: format!("{model} (BPE model)"),
+            },
+            e => e,
+        }),
         _ => Err(unsupported(
             "model",
             model.get("type").unwrap_or(&Value::Null),

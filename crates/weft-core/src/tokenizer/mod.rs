@@ -346,27 +346,23 @@ impl Tokenizer {
         for &id in ids {
             self.append_piece(id, true, &mut bytes)?;
         }
-        match &self.model {
+        // The leading space the encoder would have added, or the decoder's `Strip`.
+        let strip = match &self.model {
             Model::Spm {
                 add_space_prefix: true,
             }
-            | Model::WordPiece(_) => {
-                if bytes.first() == Some(&b' ') {
-                    bytes.remove(0);
-                }
+            | Model::WordPiece(_) => Some((' ', 1)),
+            Model::HfBpe(p) => p.decoding.strip_start,
+            _ => None,
+        };
+        if let Some((c, n)) = strip {
+            let mut buf = [0u8; 4];
+            let c = c.encode_utf8(&mut buf).as_bytes();
+            let mut start = 0;
+            while start / c.len() < n && bytes[start..].starts_with(c) {
+                start += c.len();
             }
-            Model::HfBpe(p) => {
-                if let Some((c, n)) = p.decoding.strip_start {
-                    let mut buf = [0u8; 4];
-                    let c = c.encode_utf8(&mut buf).as_bytes();
-                    let mut start = 0;
-                    while start / c.len() < n && bytes[start..].starts_with(c) {
-                        start += c.len();
-                    }
-                    bytes.drain(..start);
-                }
-            }
-            _ => {}
+            bytes.drain(..start);
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
