@@ -309,9 +309,20 @@ enum Cut {
     Token(u32),
 }
 
-/// `\w` of the library's `single_word` check.
+/// `\w` of the library's `single_word` check (the `regex` crate's: Alphabetic, Nd, marks,
+/// connector punctuation, joiners).
 fn is_word_char(c: char) -> bool {
-    c.is_alphanumeric() || c == '_'
+    use unicode_general_category::{get_general_category, GeneralCategory as G};
+    c.is_alphabetic()
+        || matches!(c, '\u{200C}' | '\u{200D}')
+        || matches!(
+            get_general_category(c),
+            G::DecimalNumber
+                | G::NonspacingMark
+                | G::SpacingMark
+                | G::EnclosingMark
+                | G::ConnectorPunctuation
+        )
 }
 
 impl AddedSet {
