@@ -179,22 +179,67 @@ impl Engine {
             )));
         }
         let file = Arc::new(GgufFile::open(path)?);
-        Engine::build(file, Some(path.to_path_buf()), config)
+        Engine::build(file, Some(path.to_path_buf()), config, None)
+    }
+
+    /// Loads a GGUF model held in memory (embedded in a binary, received over a socket, …),
+    /// with the tokenizer of a Hugging Face `tokenizer.json` when one is given (see
+    /// [`Tokenizer::from_json`]), else the GGUF's own. The special tokens the `tokenizer.json`
+    /// does not name (its EOS, for one) are taken from the GGUF where the two agree on their
+    /// text. The tokenizer must not have more tokens than the model has embeddings.
+    ///
+    /// ```no_run
+    /// use weft::{Engine, EngineConfig, Sampler};
+    /// # fn main() -> weft::Result<()> {
+    /// let model = std::fs::read("SmolLM2-135M-Instruct.Q4_1.gguf")?;
+    /// let tokenizer = std::fs::read_to_string("tokenizer.json")?;
+    /// let engine = Engine::from_bytes(model, Some(&tokenizer), EngineConfig::default())?;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("The capital of France is")?;
+    /// let text = weft::block_on(ctx.generate(Sampler::Argmax).max_tokens(8).collect_text())?;
+    /// println!("{text}");
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "load_model_from_bytes")]
+    pub fn from_bytes(
+        model: Vec<u8>,
+        tokenizer_json: Option<&str>,
+        config: EngineConfig,
+    ) -> Result<Engine> {
+        let file = Arc::new(GgufFile::from_bytes(model)?);
+        let tokenizer = match tokenizer_json {
+            Some(json) => {
+                let mut tokenizer = Tokenizer::from_json(json)?;
+                tokenizer.fill_special_from_gguf(&file)?;
+                Some(tokenizer)
+            }
+            None => None,
+        };
+        Engine::build(file, None, config, tokenizer)
     }
 
     /// Builds an engine over an opened GGUF file.
     pub fn from_file(file: Arc<GgufFile>, config: EngineConfig) -> Result<Engine> {
-        Engine::build(file, None, config)
+        Engine::build(file, None, config, None)
     }
 
     /// Builds an engine over a GGUF file opened from `path`: as [`Engine::from_file`], and
     /// the model fingerprint snapshots need is cached next to the file.
     pub fn from_file_at(file: Arc<GgufFile>, path: &Path, config: EngineConfig) -> Result<Engine> {
-        Engine::build(file, Some(path.to_path_buf()), config)
+        Engine::build(file, Some(path.to_path_buf()), config, None)
     }
 
-    fn build(file: Arc<GgufFile>, path: Option<PathBuf>, config: EngineConfig) -> Result<Engine> {
-        let tokenizer = Tokenizer::from_gguf(&file)?;
+    /// The engine over `file`, with `tokenizer` or else the file's own.
+    fn build(
+        file: Arc<GgufFile>,
+        path: Option<PathBuf>,
+        config: EngineConfig,
+        tokenizer: Option<Tokenizer>,
+    ) -> Result<Engine> {
+        let tokenizer = match tokenizer {
+            Some(t) => t,
+            None => Tokenizer::from_gguf(&file)?,
+        };
         let (chat, chat_error) = match ChatTemplate::from_gguf(&file, &tokenizer) {
             Ok(t) => (Some(t), None),
             Err(e) => (None, Some(e.to_string())),
@@ -211,6 +256,13 @@ impl Engine {
             },
         )?;
         let info = runner.info().clone();
+        if tokenizer.vocab_size() > info.vocab_size {
+            return Err(Error::Config(format!(
+                "the tokenizer has {} tokens but the model only {}: its ids would run past the embeddings",
+                tokenizer.vocab_size(),
+                info.vocab_size
+            )));
+        }
         let n_ctx = runner.n_ctx();
         let kv_layout = runner.kv().layout().clone();
         let stop_tokens = crate::chat::stop_tokens(&tokenizer);

@@ -2,10 +2,10 @@
 //! sentence-transformers ship): the vocabulary, added tokens, normalizer, pre-tokenizer and the
 //! post-processor's special tokens.
 //!
-//! Supported today: the BERT family (`WordPiece` model with `BertNormalizer` and
-//! `BertPreTokenizer`, `TemplateProcessing` or `BertProcessing` adding `[CLS]` … `[SEP]`). Any
-//! other component is an [`Error::UnsupportedTokenizer`] naming it, so a file this loader does
-//! not understand is never tokenized wrongly.
+//! Supported: the BERT family (`WordPiece` model with `BertNormalizer` and `BertPreTokenizer`,
+//! `TemplateProcessing` or `BertProcessing` adding `[CLS]` … `[SEP]`), and BPE models (see
+//! [`super::json_bpe`]). Any other component is an [`Error::UnsupportedTokenizer`] naming it, so
+//! a file this loader does not understand is never tokenized wrongly.
 
 use std::collections::HashMap;
 
@@ -16,13 +16,13 @@ use super::wordpiece::{BertNormalizer, WordPiece};
 use super::{Model, Tokenizer};
 use crate::error::{Error, Result};
 
-fn bad(reason: impl Into<String>) -> Error {
+pub(super) fn bad(reason: impl Into<String>) -> Error {
     Error::BadTokenizer {
         reason: format!("tokenizer.json: {}", reason.into()),
     }
 }
 
-fn unsupported(what: &str, kind: &Value) -> Error {
+pub(super) fn unsupported(what: &str, kind: &Value) -> Error {
     Error::UnsupportedTokenizer {
         model: format!("tokenizer.json {what} {kind}"),
     }
@@ -57,10 +57,24 @@ impl BertPipeline {
 pub(super) fn from_json(text: &str) -> Result<Tokenizer> {
     let v: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
     let model = v.get("model").ok_or_else(|| bad("no \"model\""))?;
-    let kind = model.get("type").unwrap_or(&Value::Null);
-    if kind != "WordPiece" {
-        return Err(unsupported("model", kind));
+    match model.get("type").and_then(Value::as_str) {
+        Some("WordPiece") => wordpiece_from_json(&v, model),
+        // Name the model in what this loader refuses: "… normalizer BertNormalizer (BPE model)".
+        Some("BPE") => super::json_bpe::from_json(&v, model).map_err(|e| match e {
+            Error::UnsupportedTokenizer { model } => Error::UnsupportedTokenizer {
+                model: format!("{model} (BPE model)"),
+            },
+            e => e,
+        }),
+        _ => Err(unsupported(
+            "model",
+            model.get("type").unwrap_or(&Value::Null),
+        )),
     }
+}
+
+/// The BERT family: a `WordPiece` model.
+fn wordpiece_from_json(v: &Value, model: &Value) -> Result<Tokenizer> {
     let vocab_map = model
         .get("vocab")
         .and_then(Value::as_object)
@@ -175,7 +189,10 @@ pub(super) fn from_json(text: &str) -> Result<Tokenizer> {
 
 /// The tokens the post-processor puts before and after a single sequence: `[CLS]` and
 /// `[SEP]` for BERT. No post-processor adds none.
-fn special_wrap(post: Option<&Value>, texts: &[String]) -> Result<(Option<u32>, Option<u32>)> {
+pub(super) fn special_wrap(
+    post: Option<&Value>,
+    texts: &[String],
+) -> Result<(Option<u32>, Option<u32>)> {
     let Some(post) = post.filter(|p| !p.is_null()) else {
         return Ok((None, None));
     };

@@ -1,11 +1,13 @@
 //! Tokenizers built from GGUF metadata, matching llama.cpp token for token, or from a Hugging
 //! Face `tokenizer.json`, matching the `tokenizers` library.
 //!
-//! Three families: byte-level BPE (`tokenizer.ggml.model = "gpt2"`, e.g. SmolLM2),
-//! SentencePiece-style (`"llama"`, e.g. Gemma 3, Llama 2) and, from `tokenizer.json`, BERT's
-//! WordPiece (e.g. all-MiniLM-L6-v2). All first cut special tokens out of the input
-//! (user-defined tokens always; control tokens only when special-token parsing is on), then
-//! tokenize the text between them.
+//! From GGUF metadata: byte-level BPE (`tokenizer.ggml.model = "gpt2"`, e.g. SmolLM2) and
+//! SentencePiece-style (`"llama"`, e.g. Gemma 3, Llama 2), as llama.cpp does them. From a
+//! `tokenizer.json`: BERT's WordPiece (e.g. all-MiniLM-L6-v2) and BPE models (byte-level like
+//! SmolLM2's or Llama 3's, SentencePiece-style with byte fallback like Gemma's), as Hugging
+//! Face `tokenizers` does them. All first cut special tokens out of the input (user-defined
+//! tokens always; control tokens only when special-token parsing is on), then tokenize the text
+//! between them.
 //!
 //! Key design decision: our own code rather than the `tokenizers` crate. llama.cpp's behaviour
 //! (its hand-written pre-tokenizers, its special-token partition, its byte fallback) is the
@@ -21,7 +23,10 @@
 //! ```
 
 mod bpe;
+mod hf;
+mod hf_bpe;
 mod json;
+mod json_bpe;
 mod pretokenize;
 mod spm;
 mod stream;
@@ -39,8 +44,12 @@ use crate::gguf::{Array, GgufFile};
 #[derive(Debug, Clone)]
 enum Model {
     Bpe(Box<bpe::Bpe>),
-    Spm { add_space_prefix: bool },
+    Spm {
+        add_space_prefix: bool,
+    },
     WordPiece(Box<json::BertPipeline>),
+    /// A BPE `tokenizer.json`, with the `tokenizers` library's pipeline.
+    HfBpe(Box<hf::Pipeline>),
 }
 
 /// A tokenizer: encodes text to token ids and decodes ids to text.
@@ -102,9 +111,11 @@ impl Tokenizer {
         })
     }
 
-    /// Builds the tokenizer a Hugging Face `tokenizer.json` describes (see the module docs
-    /// for what is supported). Special tokens (`[CLS]`, …) are control tokens; encoding with
-    /// `add_special` wraps the text as the file's post-processor does.
+    /// Builds the tokenizer a Hugging Face `tokenizer.json` describes: a `WordPiece` (BERT) or
+    /// `BPE` model with the normalizers, pre-tokenizers and decoders these use; anything else
+    /// is [`Error::UnsupportedTokenizer`]. Added tokens marked special are control tokens, the
+    /// others user-defined; encoding with `add_special` wraps the text as the file's
+    /// post-processor does (e.g. Gemma's BOS).
     ///
     /// ```no_run
     /// use weft_core::tokenizer::Tokenizer;
@@ -114,6 +125,51 @@ impl Tokenizer {
     /// ```
     pub fn from_json(text: &str) -> Result<Tokenizer> {
         json::from_json(text)
+    }
+
+    /// Fills in the special token ids this tokenizer lacks (a `tokenizer.json` names no EOS,
+    /// and names BOS only when its post-processor adds it) from a GGUF file's
+    /// `tokenizer.ggml.{bos,eos,unknown,padding}_token_id`, where the file's token at that id
+    /// has the same text as ours. A filled-in EOS also ends generations. Whether BOS and EOS
+    /// are added when encoding is left as the tokenizer says.
+    pub fn fill_special_from_gguf(&mut self, file: &GgufFile) -> Result<()> {
+        let texts = match file.get("tokenizer.ggml.tokens") {
+            Some(_) => match file.get_array("tokenizer.ggml.tokens")? {
+                Array::String(t) => t,
+                _ => return Ok(()),
+            },
+            None => return Ok(()),
+        };
+        let pick = |key: &str| -> Result<Option<u32>> {
+            Ok(file.opt_u64(key)?.and_then(|id| {
+                let text = texts.get(usize::try_from(id).ok()?)?;
+                let id = u32::try_from(id).ok()?;
+                (self.vocab.text(id) == Some(text.as_str())).then_some(id)
+            }))
+        };
+        let (bos, eos, unk, pad) = (
+            pick("tokenizer.ggml.bos_token_id")?,
+            pick("tokenizer.ggml.eos_token_id")?,
+            pick("tokenizer.ggml.unknown_token_id")?,
+            pick("tokenizer.ggml.padding_token_id")?,
+        );
+        let special = &mut self.vocab.special;
+        for (slot, found) in [
+            (&mut special.bos, bos),
+            (&mut special.unk, unk),
+            (&mut special.pad, pad),
+        ] {
+            if slot.is_none() {
+                *slot = found;
+            }
+        }
+        if special.eos.is_none() {
+            special.eos = eos;
+            if let Some(eos) = eos.filter(|e| !self.vocab.eog.contains(e)) {
+                self.vocab.eog.insert(0, eos);
+            }
+        }
+        Ok(())
     }
 
     /// The length the tokenizer's file says inputs are truncated to, if it says one.
@@ -142,6 +198,13 @@ impl Tokenizer {
         if add_special && special.add_bos {
             out.extend(special.bos);
         }
+        if let Model::HfBpe(pipeline) = &self.model {
+            pipeline.encode(&self.vocab, text, parse_special, &mut out);
+            if add_special && special.add_eos {
+                out.extend(special.eos);
+            }
+            return out;
+        }
         let mut prev_special = true;
         for fragment in self.partition(text, parse_special) {
             match fragment {
@@ -162,6 +225,7 @@ impl Tokenizer {
                             spm::encode(&self.vocab, &escaped, &mut out);
                         }
                         Model::WordPiece(bert) => bert.encode(t, &mut out),
+                        Model::HfBpe(_) => {}
                     }
                     prev_special = false;
                 }
@@ -240,15 +304,18 @@ impl Tokenizer {
                         out.extend_from_slice(text.as_bytes());
                     }
                 },
+                Model::HfBpe(p) => p.decoding.append(&p.bytes, text, out),
             },
             TokenType::Byte => match &self.model {
                 Model::Spm { .. } => out.push(parse_byte_token(text).unwrap_or(b'?')),
                 Model::Bpe(bpe) => bpe.bytes.decode_into(text, out),
                 Model::WordPiece(_) => out.extend_from_slice(text.as_bytes()),
+                Model::HfBpe(p) => p.decoding.append(&p.bytes, text, out),
             },
             TokenType::Unknown => match &self.model {
                 Model::Spm { .. } => out.extend_from_slice("\u{2585}".as_bytes()),
                 Model::WordPiece(_) => out.extend_from_slice(text.as_bytes()),
+                Model::HfBpe(p) => p.decoding.append(&p.bytes, text, out),
                 Model::Bpe(_) if render_special => out.extend_from_slice(text.as_bytes()),
                 Model::Bpe(_) => {}
             },
@@ -279,14 +346,23 @@ impl Tokenizer {
         for &id in ids {
             self.append_piece(id, true, &mut bytes)?;
         }
-        if let Model::Spm {
-            add_space_prefix: true,
-        }
-        | Model::WordPiece(_) = self.model
-        {
-            if bytes.first() == Some(&b' ') {
-                bytes.remove(0);
+        // The leading space the encoder would have added, or the decoder's `Strip`.
+        let strip = match &self.model {
+            Model::Spm {
+                add_space_prefix: true,
             }
+            | Model::WordPiece(_) => Some((' ', 1)),
+            Model::HfBpe(p) => p.decoding.strip_start,
+            _ => None,
+        };
+        if let Some((c, n)) = strip {
+            let mut buf = [0u8; 4];
+            let c = c.encode_utf8(&mut buf).as_bytes();
+            let mut start = 0;
+            while start / c.len() < n && bytes[start..].starts_with(c) {
+                start += c.len();
+            }
+            bytes.drain(..start);
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
