@@ -10,10 +10,15 @@
 //! every projection, exact (erf) GELU. Unlike the decoders there is no KV cache: a call takes
 //! whole sequences and returns every token's final hidden state.
 //!
-//! Weights stay in f32, packed at load for the register-tiled [`gemm_f32`]: measured on
-//! all-MiniLM-L6-v2 against a float64 forward, Q8_0 weights (with or without 8-bit activations)
-//! leave sentence embeddings at cosine 0.9983–0.9996, under the 0.9999 users of
-//! sentence-transformers can expect, so the int8 kernels of the decoders do not serve here.
+//! The dense layers run on the int16 [`gemm_i16`]: weights quantized at load and activations
+//! per call, both symmetric int16 (|q| ≤ 8191) with an `f32` scale per block of 32 columns.
+//! Measured on all-MiniLM-L6-v2 against a float64 forward, Q8_0 weights (with or without 8-bit
+//! activations) leave sentence embeddings at cosine 0.9983–0.9996, under the 0.9999 users of
+//! sentence-transformers can expect, so the int8 kernels of the decoders do not serve here;
+//! int16 keeps them at cosine 1.0000000 (the `minilm` test) and `vpmaddwd` does twice the
+//! multiply-adds per cycle of the f32 FMA ([`gemm_f32`](crate::kernels::gemm_f32), which
+//! remains for other full-precision uses). Q, K and V are one 1152-row product, so each layer
+//! quantizes its input once for all three.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -23,7 +28,7 @@ use super::layers::SharedOut;
 use super::tensor_file::TensorFile;
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::kernels::gemm_f32::{gemm_f32, PackedF32};
+use crate::kernels::gemm_i16::{gemm_i16, PackedI16, QuantizedRows};
 use crate::threadpool::ThreadPool;
 
 fn bad(reason: String) -> Error {
@@ -104,29 +109,31 @@ impl BertConfig {
     }
 }
 
-/// `y = W·x + b`, with `W` (`rows × cols`) packed for [`gemm_f32`].
+/// `y = W·x + b`, with `W` (`rows × cols`) quantized and packed for [`gemm_i16`].
 struct Dense {
-    w: PackedF32,
+    w: PackedI16,
     b: Vec<f32>,
 }
 
 impl Dense {
-    fn load(f: &TensorFile, name: &str, rows: usize, cols: usize) -> Result<Dense> {
-        let w = f.f32(&format!("{name}.weight"), &[rows, cols])?;
+    /// The tensors `{name}.weight` (`rows × cols`) and `{name}.bias` of each name, stacked
+    /// (one product for several projections of the same input; each row is quantized on its
+    /// own, so stacking changes no result).
+    fn load(f: &TensorFile, names: &[&str], rows: usize, cols: usize) -> Result<Dense> {
+        let (mut w, mut b) = (Vec::new(), Vec::new());
+        for name in names {
+            w.extend(f.f32(&format!("{name}.weight"), &[rows, cols])?);
+            b.extend(f.f32(&format!("{name}.bias"), &[rows])?);
+        }
         Ok(Dense {
-            w: PackedF32::pack(&w, rows, cols),
-            b: f.f32(&format!("{name}.bias"), &[rows])?,
+            w: PackedI16::pack(&w, rows * names.len(), cols),
+            b,
         })
     }
 
-    /// `y[t] = W·x[t] + b` for the rows of `x`.
-    fn forward(&self, pool: &ThreadPool, x: &[f32], y: &mut [f32]) {
-        gemm_f32(pool, &self.w, x, y);
-        for row in y.chunks_exact_mut(self.w.rows()) {
-            for (v, &b) in row.iter_mut().zip(&self.b) {
-                *v += b;
-            }
-        }
+    /// `y[t] = W·x[t] + b` for the (quantized) rows of `x`.
+    fn forward(&self, pool: &ThreadPool, x: &QuantizedRows, y: &mut [f32]) {
+        gemm_i16(pool, &self.w, x, Some(&self.b), y);
     }
 }
 
@@ -166,9 +173,8 @@ impl LayerNorm {
 }
 
 struct Layer {
-    q: Dense,
-    k: Dense,
-    v: Dense,
+    /// Q, K and V stacked: row `t` of the output is `q[t] ‖ k[t] ‖ v[t]`.
+    qkv: Dense,
     o: Dense,
     attn_norm: LayerNorm,
     up: Dense,
@@ -208,12 +214,12 @@ impl Bert {
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("{prefix}encoder.layer.{i}");
-                let dense =
-                    |name: &str, rows, cols| Dense::load(f, &format!("{p}.{name}"), rows, cols);
+                let dense = |name: &str, rows, cols| {
+                    Dense::load(f, &[format!("{p}.{name}").as_str()], rows, cols)
+                };
+                let qkv = ["query", "key", "value"].map(|m| format!("{p}.attention.self.{m}"));
                 Ok(Layer {
-                    q: dense("attention.self.query", d, d)?,
-                    k: dense("attention.self.key", d, d)?,
-                    v: dense("attention.self.value", d, d)?,
+                    qkv: Dense::load(f, &qkv.each_ref().map(String::as_str), d, d)?,
                     o: dense("attention.output.dense", d, d)?,
                     attn_norm: LayerNorm::load(
                         f,
@@ -286,23 +292,26 @@ impl Bert {
         par_rows(pool, &mut x, d, &|rows| self.emb_norm.apply(rows));
 
         let lens: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
-        let (mut q, mut k, mut v) = (vec![0f32; n * d], vec![0f32; n * d], vec![0f32; n * d]);
+        let mut qkv = vec![0f32; n * 3 * d];
         let (mut ctx, mut proj) = (vec![0f32; n * d], vec![0f32; n * d]);
         let mut hidden = vec![0f32; n * cfg.intermediate_size];
+        let mut xq = QuantizedRows::default();
         for layer in &self.layers {
-            layer.q.forward(pool, &x, &mut q);
-            layer.k.forward(pool, &x, &mut k);
-            layer.v.forward(pool, &x, &mut v);
-            attention(pool, cfg, &lens, &q, &k, &v, &mut ctx);
-            layer.o.forward(pool, &ctx, &mut proj);
+            xq.quantize(pool, &x, d);
+            layer.qkv.forward(pool, &xq, &mut qkv);
+            attention(pool, cfg, &lens, &qkv, &mut ctx);
+            xq.quantize(pool, &ctx, d);
+            layer.o.forward(pool, &xq, &mut proj);
             add_assign(&mut x, &proj);
             par_rows(pool, &mut x, d, &|rows| layer.attn_norm.apply(rows));
 
-            layer.up.forward(pool, &x, &mut hidden);
+            xq.quantize(pool, &x, d);
+            layer.up.forward(pool, &xq, &mut hidden);
             par_rows(pool, &mut hidden, cfg.intermediate_size, &|rows| {
                 kernels::math::gelu_inplace(rows)
             });
-            layer.down.forward(pool, &hidden, &mut proj);
+            xq.quantize(pool, &hidden, cfg.intermediate_size);
+            layer.down.forward(pool, &xq, &mut proj);
             add_assign(&mut x, &proj);
             par_rows(pool, &mut x, d, &|rows| layer.ffn_norm.apply(rows));
         }
@@ -335,17 +344,10 @@ fn add_assign(a: &mut [f32], b: &[f32]) {
 }
 
 /// Bidirectional softmax attention within each sequence: for every (sequence, head) pair, each
-/// query row attends to all the sequence's key rows. The pairs are shared out over the pool;
-/// each writes only its own `head_dim` columns of its own rows of `out`.
-fn attention(
-    pool: &ThreadPool,
-    cfg: &BertConfig,
-    lens: &[usize],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &mut [f32],
-) {
+/// query row attends to all the sequence's key rows. `qkv` holds per token `q ‖ k ‖ v`
+/// (`3 × hidden_size` values). The pairs are shared out over the pool; each writes only its
+/// own `head_dim` columns of its own rows of `out`.
+fn attention(pool: &ThreadPool, cfg: &BertConfig, lens: &[usize], qkv: &[f32], out: &mut [f32]) {
     let (d, heads, hd) = (cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim());
     let scale = 1.0 / (hd as f32).sqrt();
     let starts: Vec<usize> = lens
@@ -370,7 +372,8 @@ fn attention(
             }
             let (s, h) = (item / heads, item % heads);
             let (start, len) = (starts[s], lens[s]);
-            let at = |t: usize| (start + t) * d + h * hd;
+            let at = |t: usize| (start + t) * 3 * d + h * hd;
+            let (q, k, v) = (qkv, &qkv[d..], &qkv[2 * d..]);
             scores.resize(len, 0.0);
             for i in 0..len {
                 let qi = &q[at(i)..][..hd];
