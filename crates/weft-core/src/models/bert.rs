@@ -363,8 +363,7 @@ fn attention(pool: &ThreadPool, cfg: &BertConfig, lens: &[usize], qkv: &[f32], o
     let shared = SharedOut(out.as_mut_ptr());
     pool.run(&|_, _| {
         let shared = &shared;
-        let mut scores = Vec::new();
-        let mut acc = vec![0f32; hd];
+        let mut scratch = HeadScratch::default();
         loop {
             let item = next.fetch_add(1, Ordering::Relaxed);
             if item >= items {
@@ -372,36 +371,173 @@ fn attention(pool: &ThreadPool, cfg: &BertConfig, lens: &[usize], qkv: &[f32], o
             }
             let (s, h) = (item / heads, item % heads);
             let (start, len) = (starts[s], lens[s]);
-            let at = |t: usize| (start + t) * 3 * d + h * hd;
-            let (q, k, v) = (qkv, &qkv[d..], &qkv[2 * d..]);
-            scores.resize(len, 0.0);
-            for i in 0..len {
-                let qi = &q[at(i)..][..hd];
-                let mut max = f32::NEG_INFINITY;
-                for (j, sc) in scores.iter_mut().enumerate() {
-                    *sc = kernels::dot_f32(qi, &k[at(j)..][..hd]) * scale;
-                    max = max.max(*sc);
-                }
-                scores.iter_mut().for_each(|sc| *sc -= max);
-                kernels::math::exp_inplace(&mut scores);
-                let sum: f32 = scores.iter().sum();
-                acc.fill(0.0);
-                for (j, &p) in scores.iter().enumerate() {
-                    for (a, &x) in acc.iter_mut().zip(&v[at(j)..][..hd]) {
-                        *a += p * x;
-                    }
-                }
-                // SAFETY: row `start + i`, columns `h·hd..(h+1)·hd` of `out` belong to this
-                // (sequence, head) item alone, and lie inside `out` (`n × d` values).
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(shared.0.add((start + i) * d + h * hd), hd)
-                };
-                for (o, &a) in dst.iter_mut().zip(&acc) {
-                    *o = a / sum;
-                }
-            }
+            let rows = &qkv[start * 3 * d..(start + len) * 3 * d];
+            // SAFETY: rows `start..start + len`, columns `h·hd..(h+1)·hd` of `out` belong to
+            // this (sequence, head) item alone and lie inside `out` (`n × d` values); `head`
+            // writes only those.
+            unsafe {
+                head(
+                    rows,
+                    d,
+                    h * hd,
+                    hd,
+                    scale,
+                    &mut scratch,
+                    shared.0.add(start * d),
+                )
+            };
         }
     });
+}
+
+/// `scores[8·jb ..][..8·B] = (q · k[j]) · scale` for `B` blocks of 8 keys, each sum a `mul_add`
+/// chain over the head dimension in order (the same chain whatever `B`).
+#[inline(always)]
+fn scores_blocks<const B: usize>(
+    q: &[f32],
+    kt: &[f32],
+    padded: usize,
+    jb: usize,
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let mut a = [[0f32; 8]; B];
+    for (&qc, ktrow) in q.iter().zip(kt.chunks_exact(padded)) {
+        for (a, k8) in a.iter_mut().zip(ktrow[jb * 8..][..B * 8].chunks_exact(8)) {
+            for (a, &kv) in a.iter_mut().zip(k8) {
+                *a = qc.mul_add(kv, *a);
+            }
+        }
+    }
+    for (o, a) in scores[jb * 8..][..B * 8].chunks_exact_mut(8).zip(a) {
+        for (o, a) in o.iter_mut().zip(a) {
+            *o = a * scale;
+        }
+    }
+}
+
+/// Buffers of one attention worker, reused across (sequence, head) items.
+#[derive(Default)]
+struct HeadScratch {
+    /// The head's keys transposed, `hd` rows of `len` rounded up to 8 (zero-padded).
+    kt: Vec<f32>,
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+/// One head of one sequence: `rows` holds the sequence's `q ‖ k ‖ v` rows (`3·d` values
+/// each), the head's columns start at `col`; writes columns `col..col + hd` of each row of
+/// `out` (rows of `d` values).
+///
+/// # Safety
+/// `out` must point to `len` rows of `d` values whose columns `col..col + hd` no one else
+/// reads or writes during the call.
+///
+/// The arithmetic is written once and compiled twice ([`head_avx2`] and the portable path):
+/// every score and every output value is its own chain of `mul_add`s in a fixed order (scores
+/// over the head dimension, outputs over the keys), so vectorizing across keys or dimensions
+/// cannot change a bit, the two paths agree, and a row's result depends only on its sequence.
+unsafe fn head(
+    rows: &[f32],
+    d: usize,
+    col: usize,
+    hd: usize,
+    scale: f32,
+    s: &mut HeadScratch,
+    out: *mut f32,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if kernels::simd_level() == kernels::SimdLevel::Avx2 {
+        // SAFETY: AVX2 and FMA were detected; `out` as the caller guarantees.
+        return unsafe { head_avx2(rows, d, col, hd, scale, s, out) };
+    }
+    // SAFETY: as the caller guarantees.
+    unsafe { head_body(rows, d, col, hd, scale, s, out) };
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn head_avx2(
+    rows: &[f32],
+    d: usize,
+    col: usize,
+    hd: usize,
+    scale: f32,
+    s: &mut HeadScratch,
+    out: *mut f32,
+) {
+    head_body(rows, d, col, hd, scale, s, out);
+}
+
+/// # Safety
+/// As [`head`].
+#[inline(always)]
+unsafe fn head_body(
+    rows: &[f32],
+    d: usize,
+    col: usize,
+    hd: usize,
+    scale: f32,
+    s: &mut HeadScratch,
+    out: *mut f32,
+) {
+    let len = rows.len() / (3 * d);
+    let padded = len.div_ceil(8) * 8;
+    // kt[c][j] = k[j][c]: the scores of one query are then 8 keys per vector.
+    s.kt.clear();
+    s.kt.resize(hd * padded, 0.0);
+    for (c, ktrow) in s.kt.chunks_exact_mut(padded).enumerate() {
+        for (o, row) in ktrow.iter_mut().zip(rows.chunks_exact(3 * d)) {
+            *o = row[d + col + c];
+        }
+    }
+    s.scores.resize(padded, 0.0);
+    s.acc.resize(hd, 0.0);
+    for (i, qrow) in rows.chunks_exact(3 * d).enumerate() {
+        let qi = &qrow[col..][..hd];
+        // scores[j] = (Σ_c q[c]·k[j][c]) · scale, the sum a mul_add chain over c in order;
+        // 8 keys per register, up to 4 registers of keys at a time (independent chains).
+        let mut jb = 0;
+        while jb < padded / 8 {
+            let blocks = (padded / 8 - jb).min(4);
+            match blocks {
+                4 => scores_blocks::<4>(qi, &s.kt, padded, jb, scale, &mut s.scores),
+                3 => scores_blocks::<3>(qi, &s.kt, padded, jb, scale, &mut s.scores),
+                2 => scores_blocks::<2>(qi, &s.kt, padded, jb, scale, &mut s.scores),
+                _ => scores_blocks::<1>(qi, &s.kt, padded, jb, scale, &mut s.scores),
+            }
+            jb += blocks;
+        }
+        let scores = &mut s.scores[..len];
+        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        scores.iter_mut().for_each(|sc| *sc -= max);
+        kernels::math::exp_inplace(scores);
+        let sum: f32 = scores.iter().sum();
+        // acc[c] = Σ_j p[j]·v[j][c], a mul_add chain over j in order; 32 columns at a time
+        // held in registers.
+        for c0 in (0..hd).step_by(32) {
+            let w = (hd - c0).min(32);
+            let mut acc = [0f32; 32];
+            for (&p, vrow) in scores.iter().zip(rows.chunks_exact(3 * d)) {
+                let v = &vrow[2 * d + col + c0..][..w];
+                if w == 32 {
+                    for (a, &vv) in acc.iter_mut().zip(v) {
+                        *a = p.mul_add(vv, *a);
+                    }
+                } else {
+                    for (a, &vv) in acc[..w].iter_mut().zip(v) {
+                        *a = p.mul_add(vv, *a);
+                    }
+                }
+            }
+            s.acc[c0..c0 + w].copy_from_slice(&acc[..w]);
+        }
+        // SAFETY: row i's columns of this head, which the caller reserved for us.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.add(i * d + col), hd) };
+        for (o, &a) in dst.iter_mut().zip(&s.acc) {
+            *o = a / sum;
+        }
+    }
 }
 
 #[cfg(test)]
