@@ -34,6 +34,7 @@
 
 mod float;
 pub mod gemm_f32;
+pub mod gemm_i16;
 pub mod interleaved;
 mod interleaved_k;
 mod kquants;

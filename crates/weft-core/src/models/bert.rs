@@ -10,10 +10,15 @@
 //! every projection, exact (erf) GELU. Unlike the decoders there is no KV cache: a call takes
 //! whole sequences and returns every token's final hidden state.
 //!
-//! Weights stay in f32, packed at load for the register-tiled [`gemm_f32`]: measured on
-//! all-MiniLM-L6-v2 against a float64 forward, Q8_0 weights (with or without 8-bit activations)
-//! leave sentence embeddings at cosine 0.9983–0.9996, under the 0.9999 users of
-//! sentence-transformers can expect, so the int8 kernels of the decoders do not serve here.
+//! The dense layers run on the int16 [`gemm_i16`]: weights quantized at load and activations
+//! per call, both symmetric int16 (|q| ≤ 8191) with an `f32` scale per block of 32 columns.
+//! Measured on all-MiniLM-L6-v2 against a float64 forward, Q8_0 weights (with or without 8-bit
+//! activations) leave sentence embeddings at cosine 0.9983–0.9996, under the 0.9999 users of
+//! sentence-transformers can expect, so the int8 kernels of the decoders do not serve here;
+//! int16 keeps them at cosine 1.0000000 (the `minilm` test) and `vpmaddwd` does twice the
+//! multiply-adds per cycle of the f32 FMA ([`gemm_f32`](crate::kernels::gemm_f32), which
+//! remains for other full-precision uses). Q, K and V are one 1152-row product, so each layer
+//! quantizes its input once for all three.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -23,7 +28,7 @@ use super::layers::SharedOut;
 use super::tensor_file::TensorFile;
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::kernels::gemm_f32::{gemm_f32, PackedF32};
+use crate::kernels::gemm_i16::{gemm_i16, PackedI16, QuantizedRows};
 use crate::threadpool::ThreadPool;
 
 fn bad(reason: String) -> Error {
@@ -104,29 +109,31 @@ impl BertConfig {
     }
 }
 
-/// `y = W·x + b`, with `W` (`rows × cols`) packed for [`gemm_f32`].
+/// `y = W·x + b`, with `W` (`rows × cols`) quantized and packed for [`gemm_i16`].
 struct Dense {
-    w: PackedF32,
+    w: PackedI16,
     b: Vec<f32>,
 }
 
 impl Dense {
-    fn load(f: &TensorFile, name: &str, rows: usize, cols: usize) -> Result<Dense> {
-        let w = f.f32(&format!("{name}.weight"), &[rows, cols])?;
+    /// The tensors `{name}.weight` (`rows × cols`) and `{name}.bias` of each name, stacked
+    /// (one product for several projections of the same input; each row is quantized on its
+    /// own, so stacking changes no result).
+    fn load(f: &TensorFile, names: &[&str], rows: usize, cols: usize) -> Result<Dense> {
+        let (mut w, mut b) = (Vec::new(), Vec::new());
+        for name in names {
+            w.extend(f.f32(&format!("{name}.weight"), &[rows, cols])?);
+            b.extend(f.f32(&format!("{name}.bias"), &[rows])?);
+        }
         Ok(Dense {
-            w: PackedF32::pack(&w, rows, cols),
-            b: f.f32(&format!("{name}.bias"), &[rows])?,
+            w: PackedI16::pack(&w, rows * names.len(), cols),
+            b,
         })
     }
 
-    /// `y[t] = W·x[t] + b` for the rows of `x`.
-    fn forward(&self, pool: &ThreadPool, x: &[f32], y: &mut [f32]) {
-        gemm_f32(pool, &self.w, x, y);
-        for row in y.chunks_exact_mut(self.w.rows()) {
-            for (v, &b) in row.iter_mut().zip(&self.b) {
-                *v += b;
-            }
-        }
+    /// `y[t] = W·x[t] + b` for the (quantized) rows of `x`.
+    fn forward(&self, pool: &ThreadPool, x: &QuantizedRows, y: &mut [f32]) {
+        gemm_i16(pool, &self.w, x, Some(&self.b), y);
     }
 }
 
@@ -166,9 +173,8 @@ impl LayerNorm {
 }
 
 struct Layer {
-    q: Dense,
-    k: Dense,
-    v: Dense,
+    /// Q, K and V stacked: row `t` of the output is `q[t] ‖ k[t] ‖ v[t]`.
+    qkv: Dense,
     o: Dense,
     attn_norm: LayerNorm,
     up: Dense,
@@ -208,12 +214,12 @@ impl Bert {
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("{prefix}encoder.layer.{i}");
-                let dense =
-                    |name: &str, rows, cols| Dense::load(f, &format!("{p}.{name}"), rows, cols);
+                let dense = |name: &str, rows, cols| {
+                    Dense::load(f, &[format!("{p}.{name}").as_str()], rows, cols)
+                };
+                let qkv = ["query", "key", "value"].map(|m| format!("{p}.attention.self.{m}"));
                 Ok(Layer {
-                    q: dense("attention.self.query", d, d)?,
-                    k: dense("attention.self.key", d, d)?,
-                    v: dense("attention.self.value", d, d)?,
+                    qkv: Dense::load(f, &qkv.each_ref().map(String::as_str), d, d)?,
                     o: dense("attention.output.dense", d, d)?,
                     attn_norm: LayerNorm::load(
                         f,
@@ -286,23 +292,26 @@ impl Bert {
         par_rows(pool, &mut x, d, &|rows| self.emb_norm.apply(rows));
 
         let lens: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
-        let (mut q, mut k, mut v) = (vec![0f32; n * d], vec![0f32; n * d], vec![0f32; n * d]);
+        let mut qkv = vec![0f32; n * 3 * d];
         let (mut ctx, mut proj) = (vec![0f32; n * d], vec![0f32; n * d]);
         let mut hidden = vec![0f32; n * cfg.intermediate_size];
+        let mut xq = QuantizedRows::default();
         for layer in &self.layers {
-            layer.q.forward(pool, &x, &mut q);
-            layer.k.forward(pool, &x, &mut k);
-            layer.v.forward(pool, &x, &mut v);
-            attention(pool, cfg, &lens, &q, &k, &v, &mut ctx);
-            layer.o.forward(pool, &ctx, &mut proj);
+            xq.quantize(pool, &x, d);
+            layer.qkv.forward(pool, &xq, &mut qkv);
+            attention(pool, cfg, &lens, &qkv, &mut ctx);
+            xq.quantize(pool, &ctx, d);
+            layer.o.forward(pool, &xq, &mut proj);
             add_assign(&mut x, &proj);
             par_rows(pool, &mut x, d, &|rows| layer.attn_norm.apply(rows));
 
-            layer.up.forward(pool, &x, &mut hidden);
+            xq.quantize(pool, &x, d);
+            layer.up.forward(pool, &xq, &mut hidden);
             par_rows(pool, &mut hidden, cfg.intermediate_size, &|rows| {
                 kernels::math::gelu_inplace(rows)
             });
-            layer.down.forward(pool, &hidden, &mut proj);
+            xq.quantize(pool, &hidden, cfg.intermediate_size);
+            layer.down.forward(pool, &xq, &mut proj);
             add_assign(&mut x, &proj);
             par_rows(pool, &mut x, d, &|rows| layer.ffn_norm.apply(rows));
         }
@@ -335,17 +344,10 @@ fn add_assign(a: &mut [f32], b: &[f32]) {
 }
 
 /// Bidirectional softmax attention within each sequence: for every (sequence, head) pair, each
-/// query row attends to all the sequence's key rows. The pairs are shared out over the pool;
-/// each writes only its own `head_dim` columns of its own rows of `out`.
-fn attention(
-    pool: &ThreadPool,
-    cfg: &BertConfig,
-    lens: &[usize],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &mut [f32],
-) {
+/// query row attends to all the sequence's key rows. `qkv` holds per token `q ‖ k ‖ v`
+/// (`3 × hidden_size` values). The pairs are shared out over the pool; each writes only its
+/// own `head_dim` columns of its own rows of `out`.
+fn attention(pool: &ThreadPool, cfg: &BertConfig, lens: &[usize], qkv: &[f32], out: &mut [f32]) {
     let (d, heads, hd) = (cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim());
     let scale = 1.0 / (hd as f32).sqrt();
     let starts: Vec<usize> = lens
@@ -361,8 +363,7 @@ fn attention(
     let shared = SharedOut(out.as_mut_ptr());
     pool.run(&|_, _| {
         let shared = &shared;
-        let mut scores = Vec::new();
-        let mut acc = vec![0f32; hd];
+        let mut scratch = HeadScratch::default();
         loop {
             let item = next.fetch_add(1, Ordering::Relaxed);
             if item >= items {
@@ -370,35 +371,173 @@ fn attention(
             }
             let (s, h) = (item / heads, item % heads);
             let (start, len) = (starts[s], lens[s]);
-            let at = |t: usize| (start + t) * d + h * hd;
-            scores.resize(len, 0.0);
-            for i in 0..len {
-                let qi = &q[at(i)..][..hd];
-                let mut max = f32::NEG_INFINITY;
-                for (j, sc) in scores.iter_mut().enumerate() {
-                    *sc = kernels::dot_f32(qi, &k[at(j)..][..hd]) * scale;
-                    max = max.max(*sc);
-                }
-                scores.iter_mut().for_each(|sc| *sc -= max);
-                kernels::math::exp_inplace(&mut scores);
-                let sum: f32 = scores.iter().sum();
-                acc.fill(0.0);
-                for (j, &p) in scores.iter().enumerate() {
-                    for (a, &x) in acc.iter_mut().zip(&v[at(j)..][..hd]) {
-                        *a += p * x;
-                    }
-                }
-                // SAFETY: row `start + i`, columns `h·hd..(h+1)·hd` of `out` belong to this
-                // (sequence, head) item alone, and lie inside `out` (`n × d` values).
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(shared.0.add((start + i) * d + h * hd), hd)
-                };
-                for (o, &a) in dst.iter_mut().zip(&acc) {
-                    *o = a / sum;
-                }
-            }
+            let rows = &qkv[start * 3 * d..(start + len) * 3 * d];
+            // SAFETY: rows `start..start + len`, columns `h·hd..(h+1)·hd` of `out` belong to
+            // this (sequence, head) item alone and lie inside `out` (`n × d` values); `head`
+            // writes only those.
+            unsafe {
+                head(
+                    rows,
+                    d,
+                    h * hd,
+                    hd,
+                    scale,
+                    &mut scratch,
+                    shared.0.add(start * d),
+                )
+            };
         }
     });
+}
+
+/// `scores[8·jb ..][..8·B] = (q · k[j]) · scale` for `B` blocks of 8 keys, each sum a `mul_add`
+/// chain over the head dimension in order (the same chain whatever `B`).
+#[inline(always)]
+fn scores_blocks<const B: usize>(
+    q: &[f32],
+    kt: &[f32],
+    padded: usize,
+    jb: usize,
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let mut a = [[0f32; 8]; B];
+    for (&qc, ktrow) in q.iter().zip(kt.chunks_exact(padded)) {
+        for (a, k8) in a.iter_mut().zip(ktrow[jb * 8..][..B * 8].chunks_exact(8)) {
+            for (a, &kv) in a.iter_mut().zip(k8) {
+                *a = qc.mul_add(kv, *a);
+            }
+        }
+    }
+    for (o, a) in scores[jb * 8..][..B * 8].chunks_exact_mut(8).zip(a) {
+        for (o, a) in o.iter_mut().zip(a) {
+            *o = a * scale;
+        }
+    }
+}
+
+/// Buffers of one attention worker, reused across (sequence, head) items.
+#[derive(Default)]
+struct HeadScratch {
+    /// The head's keys transposed, `hd` rows of `len` rounded up to 8 (zero-padded).
+    kt: Vec<f32>,
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+/// One head of one sequence: `rows` holds the sequence's `q ‖ k ‖ v` rows (`3·d` values
+/// each), the head's columns start at `col`; writes columns `col..col + hd` of each row of
+/// `out` (rows of `d` values).
+///
+/// # Safety
+/// `out` must point to `len` rows of `d` values whose columns `col..col + hd` no one else
+/// reads or writes during the call.
+///
+/// The arithmetic is written once and compiled twice ([`head_avx2`] and the portable path):
+/// every score and every output value is its own chain of `mul_add`s in a fixed order (scores
+/// over the head dimension, outputs over the keys), so vectorizing across keys or dimensions
+/// cannot change a bit, the two paths agree, and a row's result depends only on its sequence.
+unsafe fn head(
+    rows: &[f32],
+    d: usize,
+    col: usize,
+    hd: usize,
+    scale: f32,
+    s: &mut HeadScratch,
+    out: *mut f32,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if kernels::simd_level() == kernels::SimdLevel::Avx2 {
+        // SAFETY: AVX2 and FMA were detected; `out` as the caller guarantees.
+        return unsafe { head_avx2(rows, d, col, hd, scale, s, out) };
+    }
+    // SAFETY: as the caller guarantees.
+    unsafe { head_body(rows, d, col, hd, scale, s, out) };
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn head_avx2(
+    rows: &[f32],
+    d: usize,
+    col: usize,
+    hd: usize,
+    scale: f32,
+    s: &mut HeadScratch,
+    out: *mut f32,
+) {
+    head_body(rows, d, col, hd, scale, s, out);
+}
+
+/// # Safety
+/// As [`head`].
+#[inline(always)]
+unsafe fn head_body(
+    rows: &[f32],
+    d: usize,
+    col: usize,
+    hd: usize,
+    scale: f32,
+    s: &mut HeadScratch,
+    out: *mut f32,
+) {
+    let len = rows.len() / (3 * d);
+    let padded = len.div_ceil(8) * 8;
+    // kt[c][j] = k[j][c]: the scores of one query are then 8 keys per vector.
+    s.kt.clear();
+    s.kt.resize(hd * padded, 0.0);
+    for (c, ktrow) in s.kt.chunks_exact_mut(padded).enumerate() {
+        for (o, row) in ktrow.iter_mut().zip(rows.chunks_exact(3 * d)) {
+            *o = row[d + col + c];
+        }
+    }
+    s.scores.resize(padded, 0.0);
+    s.acc.resize(hd, 0.0);
+    for (i, qrow) in rows.chunks_exact(3 * d).enumerate() {
+        let qi = &qrow[col..][..hd];
+        // scores[j] = (Σ_c q[c]·k[j][c]) · scale, the sum a mul_add chain over c in order;
+        // 8 keys per register, up to 4 registers of keys at a time (independent chains).
+        let mut jb = 0;
+        while jb < padded / 8 {
+            let blocks = (padded / 8 - jb).min(4);
+            match blocks {
+                4 => scores_blocks::<4>(qi, &s.kt, padded, jb, scale, &mut s.scores),
+                3 => scores_blocks::<3>(qi, &s.kt, padded, jb, scale, &mut s.scores),
+                2 => scores_blocks::<2>(qi, &s.kt, padded, jb, scale, &mut s.scores),
+                _ => scores_blocks::<1>(qi, &s.kt, padded, jb, scale, &mut s.scores),
+            }
+            jb += blocks;
+        }
+        let scores = &mut s.scores[..len];
+        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        scores.iter_mut().for_each(|sc| *sc -= max);
+        kernels::math::exp_inplace(scores);
+        let sum: f32 = scores.iter().sum();
+        // acc[c] = Σ_j p[j]·v[j][c], a mul_add chain over j in order; 32 columns at a time
+        // held in registers.
+        for c0 in (0..hd).step_by(32) {
+            let w = (hd - c0).min(32);
+            let mut acc = [0f32; 32];
+            for (&p, vrow) in scores.iter().zip(rows.chunks_exact(3 * d)) {
+                let v = &vrow[2 * d + col + c0..][..w];
+                if w == 32 {
+                    for (a, &vv) in acc.iter_mut().zip(v) {
+                        *a = p.mul_add(vv, *a);
+                    }
+                } else {
+                    for (a, &vv) in acc[..w].iter_mut().zip(v) {
+                        *a = p.mul_add(vv, *a);
+                    }
+                }
+            }
+            s.acc[c0..c0 + w].copy_from_slice(&acc[..w]);
+        }
+        // SAFETY: row i's columns of this head, which the caller reserved for us.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.add(i * d + col), hd) };
+        for (o, &a) in dst.iter_mut().zip(&s.acc) {
+            *o = a / sum;
+        }
+    }
 }
 
 #[cfg(test)]
