@@ -389,7 +389,11 @@ impl Synthetic {
                 f32_bytes(b),
             );
         }
-        std::fs::write(path, w.to_bytes()).unwrap();
+        // Tests run in parallel threads and may write the same file: write a private copy and
+        // rename it into place, so a reader never sees a half-written file.
+        let tmp = path.with_extension(format!("tmp-{:?}", std::thread::current().id()));
+        std::fs::write(&tmp, w.to_bytes()).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
     }
 
     /// The same adapter as Hugging Face stores it: for llama, the rows of q/k `B` in HF's
