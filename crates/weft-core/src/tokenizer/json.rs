@@ -157,25 +157,8 @@ fn wordpiece_from_json(v: &Value, model: &Value) -> Result<Tokenizer> {
     }
 
     let (bos, eos) = special_wrap(v.get("post_processor"), &texts)?;
-    let special = SpecialTokens {
-        bos,
-        eos,
-        unk,
-        pad: v
-            .get("padding")
-            .and_then(|p| p.get("pad_id"))
-            .and_then(Value::as_u64)
-            .filter(|&id| (id as usize) < texts.len())
-            .map(|id| id as u32),
-        add_bos: bos.is_some(),
-        add_eos: eos.is_some(),
-    };
+    let (special, max_len) = file_settings(v, (bos, eos), unk, texts.len());
     let scores = vec![0.0; texts.len()];
-    let max_len = v
-        .get("truncation")
-        .and_then(|t| t.get("max_length"))
-        .and_then(Value::as_u64)
-        .map(|n| n as usize);
     Ok(Tokenizer {
         vocab: Vocab::new(texts, scores, types, special),
         model: Model::WordPiece(Box::new(BertPipeline {
@@ -185,6 +168,36 @@ fn wordpiece_from_json(v: &Value, model: &Value) -> Result<Tokenizer> {
         })),
         truncation: max_len,
     })
+}
+
+/// The special tokens of a `tokenizer.json` (`bos`/`eos` from its post-processor, `unk` from
+/// its model, the pad id of its `padding`, if in the `n`-token vocabulary) and its truncation
+/// length (`truncation.max_length`).
+pub(super) fn file_settings(
+    v: &Value,
+    (bos, eos): (Option<u32>, Option<u32>),
+    unk: Option<u32>,
+    n: usize,
+) -> (SpecialTokens, Option<usize>) {
+    let special = SpecialTokens {
+        bos,
+        eos,
+        unk,
+        pad: v
+            .get("padding")
+            .and_then(|p| p.get("pad_id"))
+            .and_then(Value::as_u64)
+            .filter(|&id| (id as usize) < n)
+            .map(|id| id as u32),
+        add_bos: bos.is_some(),
+        add_eos: eos.is_some(),
+    };
+    let truncation = v
+        .get("truncation")
+        .and_then(|t| t.get("max_length"))
+        .and_then(Value::as_u64)
+        .map(|n| n as usize);
+    (special, truncation)
 }
 
 /// The tokens the post-processor puts before and after a single sequence: `[CLS]` and

@@ -20,9 +20,9 @@ use super::hf::{
     PrependScheme,
 };
 use super::hf_bpe::BpeModel;
-use super::json::{bad, special_wrap, unsupported};
+use super::json::{bad, file_settings, special_wrap, unsupported};
 use super::pretokenize::PreTokenizer;
-use super::vocab::{SpecialTokens, TokenType, Vocab};
+use super::vocab::{TokenType, Vocab};
 use super::{Model, Tokenizer};
 use crate::error::{Error, Result};
 
@@ -378,25 +378,8 @@ pub(super) fn from_json(v: &Value, model: &Value) -> Result<Tokenizer> {
         types[u as usize] = TokenType::Unknown;
     }
 
-    let (bos, eos) = post_processor(v.get("post_processor").unwrap_or(&Value::Null), &texts)?;
-    let special = SpecialTokens {
-        bos,
-        eos,
-        unk,
-        pad: v
-            .get("padding")
-            .and_then(|p| p.get("pad_id"))
-            .and_then(Value::as_u64)
-            .filter(|&id| (id as usize) < n)
-            .map(|id| id as u32),
-        add_bos: bos.is_some(),
-        add_eos: eos.is_some(),
-    };
-    let truncation = v
-        .get("truncation")
-        .and_then(|t| t.get("max_length"))
-        .and_then(Value::as_u64)
-        .map(|n| n as usize);
+    let wrap = post_processor(v.get("post_processor").unwrap_or(&Value::Null), &texts)?;
+    let (special, truncation) = file_settings(v, wrap, unk, n);
     let scores = vec![0.0; n];
     Ok(Tokenizer {
         vocab: Vocab::new(texts, scores, types, special),
