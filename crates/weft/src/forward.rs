@@ -395,23 +395,20 @@ impl<'c> Forward<'c> {
             &ctx.pending_bias,
         )?;
         // Input vectors: the pending tokens' (recorded in the context) and this pass's own.
-        let (mut embeds, mut embed_rows) = (Vec::new(), Vec::new());
         let n_pending = ctx.pending.len();
-        let vector = |i: usize| {
-            if i < n_pending {
-                ctx.embeds.get(&(base + i))
-            } else {
-                self.vectors.get(&i)
-            }
+        let embeds = if self.vectors.is_empty() && ctx.embeds.range(base..).next().is_none() {
+            Vec::new()
+        } else {
+            (0..n)
+                .map(|i| {
+                    if i < n_pending {
+                        ctx.embeds.get(&(base + i)).cloned()
+                    } else {
+                        self.vectors.get(&i).cloned()
+                    }
+                })
+                .collect()
         };
-        if !self.vectors.is_empty() || ctx.embeds.range(base..).next().is_some() {
-            for i in 0..n {
-                embeds.push(vector(i).map(|v| {
-                    embed_rows.extend_from_slice(v);
-                    (embed_rows.len() / v.len() - 1) as u32
-                }));
-            }
-        }
         let penalties = self.penalties.map(|p| {
             let mut history = ctx.tokens.clone();
             history.extend_from_slice(&tokens);
@@ -431,7 +428,6 @@ impl<'c> Forward<'c> {
             horizon: self.horizon,
             adapters: self.adapters.resolve(&ctx.engine)?,
             embeds,
-            embed_rows,
         };
         Ok((ctx, req, self.vectors))
     }

@@ -74,10 +74,9 @@ pub(crate) struct PassRequest {
     pub horizon: usize,
     /// The LoRA adapters the pass runs with (`None`: the base model).
     pub adapters: Option<AdapterSet>,
-    /// Tokens whose input is a vector rather than their id's embedding: per token of the
-    /// pass, the index of its row in `embed_rows` (`n_embd` values each). Empty when none is.
-    pub embeds: Vec<Option<u32>>,
-    pub embed_rows: Vec<f32>,
+    /// Per token of the pass, its input vector (`n_embd` values) when it has one instead of
+    /// its id's embedding. Empty when no token has.
+    pub embeds: Vec<Option<Arc<[f32]>>>,
 }
 
 /// What a pass returns.
@@ -537,9 +536,8 @@ fn run_chunks(
                 masks.push(m[t].clone());
                 (masks.len() - 1) as u32
             });
-            let embed = r.embeds.get(t).copied().flatten().map(|e| {
-                let e = e as usize;
-                embeds.extend_from_slice(&r.embed_rows[e * d..(e + 1) * d]);
+            let embed = r.embeds.get(t).and_then(Option::as_ref).map(|v| {
+                embeds.extend_from_slice(v);
                 (embeds.len() / d - 1) as u32
             });
             entries.push(BatchEntry {
