@@ -51,26 +51,19 @@ impl GenParams {
         let top_p = body.number("top_p", f64::MIN_POSITIVE, 1.0)?;
         let top_k = body.integer("top_k", -1, i64::from(u32::MAX))?;
         let min_p = body.number("min_p", 0.0, 1.0)?;
-        let sampler = if temperature == 0.0 {
-            Sampler::Argmax
-        } else {
-            Sampler::Chain {
-                k: match top_k {
-                    Some(k) if k > 0 => k as usize,
-                    _ => vocab,
-                },
-                p: top_p.unwrap_or(1.0) as f32,
-                min_p: min_p.unwrap_or(0.0) as f32,
-                temperature,
-            }
-        };
         // Values that pass as f64 but vanish as f32 (1e-300) must not reach the engine.
         if top_p.is_some_and(|p| p as f32 <= 0.0) {
             return Err(ApiError::param("top_p", "'top_p' is too small."));
         }
-        sampler
-            .validate(vocab)
-            .map_err(|e| ApiError::invalid(e.to_string()))?;
+        // The library checks every range once (the CLI shares it); -1 and 0 turn top-k off.
+        let sampler = Sampler::from_params(
+            temperature,
+            top_k.filter(|&k| k > 0).map(|k| k as usize),
+            top_p.map(|p| p as f32),
+            min_p.map(|p| p as f32),
+            vocab,
+        )
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
         let presence = body.number("presence_penalty", -2.0, 2.0)?;
         let frequency = body.number("frequency_penalty", -2.0, 2.0)?;
         let repetition = body.number("repetition_penalty", 1e-3, 10.0)?;

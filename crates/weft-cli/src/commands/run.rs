@@ -112,13 +112,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         !prompt_ids.is_empty() || !ctx.is_empty(),
         "the prompt is empty"
     );
-    let sampler = if args.temp <= 0.0 {
-        Sampler::Argmax
-    } else {
-        Sampler::Temperature {
-            temperature: args.temp,
-        }
-    };
+    // The library checks the range (a negative temperature is refused, not read as 0).
+    let sampler = Sampler::from_params(args.temp, None, None, None, engine.info().vocab_size)?;
     let adapters = args
         .lora
         .iter()

@@ -161,6 +161,50 @@ impl SampleScratch {
 }
 
 impl Sampler {
+    /// The sampler for the knobs every front end exposes (llama.cpp's `--temp --top-k
+    /// --top-p --min-p`, OpenAI's `temperature` and `top_p`), each range checked here once so
+    /// the CLI, the server and library users refuse the same values: temperature finite and
+    /// ≥ 0 (0 is greedy: [`Sampler::Argmax`]), top-p in `(0, 1]`, min-p in `[0, 1]`. A `top_k`
+    /// of 0 is off, as in llama.cpp; filters not given are off.
+    ///
+    /// ```
+    /// use weft_core::sampling::{Sampler, SamplerError};
+    /// assert_eq!(Sampler::from_params(0.0, None, None, None, 100)?, Sampler::Argmax);
+    /// assert_eq!(
+    ///     Sampler::from_params(0.7, None, None, None, 100)?,
+    ///     Sampler::Temperature { temperature: 0.7 }
+    /// );
+    /// assert!(matches!(
+    ///     Sampler::from_params(-1.0, None, None, None, 100),
+    ///     Err(SamplerError::Temperature { .. })
+    /// ));
+    /// assert!(Sampler::from_params(0.0, None, Some(1.5), None, 100).is_err());
+    /// # Ok::<(), SamplerError>(())
+    /// ```
+    pub fn from_params(
+        temperature: f32,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        min_p: Option<f32>,
+        vocab: usize,
+    ) -> Result<Sampler, SamplerError> {
+        let top_k = top_k.filter(|&k| k > 0);
+        let chain = Sampler::Chain {
+            k: top_k.unwrap_or(vocab).max(1),
+            p: top_p.unwrap_or(1.0),
+            min_p: min_p.unwrap_or(0.0),
+            temperature,
+        };
+        chain.validate(vocab)?;
+        Ok(if greedy(temperature) {
+            Sampler::Argmax
+        } else if top_k.is_none() && top_p.is_none() && min_p.is_none() {
+            Sampler::Temperature { temperature }
+        } else {
+            chain
+        })
+    }
+
     /// The sampling temperature (0 for [`Sampler::Argmax`]).
     pub fn temperature(&self) -> f32 {
         match *self {
