@@ -32,27 +32,49 @@ use crate::scheduler::Command;
 /// branch.truncate(1)?;
 /// # Ok(()) }
 /// ```
+///
+/// The context alone keeps its invariant — its run tokens are exactly what the KV cache holds
+/// for its sequence — so every field is private; passes and generators change it only through
+/// the methods below.
 pub struct Context {
-    pub(crate) engine: Engine,
-    pub(crate) seq: SeqId,
+    engine: Engine,
+    seq: SeqId,
     /// Tokens in the KV cache and their positions.
-    pub(crate) tokens: Vec<u32>,
-    pub(crate) positions: Vec<u32>,
-    pub(crate) pending: Vec<u32>,
-    pub(crate) rng: Rng,
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
+    pending: Vec<u32>,
+    rng: Rng,
     /// A pass was submitted and its `execute` future has not finished (it may have been
     /// dropped): wait for the scheduler before touching the sequence again.
-    pub(crate) inflight: bool,
+    inflight: bool,
     /// A generator saved in the snapshot this context was resumed from (JSON), until
     /// [`Context::resume_generator`] takes it.
-    pub(crate) saved_generator: Option<String>,
+    saved_generator: Option<String>,
     /// Input vectors of tokens (run or pending) that stand for a vector rather than their id,
     /// by index in the sequence (run tokens first, then pending ones).
-    pub(crate) embeds: BTreeMap<usize, Arc<[f32]>>,
+    embeds: BTreeMap<usize, Arc<[f32]>>,
     /// Additive attention bias rows of pending tokens, by index in the sequence.
-    pub(crate) pending_bias: BTreeMap<usize, Vec<f32>>,
+    pending_bias: BTreeMap<usize, Vec<f32>>,
     /// Some token ran with a custom attention mask or bias (so its KV cannot be recomputed).
-    pub(crate) custom_attention: bool,
+    custom_attention: bool,
+}
+
+/// What a submitted pass changed in its context, kept to undo it if the pass fails.
+pub(crate) struct PassRecord {
+    len: usize,
+    pending: Vec<u32>,
+    pending_bias: BTreeMap<usize, Vec<f32>>,
+    custom_attention: bool,
+}
+
+/// A context's state between passes (run length, pending tokens, input vectors, bias rows):
+/// a generator keeps one to go back to when a step's future is dropped.
+#[derive(Debug, Clone)]
+pub(crate) struct Mark {
+    len: usize,
+    pending: Vec<u32>,
+    embeds: BTreeMap<usize, Arc<[f32]>>,
+    pending_bias: BTreeMap<usize, Vec<f32>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -106,6 +128,144 @@ impl Context {
             self.embeds.retain(|&i, _| i < cached + self.pending.len());
         }
         self.inflight = false;
+    }
+
+    /// The scheduler's id of this context's sequence.
+    pub(crate) fn seq(&self) -> SeqId {
+        self.seq
+    }
+
+    /// The sampling state the next pass starts from.
+    pub(crate) fn rng(&self) -> &Rng {
+        &self.rng
+    }
+
+    /// The position after the last run token (the first pending token's).
+    pub(crate) fn start_position(&self) -> u32 {
+        self.positions.last().map_or(0, |&p| p + 1)
+    }
+
+    /// Additive attention bias rows of pending tokens, by index in the sequence.
+    pub(crate) fn pending_bias(&self) -> &BTreeMap<usize, Vec<f32>> {
+        &self.pending_bias
+    }
+
+    /// The input vector of the sequence's `i`-th token, if it stands for one.
+    pub(crate) fn vector(&self, i: usize) -> Option<Arc<[f32]>> {
+        self.embeds.get(&i).cloned()
+    }
+
+    /// Whether any token from index `from` on stands for an input vector.
+    pub(crate) fn has_vectors_from(&self, from: usize) -> bool {
+        self.embeds.range(from..).next().is_some()
+    }
+
+    /// Whether the context holds input vectors or attention bias rows (a snapshot cannot
+    /// record them).
+    pub(crate) fn has_vectors_or_bias(&self) -> bool {
+        !self.embeds.is_empty() || !self.pending_bias.is_empty()
+    }
+
+    /// The run tokens followed by the pending ones.
+    pub(crate) fn history(&self) -> Vec<u32> {
+        let mut h = Vec::with_capacity(self.tokens.len() + self.pending.len());
+        h.extend_from_slice(&self.tokens);
+        h.extend_from_slice(&self.pending);
+        h
+    }
+
+    /// Appends tokens to the pending buffer (ids already checked against the vocabulary).
+    pub(crate) fn push_pending(&mut self, ids: &[u32]) {
+        self.pending.extend_from_slice(ids);
+    }
+
+    /// Records a pass submitted to the scheduler: the pending tokens and `tokens`'s inputs
+    /// become run tokens at `positions` (the pass's `tokens` start with the pending ones),
+    /// with the pass's own input vectors by index in the pass. Until [`Context::pass_done`]
+    /// or [`Context::pass_failed`], the context waits for the scheduler before touching the
+    /// sequence again.
+    pub(crate) fn begin_pass(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        vectors: BTreeMap<usize, Arc<[f32]>>,
+        custom_attention: bool,
+    ) -> PassRecord {
+        let record = PassRecord {
+            len: self.tokens.len(),
+            pending: std::mem::take(&mut self.pending),
+            pending_bias: std::mem::take(&mut self.pending_bias),
+            custom_attention: self.custom_attention,
+        };
+        self.custom_attention |= custom_attention;
+        self.tokens.extend_from_slice(tokens);
+        self.positions.extend_from_slice(positions);
+        for (i, v) in vectors {
+            self.embeds.insert(record.len + i, v);
+        }
+        self.inflight = true;
+        record
+    }
+
+    /// The pass ran: the sampling state moves on to `rng`.
+    pub(crate) fn pass_done(&mut self, rng: Rng) {
+        self.inflight = false;
+        self.rng = rng;
+    }
+
+    /// The pass failed and the runner rolled the sequence back: so does the context.
+    pub(crate) fn pass_failed(&mut self, r: PassRecord) {
+        self.inflight = false;
+        self.tokens.truncate(r.len);
+        self.positions.truncate(r.len);
+        self.embeds.retain(|&i, _| i < r.len + r.pending.len());
+        self.pending = r.pending;
+        self.pending_bias = r.pending_bias;
+        self.custom_attention = r.custom_attention;
+    }
+
+    /// The state to come back to with [`Context::rewind_to`].
+    pub(crate) fn mark(&self) -> Mark {
+        Mark {
+            len: self.tokens.len(),
+            pending: self.pending.clone(),
+            embeds: self.embeds.clone(),
+            pending_bias: self.pending_bias.clone(),
+        }
+    }
+
+    /// Goes back to `mark` after a pass whose future was dropped: waits for the scheduler,
+    /// drops whatever ran since, and restores the pending buffer.
+    pub(crate) fn rewind_to(&mut self, mark: Mark) -> Result<()> {
+        self.settle();
+        if self.tokens.len() > mark.len {
+            self.truncate(mark.len)?;
+        }
+        self.pending = mark.pending;
+        self.embeds = mark.embeds;
+        self.pending_bias = mark.pending_bias;
+        Ok(())
+    }
+
+    /// Sets the state of a context whose sequence was just imported from a snapshot.
+    pub(crate) fn restore_imported(
+        &mut self,
+        tokens: Vec<u32>,
+        positions: Vec<u32>,
+        pending: Vec<u32>,
+        rng: Rng,
+        generator: Option<String>,
+    ) {
+        self.tokens = tokens;
+        self.positions = positions;
+        self.pending = pending;
+        self.rng = rng;
+        self.saved_generator = generator;
+    }
+
+    /// Takes the generator saved in the snapshot this context was resumed from.
+    pub(crate) fn take_saved_generator(&mut self) -> Option<String> {
+        self.saved_generator.take()
     }
 
     /// The engine this context runs on.
@@ -365,8 +525,15 @@ impl Context {
         Forward::new(self)
     }
 
-    /// A generation loop over this context (see [`Generator`]).
-    pub fn generate(&mut self, sampler: Sampler) -> Generator<'_> {
+    /// A generation loop over this context (see [`Generator`]) with `sampler`, or with the
+    /// engine's default sampler for `None` ([`EngineConfig::generation`]); it starts from the
+    /// engine's default stop rules.
+    ///
+    /// [`EngineConfig::generation`]: crate::EngineConfig::generation
+    pub fn generate(&mut self, sampler: impl Into<Option<Sampler>>) -> Generator<'_> {
+        let sampler = sampler
+            .into()
+            .unwrap_or_else(|| self.engine.config().generation.sampler.clone());
         Generator::new(self, sampler)
     }
 

@@ -10,12 +10,14 @@ use weft_core::gguf::GgufFile;
 use weft_core::kv::KvLayout;
 use weft_core::models::{LayerPager, ModelInfo};
 use weft_core::runner::{ModelRunner, RunnerConfig};
+use weft_core::sampling::Sampler;
 use weft_core::tokenizer::Tokenizer;
 use weft_hub::{Hub, NoProgress};
 
 use crate::chat::ChatTemplate;
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::generator::StopRules;
 use crate::scheduler::{self, Shared};
 
 /// How an [`Engine`] is set up. `Default` suits one machine running a small model.
@@ -59,6 +61,50 @@ pub struct EngineConfig {
     /// # Ok(()) }
     /// ```
     pub layer_pager: Option<Arc<LayerPager>>,
+    /// What generators use where they set nothing themselves: the sampler of
+    /// `ctx.generate(None)` and the stop rules every generator starts from (seed 004's
+    /// engine-wide sampler config).
+    pub generation: GenerationDefaults,
+}
+
+/// The engine's generation defaults (see [`EngineConfig::generation`]).
+///
+/// ```no_run
+/// use weft::{Engine, EngineConfig, GenerationDefaults, Sampler, StopRules};
+/// # fn main() -> weft::Result<()> {
+/// let path = weft::Hub::from_env()?.resolve("smollm2-135m", &mut weft::NoProgress)?;
+/// let config = EngineConfig {
+///     generation: GenerationDefaults {
+///         sampler: Sampler::TopP { p: 0.9, temperature: 0.7 },
+///         stop: StopRules::new().max_tokens(64).stop_string("\n\n"),
+///     },
+///     ..EngineConfig::default()
+/// };
+/// let engine = Engine::open(&path, config)?;
+/// let mut ctx = engine.context();
+/// ctx.fill("Once upon a time")?;
+/// // No sampler and no stop rules given: the engine's are used.
+/// let text = weft::block_on(ctx.generate(None).collect_text())?;
+/// assert_eq!(engine.config().generation.stop.max_tokens, 64);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationDefaults {
+    /// The sampler of a generator made without one (default [`Sampler::Argmax`]: greedy, as
+    /// Hugging Face's `generate` is without `do_sample`).
+    pub sampler: Sampler,
+    /// The stop rules every generator starts from (default: 256 tokens and the model's
+    /// end-of-turn set); builder calls such as `max_tokens` change the generator's copy.
+    pub stop: StopRules,
+}
+
+impl Default for GenerationDefaults {
+    fn default() -> Self {
+        GenerationDefaults {
+            sampler: Sampler::Argmax,
+            stop: StopRules::default(),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -72,6 +118,7 @@ impl Default for EngineConfig {
             batch_wait: Duration::from_millis(2),
             prefix_cache: true,
             layer_pager: None,
+            generation: GenerationDefaults::default(),
         }
     }
 }
@@ -102,6 +149,9 @@ pub struct Metrics {
     pub prefix_hit_tokens: u64,
     /// Cached pages given back to the pool to make room.
     pub prefix_evictions: u64,
+    /// Times the scheduler waited the whole [`EngineConfig::batch_wait`] for a pass a context
+    /// had announced (its `horizon`) and gave up: each is a step delayed for nothing.
+    pub batch_wait_timeouts: u64,
 }
 
 pub(crate) struct Inner {
@@ -112,6 +162,8 @@ pub(crate) struct Inner {
     pub info: ModelInfo,
     pub n_ctx: usize,
     pub stop_tokens: Vec<u32>,
+    /// The configuration in effect (thread count and context length resolved).
+    pub config: EngineConfig,
     /// llguidance's token trie and parser factory, built on the first constraint.
     pub llg: std::sync::OnceLock<Arc<llguidance::ParserFactory>>,
     /// The model file (and its path, when opened from one), the KV cache's layout and the
@@ -266,6 +318,12 @@ impl Engine {
         let n_ctx = runner.n_ctx();
         let kv_layout = runner.kv().layout().clone();
         let stop_tokens = crate::chat::stop_tokens(&tokenizer);
+        let config = EngineConfig {
+            n_threads: config.n_threads.max(1),
+            n_ctx: Some(n_ctx),
+            step_tokens: config.step_tokens.max(1),
+            ..config
+        };
         let shared = Arc::new(Shared::new(runner, config.step_tokens, config.batch_wait));
         let thread = scheduler::spawn(shared.clone())
             .map_err(|e| Error::Config(format!("cannot start the scheduler thread: {e}")))?;
@@ -283,11 +341,18 @@ impl Engine {
                 path,
                 kv_layout,
                 fingerprint: std::sync::OnceLock::new(),
-                layer_pager: config.layer_pager,
+                layer_pager: config.layer_pager.clone(),
+                config,
                 lora_stack: std::sync::Mutex::new(Vec::new()),
                 thread: Some(thread),
             }),
         })
+    }
+
+    /// The whole configuration in effect: what was asked, with the thread count, the context
+    /// length (`n_ctx`, resolved from the model) and the step budget filled in.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
     }
 
     /// The layer pager, when the engine pages its blocks (see [`EngineConfig::layer_pager`]).
@@ -394,6 +459,7 @@ impl Engine {
             prefix_queried_tokens: c.prefix_queried.load(Ordering::Relaxed),
             prefix_hit_tokens: c.prefix_hits.load(Ordering::Relaxed),
             prefix_evictions: c.prefix_evictions.load(Ordering::Relaxed),
+            batch_wait_timeouts: c.batch_wait_timeouts.load(Ordering::Relaxed),
         }
     }
 

@@ -49,6 +49,9 @@ pub enum Error {
     /// An additive attention bias of the wrong shape, or one that lets a token see a later one.
     #[error("attention bias: {reason}")]
     AttentionBias { reason: String },
+    /// A padded batch of prompts whose rows, attention mask or padding do not fit together.
+    #[error("padded batch: {reason}")]
+    PaddedBatch { reason: String },
     /// The pass would make the context longer than the engine allows.
     #[error("the context would hold {len} tokens, more than its limit of {n_ctx}")]
     ContextTooLong { len: usize, n_ctx: usize },

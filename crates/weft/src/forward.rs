@@ -13,16 +13,9 @@ use crate::brle::Brle;
 use crate::constraint::TokenMask;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::probe::{
-    Distribution, Entropy, Hidden, Logits, LogprobProbe, Probe, ProbeHandle, ProbeKind, ProbeValue,
-};
+use crate::output::{ForwardOutput, SampleHandle};
+use crate::probe::{Probe, ProbeHandle, ProbeKind};
 use crate::scheduler::{PassRequest, SampleSpec};
-
-/// Reads the tokens a sampler chose from a pass's output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SampleHandle {
-    index: usize,
-}
 
 /// One forward pass over a [`Context`], built step by step and run with
 /// [`Forward::execute`].
@@ -50,7 +43,9 @@ pub struct SampleHandle {
 /// let paris = engine.tokenize(" Paris");
 /// let lp = fwd.probe(last, Logprobs(paris.clone()));
 /// let out = weft::block_on(fwd.execute())?;
-/// println!("{:?} {:?} {:?}", out.token(next), out.entropy(ent), out.logprobs(lp));
+/// // Each handle reads its own type: tokens, an f32, a slice of log-probabilities.
+/// let (tokens, entropy, logprobs): (&[u32], f32, &[f32]) = (out.get(next), out.get(ent), out.get(lp));
+/// println!("next {} (entropy {entropy:.2} nats), log p(Paris) = {:?}", engine.detokenize(tokens)?, logprobs);
 /// # Ok(()) }
 /// ```
 pub struct Forward<'c> {
@@ -74,8 +69,8 @@ pub struct Forward<'c> {
 impl<'c> Forward<'c> {
     pub(crate) fn new(ctx: &'c mut Context) -> Forward<'c> {
         ctx.settle();
-        let start = ctx.positions.last().map_or(0, |&p| p + 1);
-        let positions = (0..ctx.pending.len() as u32).map(|i| start + i).collect();
+        let start = ctx.start_position();
+        let positions = (0..ctx.pending().len() as u32).map(|i| start + i).collect();
         Forward {
             ctx,
             inputs: Vec::new(),
@@ -96,7 +91,7 @@ impl<'c> Forward<'c> {
 
     /// Tokens the pass runs so far (pending tokens and inputs).
     pub fn len(&self) -> usize {
-        self.ctx.pending.len() + self.inputs.len()
+        self.ctx.pending().len() + self.inputs.len()
     }
 
     /// Whether the pass runs no token yet.
@@ -159,7 +154,7 @@ impl<'c> Forward<'c> {
     /// [`Forward::input_embeds`], recording `ids` (one per vector) in the context in their
     /// place (placeholders such as an image token; the model never sees them).
     pub fn input_embeds_as(&mut self, ids: &[u32], rows: &[f32], positions: &[u32]) -> &mut Self {
-        let d = self.ctx.engine.info().n_embd;
+        let d = self.ctx.engine().info().n_embd;
         match split_vectors(rows, ids.len(), d) {
             Ok(vectors) => {
                 let start = self.len();
@@ -181,7 +176,7 @@ impl<'c> Forward<'c> {
     pub fn next_position(&self) -> u32 {
         match self.positions.last() {
             Some(&p) => p + 1,
-            None => self.ctx.positions.last().map_or(0, |&p| p + 1),
+            None => self.ctx.start_position(),
         }
     }
 
@@ -206,7 +201,7 @@ impl<'c> Forward<'c> {
     /// A logit mask over the vocabulary (length = vocabulary size): samplers of this pass
     /// only choose allowed ids. Probes report the unmasked distribution.
     pub fn mask(&mut self, allowed: Brle) -> &mut Self {
-        let vocab_size = self.ctx.engine.info().vocab_size;
+        let vocab_size = self.ctx.engine().info().vocab_size;
         if allowed.len() != vocab_size {
             self.error.get_or_insert(Error::MaskLength {
                 what: "logit mask",
@@ -284,9 +279,7 @@ impl<'c> Forward<'c> {
             sampler,
             masks: Vec::new(),
         });
-        SampleHandle {
-            index: self.samplers.len() - 1,
-        }
+        SampleHandle::new(self.samplers.len() - 1)
     }
 
     /// Reports `probe` for the next-token distribution after the token at `index`.
@@ -308,9 +301,7 @@ impl<'c> Forward<'c> {
             sampler,
             masks,
         });
-        SampleHandle {
-            index: self.samplers.len() - 1,
-        }
+        SampleHandle::new(self.samplers.len() - 1)
     }
 
     pub(crate) fn probe_kind(&mut self, index: usize, kind: ProbeKind) {
@@ -330,10 +321,10 @@ impl<'c> Forward<'c> {
             return Err(e);
         }
         let ctx = self.ctx;
-        let engine = ctx.engine.clone();
+        let engine = ctx.engine().clone();
         let vocab_size = engine.info().vocab_size;
         let n_ctx = engine.n_ctx();
-        let mut tokens = ctx.pending.clone();
+        let mut tokens = ctx.pending().to_vec();
         tokens.extend_from_slice(&self.inputs);
         let n = tokens.len();
         if n == 0 {
@@ -342,9 +333,9 @@ impl<'c> Forward<'c> {
         if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab_size) {
             return Err(Error::TokenOutOfVocab { id, vocab_size });
         }
-        if ctx.tokens.len() + n > n_ctx {
+        if ctx.len() + n > n_ctx {
             return Err(Error::ContextTooLong {
-                len: ctx.tokens.len() + n,
+                len: ctx.len() + n,
                 n_ctx,
             });
         }
@@ -386,23 +377,23 @@ impl<'c> Forward<'c> {
             }
             m => m,
         };
-        let base = ctx.tokens.len();
+        let base = ctx.len();
         let masks = attention(
             base,
             n,
             self.masks.as_deref(),
             self.attn_bias.as_deref(),
-            &ctx.pending_bias,
+            ctx.pending_bias(),
         )?;
         // Input vectors: the pending tokens' (recorded in the context) and this pass's own.
-        let n_pending = ctx.pending.len();
-        let embeds = if self.vectors.is_empty() && ctx.embeds.range(base..).next().is_none() {
+        let n_pending = ctx.pending().len();
+        let embeds = if self.vectors.is_empty() && !ctx.has_vectors_from(base) {
             Vec::new()
         } else {
             (0..n)
                 .map(|i| {
                     if i < n_pending {
-                        ctx.embeds.get(&(base + i)).cloned()
+                        ctx.vector(base + i)
                     } else {
                         self.vectors.get(&i).cloned()
                     }
@@ -410,12 +401,12 @@ impl<'c> Forward<'c> {
                 .collect()
         };
         let penalties = self.penalties.map(|p| {
-            let mut history = ctx.tokens.clone();
+            let mut history = ctx.tokens().to_vec();
             history.extend_from_slice(&tokens);
             (p, history)
         });
         let req = PassRequest {
-            seq: ctx.seq,
+            seq: ctx.seq(),
             tokens,
             positions: self.positions,
             masks,
@@ -424,9 +415,9 @@ impl<'c> Forward<'c> {
             logit_mask,
             penalties,
             bias: self.bias,
-            rng: ctx.rng.clone(),
+            rng: ctx.rng().clone(),
             horizon: self.horizon,
-            adapters: self.adapters.resolve(&ctx.engine)?,
+            adapters: self.adapters.resolve(&engine)?,
             embeds,
         };
         Ok((ctx, req, self.vectors))
@@ -439,97 +430,18 @@ impl<'c> Forward<'c> {
     /// before it completes does not cancel the pass.
     pub async fn execute(self) -> Result<ForwardOutput> {
         let (ctx, req, vectors) = self.into_request()?;
-        let (len, pending) = (ctx.tokens.len(), std::mem::take(&mut ctx.pending));
-        let pending_bias = std::mem::take(&mut ctx.pending_bias);
-        let custom_attention = ctx.custom_attention;
-        ctx.custom_attention |= req.masks.is_some();
-        ctx.tokens.extend_from_slice(&req.tokens);
-        ctx.positions.extend_from_slice(&req.positions);
-        for (i, v) in vectors {
-            ctx.embeds.insert(len + i, v);
-        }
-        let rx = ctx.engine.inner.shared.submit(req);
-        // Cleared below; if this future is dropped first, the context settles later.
-        ctx.inflight = true;
-        let result = rx.await.unwrap_or(Err(Error::EngineStopped));
-        ctx.inflight = false;
-        match result {
+        // If this future is dropped before the answer, the context settles later.
+        let record = ctx.begin_pass(&req.tokens, &req.positions, vectors, req.masks.is_some());
+        let rx = ctx.engine().inner.shared.submit(req);
+        match rx.await.unwrap_or(Err(Error::EngineStopped)) {
             Ok(r) => {
-                ctx.rng = r.rng;
-                Ok(ForwardOutput {
-                    tokens: r.tokens,
-                    probes: r.probes,
-                })
+                ctx.pass_done(r.rng);
+                Ok(ForwardOutput::new(r.tokens, r.probes))
             }
             Err(e) => {
-                // The runner rolled the sequence back; so does the context.
-                ctx.tokens.truncate(len);
-                ctx.positions.truncate(len);
-                ctx.embeds.retain(|&i, _| i < len + pending.len());
-                ctx.pending = pending;
-                ctx.pending_bias = pending_bias;
-                ctx.custom_attention = custom_attention;
+                ctx.pass_failed(record);
                 Err(e)
             }
-        }
-    }
-}
-
-/// The outputs of a forward pass, read through the handles the builder returned.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ForwardOutput {
-    tokens: Vec<Vec<u32>>,
-    probes: Vec<ProbeValue>,
-}
-
-impl ForwardOutput {
-    /// The token sampled at the sampler's first index.
-    pub fn token(&self, h: SampleHandle) -> Option<u32> {
-        self.tokens(h).and_then(|t| t.first().copied())
-    }
-
-    /// The tokens sampled at each of the sampler's indices.
-    pub fn tokens(&self, h: SampleHandle) -> Option<&[u32]> {
-        self.tokens.get(h.index).map(Vec::as_slice)
-    }
-
-    /// The raw logits (one per vocabulary entry).
-    pub fn logits(&self, h: ProbeHandle<Logits>) -> Option<&[f32]> {
-        match self.probes.get(h.index)? {
-            ProbeValue::Logits(v) => Some(v),
-            _ => None,
-        }
-    }
-
-    /// Ids (most likely first) and their probabilities.
-    pub fn distribution(&self, h: ProbeHandle<Distribution>) -> Option<(&[u32], &[f32])> {
-        match self.probes.get(h.index)? {
-            ProbeValue::Distribution(ids, p) => Some((ids, p)),
-            _ => None,
-        }
-    }
-
-    /// Log-probabilities of the probed ids (one for [`crate::Logprob`]).
-    pub fn logprobs<P: LogprobProbe>(&self, h: ProbeHandle<P>) -> Option<&[f32]> {
-        match self.probes.get(h.index)? {
-            ProbeValue::Logprobs(v) => Some(v),
-            _ => None,
-        }
-    }
-
-    /// Entropy in nats.
-    pub fn entropy(&self, h: ProbeHandle<Entropy>) -> Option<f32> {
-        match self.probes.get(h.index)? {
-            ProbeValue::Entropy(v) => Some(*v),
-            _ => None,
-        }
-    }
-
-    /// The final-norm hidden state (`n_embd` values).
-    pub fn hidden(&self, h: ProbeHandle<Hidden>) -> Option<&[f32]> {
-        match self.probes.get(h.index)? {
-            ProbeValue::Hidden(v) => Some(v),
-            _ => None,
         }
     }
 }

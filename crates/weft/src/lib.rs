@@ -37,7 +37,9 @@ mod engine;
 mod error;
 mod forward;
 mod generator;
+mod output;
 mod probe;
+mod rewind;
 pub mod rollout;
 mod scheduler;
 mod session;
@@ -50,13 +52,15 @@ pub use constraint::{Constraint, Schema, TokenMask};
 pub use context::Context;
 pub use embed::{is_gguf, open_embedding_model, EmbedOptions, EmbeddingModel, Pooling};
 pub use embedder::{Embedder, EmbedderConfig};
-pub use engine::{Engine, EngineConfig, Metrics};
+pub use engine::{Engine, EngineConfig, GenerationDefaults, Metrics};
 pub use error::{Error, Result};
-pub use forward::{Forward, ForwardOutput, SampleHandle};
-pub use generator::{Generator, Step, StepOutput, StopReason, StopStrings};
+pub use forward::Forward;
+pub use generator::{Generator, Step, StepOutput, StopReason, StopRules, StopStrings};
+pub use output::{ForwardOutput, OutputHandle, SampleHandle};
 pub use probe::{
     Distribution, Entropy, Hidden, Logits, Logprob, LogprobProbe, Logprobs, Probe, ProbeHandle,
 };
+pub use rewind::Rewindable;
 pub use session::SNAPSHOT_VERSION;
 pub use speculate::{NgramSpeculator, Speculator};
 pub use weft_core::sampling::{Penalties, Sampler};

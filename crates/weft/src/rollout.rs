@@ -1,22 +1,61 @@
 //! Batch rollouts: generate for many prompts at once, each with its own sampling options and
 //! stop sequences (the RLHF-rollout use of seed 003), written on [`Context`] and [`Generator`]
 //! like any user code — the scheduler batches the contexts' passes into shared model calls.
+//!
+//! Prompts come as text or ids, or as seed 003's left-padded batch
+//! ([`RolloutRequest::from_padded`]); results come ragged ([`Rollout`]) or as seed 003's
+//! padded `[batch, total_len]` matrix ([`padded`], [`padded_left_prompts`]).
 
 use futures_util::future::join_all;
 
 use crate::context::Context;
 use crate::engine::Engine;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::generator::{Generator, StopReason};
 use weft_core::sampling::Sampler;
+
+/// A prompt: text (tokenized with a BOS when the model wants one) or token ids, used as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+impl From<&str> for Prompt {
+    fn from(s: &str) -> Prompt {
+        Prompt::Text(s.to_string())
+    }
+}
+
+impl From<String> for Prompt {
+    fn from(s: String) -> Prompt {
+        Prompt::Text(s)
+    }
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(ids: Vec<u32>) -> Prompt {
+        Prompt::Tokens(ids)
+    }
+}
+
+impl From<&[u32]> for Prompt {
+    fn from(ids: &[u32]) -> Prompt {
+        Prompt::Tokens(ids.to_vec())
+    }
+}
 
 /// One prompt of a batch and how to continue it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RolloutRequest {
-    /// The prompt text (a BOS is added when the model wants one).
-    pub prompt: String,
+    /// The prompt: text or ids.
+    pub prompt: Prompt,
     pub sampler: Sampler,
+    /// Most tokens to generate.
     pub max_tokens: usize,
+    /// Most tokens in prompt + generation (ColossalAI's and Hugging Face's `max_length`);
+    /// the tighter of this and `max_tokens` applies.
+    pub max_length: Option<usize>,
     /// Stop when the output ends with one of these id sequences (multi-token stops).
     pub stop_sequences: Vec<Vec<u32>>,
     /// Sampling seed of this request.
@@ -24,15 +63,71 @@ pub struct RolloutRequest {
 }
 
 impl RolloutRequest {
-    /// A request with `max_tokens` 128, seed 0 and no extra stop sequences.
-    pub fn new(prompt: impl Into<String>, sampler: Sampler) -> RolloutRequest {
+    /// A request with `max_tokens` 128, no `max_length`, seed 0 and no extra stop sequences.
+    pub fn new(prompt: impl Into<Prompt>, sampler: Sampler) -> RolloutRequest {
         RolloutRequest {
             prompt: prompt.into(),
             sampler,
             max_tokens: 128,
+            max_length: None,
             stop_sequences: Vec::new(),
             seed: 0,
         }
+    }
+
+    /// One request per row of a padded batch of prompt ids (seed 003's left-padded
+    /// `input_ids` with its `attention_mask`): the padding (mask 0) is dropped, so each row
+    /// runs as its own unpadded prompt. Padding may sit on the left or the right of a row,
+    /// not in its middle; rows and masks must have the same shape.
+    ///
+    /// ```
+    /// use weft::rollout::{Prompt, RolloutRequest};
+    /// let pad = 0;
+    /// let ids = [vec![pad, pad, 5, 6], vec![7, 8, 9, 10]];
+    /// let mask = [vec![0, 0, 1, 1], vec![1, 1, 1, 1]];
+    /// let reqs = RolloutRequest::from_padded(&ids, &mask, weft::Sampler::Argmax)?;
+    /// assert_eq!(reqs[0].prompt, Prompt::Tokens(vec![5, 6]));
+    /// assert_eq!(reqs[1].prompt, Prompt::Tokens(vec![7, 8, 9, 10]));
+    /// # Ok::<(), weft::Error>(())
+    /// ```
+    pub fn from_padded(
+        input_ids: &[Vec<u32>],
+        attention_mask: &[Vec<u8>],
+        sampler: Sampler,
+    ) -> Result<Vec<RolloutRequest>> {
+        let bad = |reason: String| Error::PaddedBatch { reason };
+        if input_ids.len() != attention_mask.len() {
+            return Err(bad(format!(
+                "{} rows of ids but {} rows of attention mask",
+                input_ids.len(),
+                attention_mask.len()
+            )));
+        }
+        let mut requests = Vec::with_capacity(input_ids.len());
+        for (r, (ids, mask)) in input_ids.iter().zip(attention_mask).enumerate() {
+            if ids.len() != mask.len() {
+                return Err(bad(format!(
+                    "row {r} has {} ids but {} mask entries",
+                    ids.len(),
+                    mask.len()
+                )));
+            }
+            if let Some(v) = mask.iter().find(|&&m| m > 1) {
+                return Err(bad(format!("row {r}: mask entry {v} is not 0 or 1")));
+            }
+            let first = mask.iter().position(|&m| m == 1);
+            let last = mask.iter().rposition(|&m| m == 1);
+            let (Some(a), Some(b)) = (first, last) else {
+                return Err(bad(format!("row {r} is all padding")));
+            };
+            if mask[a..=b].contains(&0) {
+                return Err(bad(format!(
+                    "row {r} has padding between its tokens (only left or right padding is accepted)"
+                )));
+            }
+            requests.push(RolloutRequest::new(ids[a..=b].to_vec(), sampler.clone()));
+        }
+        Ok(requests)
     }
 }
 
@@ -47,6 +142,97 @@ pub struct Rollout {
     pub text: String,
     /// Why it stopped (`None` in a partial result).
     pub stop: Option<StopReason>,
+}
+
+impl Rollout {
+    /// Prompt, generated tokens and the stop token that ended it, if one did: the row
+    /// ColossalAI's and Hugging Face's `generate` return (they keep the EOS).
+    pub fn sequence(&self) -> Vec<u32> {
+        let mut s = self.prompt_tokens.clone();
+        s.extend_from_slice(&self.tokens);
+        if let Some(StopReason::StopToken(t)) = self.stop {
+            s.push(t);
+        }
+        s
+    }
+}
+
+/// A batch of sequences as one `[batch, total_len]` matrix of ids (seed 003's output).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaddedBatch {
+    /// Rows.
+    pub batch: usize,
+    /// Columns: the longest row.
+    pub total_len: usize,
+    /// `batch × total_len` ids, row-major.
+    pub ids: Vec<u32>,
+    /// `batch × total_len`: 1 where `ids` holds a real token, 0 on padding.
+    pub attention_mask: Vec<u8>,
+}
+
+impl PaddedBatch {
+    /// Row `i` (padding included).
+    pub fn row(&self, i: usize) -> &[u32] {
+        &self.ids[i * self.total_len..(i + 1) * self.total_len]
+    }
+}
+
+/// Every rollout's [`Rollout::sequence`] (prompt, generated ids, EOS kept), right-padded with
+/// `pad_token_id` to the longest.
+///
+/// ```
+/// use weft::rollout::{padded, Rollout};
+/// use weft::StopReason;
+/// let r = |p: &[u32], t: &[u32], stop| Rollout {
+///     prompt_tokens: p.to_vec(), tokens: t.to_vec(), text: String::new(), stop: Some(stop),
+/// };
+/// let eos = 2;
+/// let out = padded(&[r(&[1, 5], &[6], StopReason::StopToken(eos)), r(&[1], &[7, 8, 9], StopReason::MaxTokens)], 0);
+/// assert_eq!((out.batch, out.total_len), (2, 4));
+/// assert_eq!(out.row(0), &[1, 5, 6, eos]);
+/// assert_eq!(out.row(1), &[1, 7, 8, 9]);
+/// ```
+pub fn padded(rollouts: &[Rollout], pad_token_id: u32) -> PaddedBatch {
+    let rows: Vec<(usize, Vec<u32>)> = rollouts.iter().map(|r| (0, r.sequence())).collect();
+    pad_rows(&rows, pad_token_id)
+}
+
+/// ColossalAI's exact layout: prompts left-padded to the longest prompt (as its input was),
+/// so every generation starts in the same column, then the generated ids (EOS kept),
+/// right-padded with `pad_token_id`.
+pub fn padded_left_prompts(rollouts: &[Rollout], pad_token_id: u32) -> PaddedBatch {
+    let width = rollouts
+        .iter()
+        .map(|r| r.prompt_tokens.len())
+        .max()
+        .unwrap_or(0);
+    let rows: Vec<(usize, Vec<u32>)> = rollouts
+        .iter()
+        .map(|r| (width - r.prompt_tokens.len(), r.sequence()))
+        .collect();
+    pad_rows(&rows, pad_token_id)
+}
+
+/// Rows of `(left padding, ids)`, right-padded to the longest.
+fn pad_rows(rows: &[(usize, Vec<u32>)], pad: u32) -> PaddedBatch {
+    let total_len = rows.iter().map(|(l, r)| l + r.len()).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(rows.len() * total_len);
+    let mut attention_mask = Vec::with_capacity(rows.len() * total_len);
+    for (left, row) in rows {
+        let right = total_len - left - row.len();
+        ids.extend(std::iter::repeat_n(pad, *left));
+        ids.extend_from_slice(row);
+        ids.extend(std::iter::repeat_n(pad, right));
+        attention_mask.extend(std::iter::repeat_n(0, *left));
+        attention_mask.extend(std::iter::repeat_n(1, row.len()));
+        attention_mask.extend(std::iter::repeat_n(0, right));
+    }
+    PaddedBatch {
+        batch: rows.len(),
+        total_len,
+        ids,
+        attention_mask,
+    }
 }
 
 /// Generates for every request at once and returns every sequence, in request order.
@@ -81,15 +267,24 @@ pub async fn generate_batch_streaming(
     for r in requests {
         let mut ctx: Context = engine.context();
         ctx.set_seed(r.seed);
-        ctx.fill(&r.prompt)?;
+        match &r.prompt {
+            Prompt::Text(t) => ctx.fill(t)?,
+            Prompt::Tokens(ids) => ctx.fill_tokens(ids)?,
+        }
         prompts.push(ctx.pending().to_vec());
         contexts.push(ctx);
     }
     let mut gens: Vec<Generator<'_>> = contexts
         .iter_mut()
         .zip(requests)
-        .map(|(ctx, r)| {
-            let g = ctx.generate(r.sampler.clone()).max_tokens(r.max_tokens);
+        .zip(&prompts)
+        .map(|((ctx, r), prompt)| {
+            let room = r
+                .max_length
+                .map_or(usize::MAX, |m| m.saturating_sub(prompt.len()));
+            let g = ctx
+                .generate(r.sampler.clone())
+                .max_tokens(r.max_tokens.min(room));
             r.stop_sequences.iter().fold(g, |g, s| g.stop_sequence(s))
         })
         .collect();

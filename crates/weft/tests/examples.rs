@@ -154,12 +154,12 @@ fn batch_rollouts_with_per_request_options() {
     assert_eq!(out.len(), 4);
     for (r, q) in out.iter().zip(&reqs) {
         assert!(r.tokens.len() <= q.max_tokens);
+        let weft::rollout::Prompt::Text(text) = &q.prompt else {
+            panic!("text prompts")
+        };
         assert_eq!(
             r.prompt_tokens,
-            e.context()
-                .engine()
-                .tokenizer()
-                .encode(&q.prompt, true, true)
+            e.context().engine().tokenizer().encode(text, true, true)
         );
     }
     if out[1].tokens.len() < reqs[1].max_tokens {

@@ -1,7 +1,5 @@
 //! The generation loop over [`Forward`]: sample, accept, check the stop rules, repeat.
 
-use std::collections::HashSet;
-
 use weft_core::sampling::{Penalties, Sampler};
 use weft_core::tokenizer::Utf8Buffer;
 
@@ -10,11 +8,11 @@ mod step;
 mod stop;
 
 pub use step::{Step, StepOutput};
-pub use stop::StopStrings;
+pub use stop::{StopRules, StopStrings};
 
 use crate::adapter::{Adapter, PassAdapters};
 use crate::constraint::{self, Constraint, Schema, TokenMask};
-use crate::context::Context;
+use crate::context::{Context, Mark};
 use crate::error::{Error, Result};
 use crate::probe::{Probe, ProbeHandle, ProbeKind};
 use crate::speculate::{NgramSpeculator, Speculator};
@@ -63,14 +61,11 @@ pub enum StopReason {
 pub struct Generator<'c> {
     ctx: &'c mut Context,
     sampler: Sampler,
-    max_tokens: usize,
-    min_tokens: usize,
-    /// The model's end-of-turn set (off with `ignore_eos`) and the caller's stop ids.
-    eos: HashSet<u32>,
-    ignore_eos: bool,
-    stops: HashSet<u32>,
-    stop_sequences: Vec<Vec<u32>>,
-    stop_strings: StopStrings,
+    stop: StopRules,
+    /// The model's end-of-turn set.
+    eos: Vec<u32>,
+    /// The caller's horizon hint (`None`: the passes left before `max_tokens`).
+    horizon: Option<usize>,
     penalties: Option<Penalties>,
     bias: Vec<(u32, f32)>,
     each_step: Vec<(usize, ProbeKind)>,
@@ -102,37 +97,46 @@ pub struct Generator<'c> {
     restart: Option<Restart>,
     /// The adapters every step runs with (none named: the engine's stack).
     adapters: PassAdapters,
+    _forget: ForgetOnDrop,
 }
 
-/// The state a step starts from.
+/// Tells the scheduler, when the generator goes away, not to wait for the passes its last
+/// step announced. A field rather than `Drop` on the generator, so the generator's borrow of
+/// its context still ends at its last use.
+struct ForgetOnDrop {
+    shared: std::sync::Arc<crate::scheduler::Shared>,
+    seq: weft_core::kv::SeqId,
+}
+
+impl Drop for ForgetOnDrop {
+    fn drop(&mut self) {
+        self.shared.forget(self.seq);
+    }
+}
+
+/// The state a step starts from: the context's, and the generator's next input.
 struct Restart {
-    ctx_len: usize,
-    pending: Vec<u32>,
+    mark: Mark,
     input: Vec<u32>,
-    /// The context's input vectors and pending attention bias rows.
-    embeds: std::collections::BTreeMap<usize, std::sync::Arc<[f32]>>,
-    pending_bias: std::collections::BTreeMap<usize, Vec<f32>>,
 }
-
-/// Default `max_tokens`.
-const DEFAULT_MAX_TOKENS: usize = 256;
 
 /// Default longest draft of speculative decoding.
 const DEFAULT_DRAFT: usize = 6;
 
 impl<'c> Generator<'c> {
     pub(crate) fn new(ctx: &'c mut Context, sampler: Sampler) -> Generator<'c> {
-        let eos = ctx.engine.stop_tokens().iter().copied().collect();
+        let eos = ctx.engine().stop_tokens().to_vec();
+        let stop = ctx.engine().config().generation.stop.clone();
+        let forget = ForgetOnDrop {
+            shared: ctx.engine().inner.shared.clone(),
+            seq: ctx.seq(),
+        };
         Generator {
             ctx,
             sampler,
-            max_tokens: DEFAULT_MAX_TOKENS,
-            min_tokens: 0,
+            stop,
             eos,
-            ignore_eos: false,
-            stops: HashSet::new(),
-            stop_sequences: Vec::new(),
-            stop_strings: StopStrings::default(),
+            horizon: None,
             penalties: None,
             bias: Vec::new(),
             each_step: Vec::new(),
@@ -154,6 +158,7 @@ impl<'c> Generator<'c> {
             config_error: None,
             restart: None,
             adapters: PassAdapters::default(),
+            _forget: forget,
         }
     }
 
@@ -169,7 +174,7 @@ impl<'c> Generator<'c> {
     /// compiled with llguidance. An invalid schema is returned as an error by the first step,
     /// before any pass runs.
     pub fn constrain_with(mut self, schema: Schema) -> Self {
-        match constraint::compile(&self.ctx.engine, &schema) {
+        match constraint::compile(self.ctx.engine(), &schema) {
             Ok(c) => {
                 self.constraints.push(Box::new(c));
                 self.schemas.push(schema);
@@ -223,64 +228,84 @@ impl<'c> Generator<'c> {
 
     /// Stop after `n` tokens (default 256).
     pub fn max_tokens(mut self, n: usize) -> Self {
-        self.max_tokens = n;
+        self.stop.max_tokens = n;
         self
     }
 
     /// Do not stop on the model's end-of-turn set (EOS and end-of-turn markers): generate
-    /// until `max_tokens` or another stop rule. Those tokens are then ordinary output.
+    /// until `max_tokens` or another stop rule. Those tokens are then ordinary output. With
+    /// `max_tokens(n)` and no other rule, exactly `n` tokens come out (seed 002's
+    /// `generate(n)`, Hugging Face's `min_new_tokens = max_new_tokens`).
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("Count: one, two,")?;
+    /// let gen = ctx.generate(weft::Sampler::Argmax).max_tokens(40).ignore_eos();
+    /// let ids = weft::block_on(gen.collect_tokens())?;
+    /// assert_eq!(ids.len(), 40);
+    /// # Ok(()) }
+    /// ```
     pub fn ignore_eos(mut self) -> Self {
-        self.ignore_eos = true;
+        self.stop.ignore_eos = true;
         self
     }
 
     /// Generate at least `n` tokens: until then the stop ids (end-of-turn set and
     /// [`Generator::stop`]) cannot be sampled. Stop strings and sequences still apply.
     pub fn min_tokens(mut self, n: usize) -> Self {
-        self.min_tokens = n;
+        self.stop.min_tokens = n;
         self
     }
 
-    /// Whether `t` ends generation by id.
-    fn is_stop(&self, t: u32) -> bool {
-        self.stops.contains(&t) || (!self.ignore_eos && self.eos.contains(&t))
+    /// Replaces every stop rule (`max_tokens`, `min_tokens`, `ignore_eos`, stop ids,
+    /// sequences and strings) with `rules`.
+    pub fn stop_rules(mut self, rules: StopRules) -> Self {
+        self.stop = rules;
+        self
+    }
+
+    /// The stop rules in effect.
+    pub fn rules(&self) -> &StopRules {
+        &self.stop
+    }
+
+    /// Tells the scheduler how many more passes to expect after each step (default: the
+    /// steps left before `max_tokens`). The scheduler waits briefly (at most
+    /// [`EngineConfig::batch_wait`](crate::EngineConfig::batch_wait)) for contexts that
+    /// announced more passes, so that concurrent generations share model calls; a
+    /// generation that will likely stop early (a short answer under a large `max_tokens`)
+    /// can say 0 and never be waited for.
+    pub fn horizon(mut self, n: usize) -> Self {
+        self.horizon = Some(n);
+        self
     }
 
     /// The logit bias of the next step: the caller's, plus `-inf` on every stop id while
     /// fewer than `min_tokens` were generated.
     fn step_bias(&self) -> Vec<(u32, f32)> {
         let mut bias = self.bias.clone();
-        if self.generated.len() < self.min_tokens {
-            let eos = self.eos.iter().filter(|_| !self.ignore_eos);
-            bias.extend(
-                self.stops
-                    .iter()
-                    .chain(eos)
-                    .map(|&t| (t, f32::NEG_INFINITY)),
-            );
-        }
+        let banned = self.stop.banned(self.generated.len(), &self.eos);
+        bias.extend(banned.into_iter().map(|t| (t, f32::NEG_INFINITY)));
         bias
     }
 
     /// Also stop on these ids (added to the model's end-of-turn set, which stays).
     pub fn stop(mut self, ids: &[u32]) -> Self {
-        self.stops.extend(ids);
+        self.stop = self.stop.stop_tokens(ids);
         self
     }
 
     /// Stop when the output ends with this sequence of ids (kept in the output).
     pub fn stop_sequence(mut self, ids: &[u32]) -> Self {
-        if !ids.is_empty() {
-            self.stop_sequences.push(ids.to_vec());
-        }
+        self.stop = self.stop.stop_sequence(ids);
         self
     }
 
     /// Stop when the output text contains `s`; text collectors cut the text before it.
     pub fn stop_string(mut self, s: &str) -> Self {
-        if !s.is_empty() {
-            self.stop_strings.push(s.to_string());
-        }
+        self.stop = self.stop.stop_string(s);
         self
     }
 
@@ -314,13 +339,7 @@ impl<'c> Generator<'c> {
     /// If the last step's future was dropped before it finished, undoes what it ran.
     fn undo_dropped_step(&mut self) -> Result<()> {
         if let Some(r) = self.restart.take() {
-            self.ctx.settle();
-            if self.ctx.len() > r.ctx_len {
-                self.ctx.truncate(r.ctx_len)?;
-            }
-            self.ctx.pending = r.pending;
-            self.ctx.embeds = r.embeds;
-            self.ctx.pending_bias = r.pending_bias;
+            self.ctx.rewind_to(r.mark)?;
             self.next_input = r.input;
         }
         Ok(())
@@ -375,13 +394,13 @@ impl<'c> Generator<'c> {
             self.builtin_speculator = true;
             self.system_speculation = false;
         }
-        if self.stopped.is_none() && self.generated.len() >= self.max_tokens {
+        if self.stopped.is_none() && self.generated.len() >= self.stop.max_tokens {
             self.finish(StopReason::MaxTokens);
         }
         if self.stopped.is_some() {
             return Ok(None);
         }
-        if self.next_input.is_empty() && self.ctx.pending.is_empty() {
+        if self.next_input.is_empty() && self.ctx.pending().is_empty() {
             // Nothing to run: recompute the last token's logits by running it again.
             self.ctx.unrun_last()?;
         }
@@ -410,7 +429,7 @@ impl<'c> Generator<'c> {
                 self.next_input.push(t);
             }
             self.generated.push(t);
-            if self.is_stop(t) {
+            if self.stop.is_stop_token(t, &self.eos) {
                 self.generated.pop();
                 self.finish(StopReason::StopToken(t));
                 return i + 1;
@@ -425,22 +444,8 @@ impl<'c> Generator<'c> {
                 self.finish(StopReason::Constraint);
                 return i + 1;
             }
-            if let Some(s) = self
-                .stop_sequences
-                .iter()
-                .find(|s| self.generated.ends_with(s))
-            {
-                let s = s.clone();
-                self.finish(StopReason::StopSequence(s));
-                return i + 1;
-            }
-            if let Some((_, s)) = self.stop_strings.find(&self.text) {
-                let s = s.to_string();
-                self.finish(StopReason::StopString(s));
-                return i + 1;
-            }
-            if self.generated.len() >= self.max_tokens {
-                self.finish(StopReason::MaxTokens);
+            if let Some(reason) = self.stop.check(&self.generated, &self.text) {
+                self.finish(reason);
                 return i + 1;
             }
         }
@@ -449,7 +454,7 @@ impl<'c> Generator<'c> {
 
     /// Appends a token's bytes to the text, keeping an incomplete UTF-8 tail for later.
     fn push_text(&mut self, t: u32) {
-        let tok = &self.ctx.engine.inner.tokenizer;
+        let tok = self.ctx.engine().tokenizer();
         if tok.append_piece(t, false, self.bytes.pending_mut()).is_ok() {
             self.text.push_str(&self.bytes.take_complete());
         }
@@ -459,13 +464,16 @@ impl<'c> Generator<'c> {
         self.stopped = Some(reason);
         // Leave the last accepted token(s) in the context so it holds the whole exchange.
         let rest = std::mem::take(&mut self.next_input);
-        self.ctx.pending.extend(rest);
+        self.ctx.push_pending(&rest);
+        // The last step announced more passes: the scheduler need not wait for them.
+        self.ctx.engine().inner.shared.forget(self.ctx.seq());
     }
 
     /// The output text, cut before a matched stop string.
     fn final_text(&self) -> &str {
         match &self.stopped {
             Some(StopReason::StopString(_)) => self
+                .stop
                 .stop_strings
                 .find(&self.text)
                 .map_or(&self.text, |(i, _)| &self.text[..i]),
@@ -533,7 +541,7 @@ impl<'c> Generator<'c> {
             let visible = if done {
                 self.final_text().len()
             } else {
-                self.text.len() - self.stop_strings.held_back(&self.text)
+                self.text.len() - self.stop.stop_strings.held_back(&self.text)
             };
             if visible > self.streamed {
                 let delta = self.text[self.streamed..visible].to_string();

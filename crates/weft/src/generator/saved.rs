@@ -66,12 +66,12 @@ impl Generator<'_> {
         }
         let state = json!({
             "sampler": sampler_json(&self.sampler),
-            "max_tokens": self.max_tokens,
-            "min_tokens": self.min_tokens,
-            "ignore_eos": self.ignore_eos,
-            "stops": sorted(self.stops.iter().copied()),
-            "stop_sequences": self.stop_sequences,
-            "stop_strings": self.stop_strings.as_slice(),
+            "max_tokens": self.stop.max_tokens,
+            "min_tokens": self.stop.min_tokens,
+            "ignore_eos": self.stop.ignore_eos,
+            "stops": sorted(self.stop.stop_tokens.iter().copied()),
+            "stop_sequences": self.stop.stop_sequences,
+            "stop_strings": self.stop.stop_strings.as_slice(),
             "penalties": self.penalties.as_ref().map(|p| json!({
                 "repetition": p.repetition,
                 "presence": p.presence,
@@ -99,7 +99,7 @@ impl Context {
     /// before the snapshot). Builder methods still apply (e.g. a new `max_tokens`).
     /// [`Error::Config`] when the snapshot held no generator in flight.
     pub fn resume_generator(&mut self) -> Result<Generator<'_>> {
-        let json = self.saved_generator.take().ok_or_else(|| {
+        let json = self.take_saved_generator().ok_or_else(|| {
             Error::Config("this context was not resumed from a generator's snapshot".into())
         })?;
         let bad = |what: &str| Error::SnapshotCorrupt {
@@ -118,7 +118,7 @@ impl Context {
                 .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
                 .collect()
         };
-        let vocab_size = self.engine.info().vocab_size;
+        let vocab_size = self.engine().info().vocab_size;
         let generated = ids(&v["generated"]).ok_or_else(|| bad("generated"))?;
         if generated.iter().any(|&t| t as usize >= vocab_size) {
             return Err(bad("generated tokens outside the vocabulary"));

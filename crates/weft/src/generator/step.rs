@@ -2,7 +2,8 @@
 //! constraint masks, samplers, and folding the chosen tokens back into the loop.
 
 use crate::error::{Error, Result};
-use crate::forward::{Forward, ForwardOutput};
+use crate::forward::Forward;
+use crate::output::ForwardOutput;
 use crate::probe::{Probe, ProbeHandle, ProbeKind};
 
 use super::{constraint_mask, Generator};
@@ -53,11 +54,8 @@ impl Step<'_, '_> {
         let gen = self.gen;
         let input = std::mem::take(&mut gen.next_input);
         gen.restart = Some(super::Restart {
-            ctx_len: gen.ctx.len(),
-            pending: gen.ctx.pending.clone(),
+            mark: gen.ctx.mark(),
             input: input.clone(),
-            embeds: gen.ctx.embeds.clone(),
-            pending_bias: gen.ctx.pending_bias.clone(),
         });
         let result = run(gen, &input, self.auto, &self.probes).await;
         gen.restart = None;
@@ -68,14 +66,15 @@ impl Step<'_, '_> {
     }
 }
 
+/// One step: constraint masks, a draft, one pass, then the draft settled against what the
+/// sampler chose.
 async fn run(
     gen: &mut Generator<'_>,
     input: &[u32],
     auto: bool,
     step_probes: &[(usize, ProbeKind)],
 ) -> Result<StepOutput> {
-    // Constraint masks: after the accepted tokens, then after each draft token in turn.
-    let vocab = gen.ctx.engine.info().vocab_size;
+    let vocab = gen.ctx.engine().info().vocab_size;
     let mut masks = Vec::new();
     if !gen.constraints.is_empty() {
         let mask = constraint_mask(&mut gen.constraints, &gen.generated, vocab)?
@@ -85,46 +84,14 @@ async fn run(
         }
         masks.push(mask);
     }
-    let mut draft = Vec::new();
-    if let (true, Some(spec)) = (auto, gen.speculator.as_mut()) {
-        let ctx_room = gen
-            .ctx
-            .engine
-            .n_ctx()
-            .saturating_sub(gen.ctx.len() + gen.ctx.pending.len() + input.len());
-        let room = gen
-            .max_tokens
-            .saturating_sub(gen.generated.len() + 1)
-            .min(ctx_room);
-        if room > 0 {
-            let mut history = gen.ctx.tokens.clone();
-            history.extend_from_slice(&gen.ctx.pending);
-            history.extend_from_slice(input);
-            draft = spec.draft(&history, gen.draft_len.min(room));
-        }
-        // Cut the draft where a constraint forbids it.
-        if !masks.is_empty() {
-            let mut accepted = gen.generated.clone();
-            let mut keep = 0;
-            for &d in &draft {
-                if !masks[keep].is_allowed(d) {
-                    break;
-                }
-                accepted.push(d);
-                match constraint_mask(&mut gen.constraints, &accepted, vocab)? {
-                    Some(m) if m.count() > 0 => masks.push(m),
-                    _ => {
-                        keep += 1;
-                        break;
-                    }
-                }
-                keep += 1;
-            }
-            draft.truncate(keep.min(masks.len().saturating_sub(1)));
-            masks.truncate(draft.len() + 1);
-        }
-    }
-    let horizon = gen.max_tokens.saturating_sub(gen.generated.len() + 1);
+    let draft = if auto {
+        draft(gen, input, &mut masks)?
+    } else {
+        Vec::new()
+    };
+    let horizon = gen
+        .horizon
+        .unwrap_or_else(|| gen.stop.max_tokens.saturating_sub(gen.generated.len() + 1));
     let bias = gen.step_bias();
     let mut fwd: Forward<'_> = gen.ctx.forward();
     fwd.input(input);
@@ -156,14 +123,72 @@ async fn run(
             output,
         });
     };
-    // Keep the draft's prefix the samplers agree with, then the sampler's own next token.
-    // With a deterministic draft this is exactly speculative rejection sampling: draft token
-    // d is kept with probability p(d), and otherwise the token is drawn from p without d.
-    let m = draft
-        .iter()
-        .zip(&chosen)
-        .take_while(|(d, c)| d == c)
-        .count();
+    let accepted = settle_draft(gen, &draft, &chosen)?;
+    Ok(StepOutput {
+        token: accepted.last().copied(),
+        accepted,
+        output,
+    })
+}
+
+/// The speculator's draft after `input`, cut where a constraint forbids it; `masks` (the
+/// mask after the accepted tokens) gains the mask after each kept draft token.
+fn draft(
+    gen: &mut Generator<'_>,
+    input: &[u32],
+    masks: &mut Vec<crate::constraint::TokenMask>,
+) -> Result<Vec<u32>> {
+    let Some(spec) = gen.speculator.as_mut() else {
+        return Ok(Vec::new());
+    };
+    let vocab = gen.ctx.engine().info().vocab_size;
+    let ctx_room = gen
+        .ctx
+        .engine()
+        .n_ctx()
+        .saturating_sub(gen.ctx.len() + gen.ctx.pending().len() + input.len());
+    let room = gen
+        .stop
+        .max_tokens
+        .saturating_sub(gen.generated.len() + 1)
+        .min(ctx_room);
+    let mut draft = Vec::new();
+    if room > 0 {
+        let mut history = gen.ctx.history();
+        history.extend_from_slice(input);
+        draft = spec.draft(&history, gen.draft_len.min(room));
+    }
+    if masks.is_empty() {
+        return Ok(draft);
+    }
+    let mut accepted = gen.generated.clone();
+    let mut keep = 0;
+    for &d in &draft {
+        if !masks[keep].is_allowed(d) {
+            break;
+        }
+        accepted.push(d);
+        match constraint_mask(&mut gen.constraints, &accepted, vocab)? {
+            Some(m) if m.count() > 0 => masks.push(m),
+            _ => {
+                keep += 1;
+                break;
+            }
+        }
+        keep += 1;
+    }
+    draft.truncate(keep.min(masks.len().saturating_sub(1)));
+    masks.truncate(draft.len() + 1);
+    Ok(draft)
+}
+
+/// Keeps the draft's prefix the samplers agree with, then the sampler's own next token, and
+/// folds them into the generator; returns the tokens accepted before a stop rule.
+///
+/// With a deterministic draft this is exactly speculative rejection sampling: draft token `d`
+/// is kept with probability p(d), and otherwise the token is drawn from p without `d`.
+fn settle_draft(gen: &mut Generator<'_>, draft: &[u32], chosen: &[u32]) -> Result<Vec<u32>> {
+    let m = draft.iter().zip(chosen).take_while(|(d, c)| d == c).count();
     let mut accepted = draft[..m].to_vec();
     accepted.extend(chosen.get(m));
     if let Some(spec) = gen.speculator.as_mut() {
@@ -185,9 +210,6 @@ async fn run(
         let n = gen.ctx.len() - (m - taken);
         gen.ctx.truncate_keep_pending(n)?;
     }
-    Ok(StepOutput {
-        token: accepted[..taken].last().copied(),
-        accepted: accepted[..taken].to_vec(),
-        output,
-    })
+    accepted.truncate(taken);
+    Ok(accepted)
 }

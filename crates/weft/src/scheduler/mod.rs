@@ -129,6 +129,8 @@ pub(crate) struct Counters {
     pub prefix_queried: AtomicU64,
     pub prefix_hits: AtomicU64,
     pub prefix_evictions: AtomicU64,
+    /// Waits for announced passes that ran out of time (the pass never came in time).
+    pub batch_wait_timeouts: AtomicU64,
 }
 
 #[derive(Default)]
@@ -231,9 +233,12 @@ impl Shared {
         }
     }
 
-    /// A context is gone: do not wait for it.
+    /// A context is gone, or will not submit the passes it announced: do not wait for it
+    /// (a step already waiting re-checks at once).
     pub fn forget(&self, seq: SeqId) {
-        self.queue().expected.remove(&seq);
+        if self.queue().expected.remove(&seq) {
+            self.wake.notify_all();
+        }
     }
 
     /// Asks the scheduler thread to finish.
@@ -298,6 +303,9 @@ impl Shared {
                     let now = Instant::now();
                     if now >= deadline {
                         q.expected.clear();
+                        self.counters
+                            .batch_wait_timeouts
+                            .fetch_add(1, Ordering::Relaxed);
                         break;
                     }
                     q = self

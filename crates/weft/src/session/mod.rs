@@ -98,16 +98,12 @@ impl Engine {
         let positions = kv.positions.clone();
         let (reply, done) = std::sync::mpsc::sync_channel(1);
         self.inner.shared.command(Command::Import {
-            seq: ctx.seq,
+            seq: ctx.seq(),
             state: Box::new(kv),
             reply,
         });
         done.recv().unwrap_or(Err(Error::EngineStopped))?;
-        ctx.tokens = tokens;
-        ctx.positions = positions;
-        ctx.pending = pending;
-        ctx.rng = Rng::from_state(rng);
-        ctx.saved_generator = generator;
+        ctx.restore_imported(tokens, positions, pending, Rng::from_state(rng), generator);
         Ok(ctx)
     }
 
@@ -168,7 +164,7 @@ impl Context {
         more_pending: &[u32],
     ) -> Result<Vec<u8>> {
         self.settle();
-        if !self.embeds.is_empty() || !self.pending_bias.is_empty() {
+        if self.has_vectors_or_bias() {
             return Err(Error::Config(
                 "snapshot: the context holds input vectors or an attention bias \
                  (fill_embeds / input_embeds), which snapshots do not record"
@@ -176,28 +172,28 @@ impl Context {
             ));
         }
         let (reply, done) = std::sync::mpsc::sync_channel(1);
-        self.engine.inner.shared.command(Command::Export {
-            seq: self.seq,
+        self.engine().inner.shared.command(Command::Export {
+            seq: self.seq(),
             reply,
         });
         let kv = done.recv().unwrap_or(Err(Error::EngineStopped))?;
-        if kv.positions.len() != self.tokens.len() {
+        if kv.positions.len() != self.len() {
             return Err(Error::Config(format!(
                 "snapshot: the KV cache holds {} tokens, the context {}",
                 kv.positions.len(),
-                self.tokens.len()
+                self.len()
             )));
         }
-        let mut pending = self.pending.clone();
+        let mut pending = self.pending().to_vec();
         pending.extend_from_slice(more_pending);
         let saved = Saved {
-            fingerprint: self.engine.fingerprint().to_string(),
-            arch: self.engine.info().arch.to_string(),
-            layout: self.engine.inner.kv_layout.clone(),
-            tokens: self.tokens.clone(),
+            fingerprint: self.engine().fingerprint().to_string(),
+            arch: self.engine().info().arch.to_string(),
+            layout: self.engine().inner.kv_layout.clone(),
+            tokens: self.tokens().to_vec(),
             kv,
             pending,
-            rng: self.rng.state(),
+            rng: self.rng().state(),
             generator,
         };
         Ok(format::encode(&saved))

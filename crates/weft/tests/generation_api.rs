@@ -1,0 +1,416 @@
+//! The generation surface the seeds promise, on the real models: exact-length generation,
+//! stop rules as one value, engine defaults, the horizon hint, reading outputs by handle,
+//! `Rewindable`, and rollouts from ids / padded batches with seed 003's padded output.
+
+mod common;
+
+use std::time::Duration;
+
+use weft::rollout::{generate_batch, padded, padded_left_prompts, Prompt, RolloutRequest};
+use weft::{
+    block_on, Distribution, Engine, EngineConfig, Entropy, Error, GenerationDefaults, Hidden,
+    Logits, Logprob, Logprobs, Rewindable, Sampler, StopReason, StopRules,
+};
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        n_threads: 2,
+        kv_tokens: 4096,
+        ..EngineConfig::default()
+    }
+}
+
+/// A chat turn (SmolLM2's markup, no system prompt) the model answers in about ten tokens
+/// and then ends with `<|im_end|>`.
+const CHAT: &str =
+    "<|im_start|>user\nReply with one word: hello<|im_end|>\n<|im_start|>assistant\n";
+
+fn chat_prompt(engine: &Engine) -> weft::Context {
+    let mut ctx = engine.context();
+    ctx.fill(CHAT).expect("chat");
+    ctx
+}
+
+#[test]
+fn ignore_eos_generates_exactly_n_tokens_past_the_end_of_turn() {
+    let engine = common::engine_with("smollm2-135m", config());
+    // Without it, greedy generation ends early on the model's end of turn (so this test can
+    // tell the two apart).
+    let mut ctx = chat_prompt(&engine);
+    let mut gen = ctx.generate(Sampler::Argmax).max_tokens(48);
+    while let Some(step) = gen.next().expect("step") {
+        block_on(step.execute()).expect("execute");
+    }
+    let short = gen.tokens().to_vec();
+    let Some(StopReason::StopToken(eos)) = gen.stop_reason().cloned() else {
+        panic!("expected an end of turn, got {:?}", gen.stop_reason());
+    };
+    assert!(short.len() < 48 && engine.stop_tokens().contains(&eos));
+
+    // With it: exactly 48 tokens, the same ones up to the end of turn, which is kept.
+    ctx = chat_prompt(&engine);
+    let gen = ctx.generate(Sampler::Argmax).max_tokens(48).ignore_eos();
+    let long = block_on(gen.collect_tokens()).expect("generate");
+    assert_eq!(long.len(), 48);
+    assert_eq!(&long[..short.len()], &short[..]);
+    assert_eq!(long[short.len()], eos);
+
+    // The same as one value, shared with the server: `StopRules`.
+    ctx = chat_prompt(&engine);
+    let rules = StopRules::new().max_tokens(48).ignore_eos();
+    let gen = ctx.generate(Sampler::Argmax).stop_rules(rules.clone());
+    assert_eq!(gen.rules(), &rules);
+    assert_eq!(block_on(gen.collect_tokens()).expect("rules"), long);
+    drop(ctx);
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
+#[test]
+fn engine_defaults_apply_to_generators_that_set_nothing() {
+    let defaults = GenerationDefaults {
+        sampler: Sampler::TopK {
+            k: 40,
+            temperature: 0.9,
+        },
+        stop: StopRules::new().max_tokens(7).ignore_eos(),
+    };
+    let engine = common::engine_with(
+        "smollm2-135m",
+        EngineConfig {
+            generation: defaults.clone(),
+            ..config()
+        },
+    );
+    // The whole configuration in effect, with what the engine resolved filled in.
+    let c = engine.config();
+    assert_eq!(c.generation, defaults);
+    assert_eq!(c.n_threads, 2);
+    assert_eq!(c.kv_tokens, 4096);
+    assert_eq!(c.n_ctx, Some(engine.n_ctx()));
+    assert!(engine.n_ctx() > 0);
+
+    // No sampler, no stop rules: the engine's (7 tokens, end of turn ignored, top-k 40).
+    let run = |sampler: Option<Sampler>, seed: u64| {
+        let mut ctx = chat_prompt(&engine);
+        ctx.set_seed(seed);
+        block_on(ctx.generate(sampler).collect_tokens()).expect("generate")
+    };
+    let by_default = run(None, 3);
+    assert_eq!(by_default.len(), 7);
+    assert_eq!(by_default, run(Some(defaults.sampler.clone()), 3));
+    // A generator's own settings win.
+    let mut ctx = chat_prompt(&engine);
+    let greedy = block_on(ctx.generate(Sampler::Argmax).max_tokens(3).collect_tokens())
+        .expect("own settings");
+    assert_eq!(greedy.len(), 3);
+    let differs = (0..4u64).any(|s| run(None, s) != run(Some(Sampler::Argmax), s));
+    assert!(differs, "the default sampler was not used");
+}
+
+#[test]
+fn a_generation_ending_on_a_stop_token_is_not_waited_for() {
+    // A long batch wait makes a wait for a pass that never comes visible in the metrics: the
+    // scheduler waits for announced passes only once other work is queued, so each check
+    // runs one pass of another context afterwards.
+    let engine = common::engine_with(
+        "smollm2-135m",
+        EngineConfig {
+            batch_wait: Duration::from_millis(400),
+            ..config()
+        },
+    );
+    let mut other = engine.context();
+    let mut other_pass = || {
+        other.fill(" and").expect("fill");
+        block_on(other.flush_logits()).expect("other pass");
+        engine.metrics().batch_wait_timeouts
+    };
+    let mut ctx = chat_prompt(&engine);
+    // 200 tokens allowed: every step announces more passes, until the end of turn.
+    let gen = ctx.generate(Sampler::Argmax).max_tokens(200);
+    let out = block_on(gen.collect_tokens()).expect("generate");
+    assert!(out.len() < 200);
+    assert_eq!(other_pass(), 0);
+
+    // The horizon hint overrides the automatic one, and changes no output.
+    ctx = chat_prompt(&engine);
+    let hinted = block_on(
+        ctx.generate(Sampler::Argmax)
+            .max_tokens(200)
+            .horizon(0)
+            .collect_tokens(),
+    )
+    .expect("horizon");
+    assert_eq!(hinted, out);
+    // A generator dropped in the middle is not waited for either.
+    ctx = chat_prompt(&engine);
+    {
+        let mut gen = ctx.generate(Sampler::Argmax).max_tokens(200);
+        let step = gen.next().expect("next").expect("a step");
+        block_on(step.execute()).expect("execute");
+    }
+    assert_eq!(other_pass(), 0);
+    // The metric counts a real wait: a step that announces more passes, then none comes.
+    {
+        let mut fwd = ctx.forward();
+        fwd.input(&[42]).horizon(5);
+        block_on(fwd.execute()).expect("announcing pass");
+    }
+    assert_eq!(other_pass(), 1);
+}
+
+#[test]
+fn outputs_are_read_by_handle_with_the_handles_type() {
+    let engine = common::engine_with("gemma3-270m", config());
+    let mut ctx = engine.context();
+    ctx.fill("The capital of France is").expect("fill");
+    let mut fwd = ctx.forward();
+    let last = fwd.len() - 1;
+    let next = fwd.sample(&[last - 1, last], Sampler::Argmax);
+    let ent = fwd.probe(last, Entropy);
+    let logits = fwd.probe(last, Logits);
+    let dist = fwd.probe(
+        last,
+        Distribution {
+            temperature: 1.0,
+            k: 3,
+        },
+    );
+    let paris = engine.tokenize(" Paris")[0];
+    let lp = fwd.probe(last, Logprob(paris));
+    let lps = fwd.probe(last, Logprobs(vec![paris, 0]));
+    let hidden = fwd.probe(last, Hidden);
+    let out = block_on(fwd.execute()).expect("execute");
+
+    let tokens: &[u32] = out.get(next);
+    assert_eq!(tokens.len(), 2);
+    assert_eq!(out.get(&next), tokens); // a reference reads the same
+    let entropy: f32 = out.get(ent);
+    let row: &[f32] = out.get(logits);
+    let (ids, probs): (&[u32], &[f32]) = out.get(dist);
+    let one: f32 = out.get(lp);
+    let several: &[f32] = out.get(lps);
+    assert_eq!(row.len(), engine.info().vocab_size);
+    assert_eq!(out.get(hidden).len(), engine.info().n_embd);
+    // The values agree with each other and with the old readers.
+    let argmax = (0..row.len())
+        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+        .unwrap() as u32;
+    assert_eq!(tokens[1], argmax);
+    assert_eq!(ids[0], argmax);
+    assert_eq!(ids.len(), 3);
+    assert!(probs[0] >= probs[1]);
+    assert_eq!(one, several[0]);
+    assert_eq!(Some(entropy), out.entropy(ent));
+    assert_eq!(Some(row), out.logits(logits));
+    assert_eq!(out.token(next), Some(tokens[0]));
+    // Log-softmax checked by hand on the logits row.
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = m + row.iter().map(|l| ((l - m) as f64).exp()).sum::<f64>().ln() as f32;
+    assert!((one - (row[paris as usize] - lse)).abs() < 1e-3);
+
+    // A handle of another pass: `try_get` says so, `get` panics as indexing does.
+    let mut other = engine.context();
+    other.fill("Hi").expect("fill");
+    let mut fwd = other.forward();
+    let _ = fwd.probe(0, Entropy);
+    let small = block_on(fwd.execute()).expect("other");
+    assert!(small.try_get(logits).is_none());
+    assert!(small.try_get(next).is_none());
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| small.get(logits)));
+    assert!(caught.is_err());
+}
+
+/// Generic code over `Rewindable`: greedy-decodes `n` tokens with a caller-supplied step and
+/// rewinds to where it started, returning what it saw (a look-ahead probe, as a speculative
+/// or search loop does).
+fn look_ahead<R: Rewindable>(r: &mut R, n: usize, mut step: impl FnMut(&mut R) -> u32) -> Vec<u32> {
+    let mark = r.len();
+    let seen = (0..n).map(|_| step(r)).collect();
+    r.truncate(mark).expect("rewind");
+    seen
+}
+
+#[test]
+fn rewindable_lets_generic_code_look_ahead_and_come_back() {
+    let engine = common::engine_with("smollm2-135m", config());
+    let mut ctx = engine.context();
+    ctx.fill("The capital of France is").expect("fill");
+    block_on(ctx.flush_logits()).expect("prefill");
+    let before = ctx.tokens().to_vec();
+    let greedy_step = |c: &mut weft::Context| {
+        let logits = block_on(c.flush_logits()).expect("logits");
+        let t = (0..logits.len())
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+            .unwrap() as u32;
+        c.fill_tokens(&[t]).expect("fill");
+        t
+    };
+    // The first flush recomputes the last token's logits: rerun it by rewinding one.
+    Rewindable::truncate(&mut ctx, before.len() - 1).expect("truncate");
+    ctx.fill_tokens(&before[before.len() - 1..])
+        .expect("refill");
+    let seen = look_ahead(&mut ctx, 5, greedy_step);
+    assert_eq!(ctx.tokens(), &before[..before.len() - 1]);
+    assert!(ctx.pending().is_empty());
+    // What it saw is what greedy generation produces.
+    let mut fresh = engine.context();
+    fresh.fill("The capital of France is").expect("fill");
+    let greedy = block_on(
+        fresh
+            .generate(Sampler::Argmax)
+            .max_tokens(5)
+            .collect_tokens(),
+    )
+    .expect("greedy");
+    assert_eq!(seen, greedy);
+    assert!(matches!(
+        Rewindable::truncate(&mut ctx, 10_000),
+        Err(Error::TruncateTooLong { .. })
+    ));
+    drop((ctx, fresh));
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
+#[test]
+fn rollouts_from_ids_padded_batches_and_max_length() {
+    let engine = common::engine_with("smollm2-135m", config());
+    let texts = ["The capital of France is", "Water boils at"];
+    let ids: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| engine.tokenizer().encode(t, true, true))
+        .collect();
+    // Ids give the same rollouts as the text they tokenize to.
+    let greedy = |p: Prompt| RolloutRequest {
+        max_tokens: 12,
+        ..RolloutRequest::new(p, Sampler::Argmax)
+    };
+    let from_text: Vec<_> = texts.iter().map(|t| greedy((*t).into())).collect();
+    let from_ids: Vec<_> = ids.iter().map(|i| greedy(i.clone().into())).collect();
+    let a = block_on(generate_batch(&engine, &from_text)).expect("text");
+    let b = block_on(generate_batch(&engine, &from_ids)).expect("ids");
+    assert_eq!(a, b);
+    assert_eq!(a[0].prompt_tokens, ids[0]);
+
+    // Seed 003's left-padded input (ids + attention mask) runs as the unpadded prompts.
+    let pad = 0;
+    let width = ids.iter().map(Vec::len).max().unwrap();
+    let padded_ids: Vec<Vec<u32>> = ids
+        .iter()
+        .map(|r| [vec![pad; width - r.len()], r.clone()].concat())
+        .collect();
+    let mask: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|r| [vec![0; width - r.len()], vec![1; r.len()]].concat())
+        .collect();
+    let mut reqs = RolloutRequest::from_padded(&padded_ids, &mask, Sampler::Argmax).expect("pad");
+    for r in &mut reqs {
+        r.max_tokens = 12;
+    }
+    assert_eq!(block_on(generate_batch(&engine, &reqs)).expect("padded"), a);
+    // Malformed padded input is a typed error.
+    for (ids, mask) in [
+        (vec![vec![1, 2]], vec![vec![1, 0, 1]]),
+        (vec![vec![1, 2, 3]], vec![vec![1, 0, 1]]),
+        (vec![vec![1, 2]], vec![vec![0, 0]]),
+        (vec![vec![1, 2]], vec![]),
+    ] {
+        assert!(matches!(
+            RolloutRequest::from_padded(&ids, &mask, Sampler::Argmax),
+            Err(Error::PaddedBatch { .. })
+        ));
+    }
+
+    // max_length counts prompt + generated, the tighter limit wins.
+    let mut limited = from_ids.clone();
+    limited[0].max_length = Some(ids[0].len() + 3);
+    limited[1].max_length = Some(ids[1].len() + 50);
+    let c = block_on(generate_batch(&engine, &limited)).expect("max_length");
+    assert_eq!(c[0].tokens, a[0].tokens[..3]);
+    assert_eq!(
+        c[0].prompt_tokens.len() + c[0].tokens.len(),
+        ids[0].len() + 3
+    );
+    assert_eq!(c[1], a[1]);
+
+    // The padded output: prompt + generated, EOS kept, right-padded with the pad id.
+    let chat_ids = chat_prompt(&engine).pending().to_vec();
+    let reqs = vec![
+        RolloutRequest {
+            max_tokens: 48,
+            ..RolloutRequest::new(chat_ids.clone(), Sampler::Argmax)
+        },
+        greedy(ids[1].clone().into()),
+    ];
+    let out = block_on(generate_batch(&engine, &reqs)).expect("chat rollout");
+    let Some(StopReason::StopToken(eos)) = out[0].stop else {
+        panic!("expected an end of turn: {:?}", out[0].stop);
+    };
+    let m = padded(&out, pad);
+    let rows = [out[0].sequence(), out[1].sequence()];
+    assert_eq!(rows[0].last(), Some(&eos));
+    assert_eq!(
+        rows[0],
+        [&chat_ids[..], &out[0].tokens[..], &[eos]].concat()
+    );
+    assert_eq!(
+        (m.batch, m.total_len),
+        (2, rows[0].len().max(rows[1].len()))
+    );
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(&m.row(i)[..row.len()], &row[..]);
+        assert!(m.row(i)[row.len()..].iter().all(|&t| t == pad));
+        let mask = &m.attention_mask[i * m.total_len..(i + 1) * m.total_len];
+        assert_eq!(mask.iter().filter(|&&v| v == 1).count(), row.len());
+    }
+    // ColossalAI's own layout: prompts left-padded to one width, generation from one column.
+    let l = padded_left_prompts(&out, pad);
+    let pw = chat_ids.len().max(ids[1].len());
+    for (i, r) in out.iter().enumerate() {
+        let row = l.row(i);
+        assert!(row[..pw - r.prompt_tokens.len()].iter().all(|&t| t == pad));
+        assert_eq!(&row[pw - r.prompt_tokens.len()..pw], &r.prompt_tokens[..]);
+        assert_eq!(&row[pw..pw + r.tokens.len()], &r.tokens[..]);
+    }
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
+#[test]
+fn sampling_parameters_are_checked_in_the_library() {
+    let vocab = 49152;
+    for bad in [
+        Sampler::from_params(-1.0, None, None, None, vocab),
+        Sampler::from_params(f32::NAN, None, None, None, vocab),
+        Sampler::from_params(0.7, None, Some(0.0), None, vocab),
+        Sampler::from_params(0.7, None, Some(1.5), None, vocab),
+        Sampler::from_params(0.7, None, None, Some(-0.1), vocab),
+        // A bad filter is refused even at temperature 0.
+        Sampler::from_params(0.0, None, Some(2.0), None, vocab),
+    ] {
+        assert!(bad.is_err(), "{bad:?}");
+    }
+    assert_eq!(
+        Sampler::from_params(0.0, Some(40), Some(0.9), None, vocab).expect("greedy"),
+        Sampler::Argmax
+    );
+    assert_eq!(
+        Sampler::from_params(0.8, Some(40), None, None, vocab).expect("top-k"),
+        Sampler::Chain {
+            k: 40,
+            p: 1.0,
+            min_p: 0.0,
+            temperature: 0.8
+        }
+    );
+    // A generator given a bad sampler fails its first step with a typed error.
+    let engine = common::engine_with("smollm2-135m", config());
+    let mut ctx = engine.context();
+    ctx.fill("Hi").expect("fill");
+    let gen = ctx.generate(Sampler::Temperature { temperature: -1.0 });
+    assert!(matches!(
+        block_on(gen.collect_tokens()),
+        Err(Error::Sampler(_))
+    ));
+    drop(ctx);
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
