@@ -203,20 +203,13 @@ async fn run_choice(
         .min(engine.n_ctx().saturating_sub(prompt_len));
     let mut gen = ctx
         .generate(p.sampler.clone())
-        .max_tokens(max_tokens)
-        .min_tokens(p.min_tokens)
+        .stop_rules(p.stop_rules(max_tokens))
         .logit_bias(&p.bias);
-    if p.ignore_eos {
-        gen = gen.ignore_eos();
-    }
     if let Some(a) = &p.adapter {
         gen = gen.adapter(a, 1.0);
     }
     if let Some(pen) = p.penalties.clone() {
         gen = gen.penalties(pen);
-    }
-    for s in &p.stop {
-        gen = gen.stop_string(s);
     }
     if let Some(schema) = &p.schema {
         gen = gen.constrain_with(schema.clone());

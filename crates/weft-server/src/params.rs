@@ -1,7 +1,7 @@
 //! The sampling and stopping fields both endpoints share, checked and turned into what the
 //! `weft` generator takes.
 
-use weft::{Penalties, Sampler, Schema};
+use weft::{Penalties, Sampler, Schema, StopRules};
 
 use crate::body::Body;
 use crate::error::ApiError;
@@ -132,6 +132,19 @@ impl GenParams {
             include_usage,
             adapter: None,
         })
+    }
+}
+
+impl GenParams {
+    /// The request's stop rules, with `max_tokens` already fitted to the context.
+    pub fn stop_rules(&self, max_tokens: usize) -> StopRules {
+        let mut rules = StopRules::new()
+            .max_tokens(max_tokens)
+            .min_tokens(self.min_tokens);
+        if self.ignore_eos {
+            rules = rules.ignore_eos();
+        }
+        self.stop.iter().fold(rules, |r, s| r.stop_string(s))
     }
 }
 
