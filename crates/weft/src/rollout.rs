@@ -175,6 +175,23 @@ impl PaddedBatch {
     pub fn row(&self, i: usize) -> &[u32] {
         &self.ids[i * self.total_len..(i + 1) * self.total_len]
     }
+
+    /// Widens every row to `width` columns with `pad_token_id` on the right (ColossalAI's
+    /// `early_stopping=False` output is `max_length` wide); a narrower `width` changes nothing.
+    pub fn pad_to(&mut self, width: usize, pad_token_id: u32) {
+        if width <= self.total_len {
+            return;
+        }
+        let old = self.total_len;
+        let (mut ids, mut mask) = (Vec::new(), Vec::new());
+        for i in 0..self.batch {
+            ids.extend_from_slice(&self.ids[i * old..(i + 1) * old]);
+            ids.extend(std::iter::repeat_n(pad_token_id, width - old));
+            mask.extend_from_slice(&self.attention_mask[i * old..(i + 1) * old]);
+            mask.extend(std::iter::repeat_n(0, width - old));
+        }
+        (self.ids, self.attention_mask, self.total_len) = (ids, mask, width);
+    }
 }
 
 /// Every rollout's [`Rollout::sequence`] (prompt, generated ids, EOS kept), right-padded with
@@ -191,6 +208,10 @@ impl PaddedBatch {
 /// assert_eq!((out.batch, out.total_len), (2, 4));
 /// assert_eq!(out.row(0), &[1, 5, 6, eos]);
 /// assert_eq!(out.row(1), &[1, 7, 8, 9]);
+/// let mut wide = out.clone();
+/// wide.pad_to(6, 0);
+/// assert_eq!(wide.row(0), &[1, 5, 6, eos, 0, 0]);
+/// assert_eq!(&wide.attention_mask[..6], &[1, 1, 1, 1, 0, 0]);
 /// ```
 pub fn padded(rollouts: &[Rollout], pad_token_id: u32) -> PaddedBatch {
     let rows: Vec<(usize, Vec<u32>)> = rollouts.iter().map(|r| (0, r.sequence())).collect();
