@@ -93,7 +93,13 @@ impl BeamScorer {
             beams_to_keep: 2.max(1 + eos.len()) * config.num_beams,
             num_return_sequences: config.num_return_sequences,
             length_penalty: config.length_penalty,
-            early_stopping: config.early_stopping,
+            // Hugging Face decodes greedily with one beam: a hypothesis that ends is the
+            // result, which is `True` here (`Never` could otherwise continue past an EOS).
+            early_stopping: if config.num_beams == 1 {
+                EarlyStopping::True
+            } else {
+                config.early_stopping
+            },
             eos,
             prompt_len: prompt.len(),
             max_len: prompt.len() + config.max_new_tokens,

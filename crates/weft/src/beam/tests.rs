@@ -168,7 +168,9 @@ fn several_eos_ids() {
     assert_result(&run(&config, table), &[(&[E], -0.1), (&[4], -0.2)]);
 }
 
-/// Width 1 is greedy: a, then E ends it (−0.3/2); the running aa (−0.6/2) cannot beat it.
+/// Width 1 is greedy (Hugging Face decodes greedily with one beam): a, then E ends it. With
+/// `False` the running aa (−0.6) could not beat it anyway; with `Never` and α = 2 the heuristic
+/// alone would go on (−0.6/8² > −0.3/2²).
 #[test]
 fn width_one_is_greedy() {
     let table = |prefix: &[u32]| -> Vec<(u32, f32)> {
@@ -178,8 +180,19 @@ fn width_one_is_greedy() {
             _ => panic!("prefix {prefix:?} is not expected to run"),
         }
     };
-    let config = BeamSearchConfig::new(1).max_new_tokens(8).eos_token_id(E);
-    assert_result(&run(&config, table), &[(&[A, E], -0.15)]);
+    for (e, alpha) in [
+        (EarlyStopping::False, 1.0),
+        (EarlyStopping::Never, 2.0),
+        (EarlyStopping::False, -1.0),
+    ] {
+        let config = BeamSearchConfig::new(1)
+            .max_new_tokens(8)
+            .eos_token_id(E)
+            .early_stopping(e)
+            .length_penalty(alpha);
+        let score = -0.3 / 2f32.powf(alpha);
+        assert_result(&run(&config, table), &[(&[A, E], score)]);
+    }
 }
 
 /// Ties go to the earlier beam, then the lower id; non-finite log-probabilities are left out
@@ -222,4 +235,101 @@ fn bad_options_and_steps_are_errors() {
         Err(Error::BeamSearch { .. })
     ));
     assert_eq!(s.finish().len(), 1);
+}
+
+/// splitmix64, as `scripts/beam_hf_reference.py` computes it.
+fn splitmix64(x: u64) -> u64 {
+    let mut x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The script's toy model: logits from a hash of the sequence (exact f64 operations), EOS ids
+/// raised by `eos_bias`, log-softmax in f64 rounded to f32.
+fn toy_logprobs(model: &serde_json::Value, seq: &[u32]) -> Vec<(u32, f32)> {
+    let seed = model["seed"].as_u64().expect("seed");
+    let vocab = model["vocab"].as_u64().expect("vocab");
+    let spread = model["spread"].as_f64().expect("spread");
+    let bias = model["eos_bias"].as_f64().expect("bias");
+    let eos = ids(&model["eos"]);
+    let h = seq.iter().fold(seed, |h, &t| splitmix64(h ^ u64::from(t)));
+    let logits: Vec<f64> = (0..vocab)
+        .map(|v| {
+            let u = (splitmix64(h.wrapping_add(v)) >> 11) as f64 / 9_007_199_254_740_992.0;
+            let l = u * spread;
+            if eos.contains(&(v as u32)) {
+                l + bias
+            } else {
+                l
+            }
+        })
+        .collect();
+    let m = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mut z = 0.0;
+    for l in &logits {
+        z += (l - m).exp();
+    }
+    let lse = m + z.ln();
+    (0..vocab as u32)
+        .zip(logits.iter().map(|l| (l - lse) as f32))
+        .collect()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+/// 160 random toy searches (1–4 beams, 0–2 EOS ids, α from −1 to 2, every `early_stopping`,
+/// 1–7 new tokens) against an independent transcription of Hugging Face's own formulation
+/// (fixed slots, −1e9 placeholders and penalties, float32) in numpy, and greedy decoding for
+/// one beam as `generate()` does: `scripts/beam_hf_reference.py` wrote
+/// `tests/fixtures/beam_hf_reference.json`.
+#[test]
+fn matches_the_hf_formulation_on_random_toy_models() {
+    let fixture: serde_json::Value =
+        serde_json::from_str(include_str!("../../tests/fixtures/beam_hf_reference.json"))
+            .expect("fixture");
+    let cases = fixture["cases"].as_array().expect("cases");
+    assert_eq!(cases.len(), 160);
+    for (i, case) in cases.iter().enumerate() {
+        let c = &case["config"];
+        let n = |k: &str| c[k].as_u64().expect(k) as usize;
+        let early_stopping = match &c["early_stopping"] {
+            serde_json::Value::Bool(true) => EarlyStopping::True,
+            serde_json::Value::Bool(false) => EarlyStopping::False,
+            _ => EarlyStopping::Never,
+        };
+        let config = BeamSearchConfig::new(n("num_beams"))
+            .max_new_tokens(n("max_new_tokens"))
+            .length_penalty(c["length_penalty"].as_f64().expect("alpha") as f32)
+            .early_stopping(early_stopping)
+            .num_return_sequences(n("num_return_sequences"))
+            .eos_token_ids(ids(&case["model"]["eos"]));
+        let prompt = ids(&case["prompt"]);
+        let mut scorer = BeamScorer::new(&prompt, &config).expect("config");
+        while !scorer.is_done() {
+            let lists: Vec<_> = scorer
+                .running()
+                .map(|seq| toy_logprobs(&case["model"], seq))
+                .collect();
+            scorer.step(&lists).expect("step");
+        }
+        let got = scorer.finish();
+        let want = case["expected"].as_array().expect("expected");
+        assert_eq!(got.len(), want.len(), "case {i}: {case}");
+        for (g, w) in got.iter().zip(want) {
+            assert_eq!(g.tokens, ids(&w["tokens"]), "case {i}: {case}");
+            let ws = w["score"].as_f64().expect("score") as f32;
+            assert!(
+                (g.score - ws).abs() <= 1e-6 * ws.abs().max(1.0),
+                "case {i}: {} vs {ws}",
+                g.score
+            );
+        }
+    }
 }
