@@ -207,7 +207,13 @@ impl BeamHypothesis {
 /// `max(2, 1 + n_eos) · num_beams` best continuations over all beams by summed log-probability
 /// (log-softmax of the raw logits); those among the first `num_beams` that end with an EOS id
 /// or at `max_new_tokens` become hypotheses, scored with the length penalty; the best
-/// `num_beams` others continue; [`EarlyStopping`] says when to stop.
+/// `num_beams` others continue; [`EarlyStopping`] says when to stop. One beam is greedy
+/// decoding, as in Hugging Face (its hypothesis ends at the first EOS id).
+///
+/// Each beam's log-probabilities come from one pass with a top-`K` [`Distribution`] probe
+/// (`ln p`, within about 1e-7 of the log-softmax; a token whose probability underflows f32, a
+/// log-probability below about −87, is left out) or, with
+/// [`BeamSearchConfig::prefix_allowed_tokens`], a [`Logprobs`] probe of the allowed ids.
 ///
 /// Errors before anything runs: [`Error::BeamSearch`] for options out of range,
 /// [`Error::EmptyPass`] for an empty prompt, [`Error::ContextTooLong`] when the prompt and
@@ -318,6 +324,8 @@ async fn search(root: Context, config: &BeamSearchConfig) -> Result<Vec<BeamHypo
         .chain(root.pending())
         .copied()
         .collect();
+    // Checks the options first (`max_new_tokens` ≥ 1 below).
+    let mut scorer = BeamScorer::new(&prompt, &config)?;
     // The last pass runs every token but the final generated one.
     let needed = prompt.len() + config.max_new_tokens - 1;
     if needed > engine.n_ctx() {
@@ -326,7 +334,6 @@ async fn search(root: Context, config: &BeamSearchConfig) -> Result<Vec<BeamHypo
             n_ctx: engine.n_ctx(),
         });
     }
-    let mut scorer = BeamScorer::new(&prompt, &config)?;
     let mut beams = vec![Beam {
         ctx: root,
         reused: true,
