@@ -85,6 +85,10 @@ pub enum Error {
         "the snapshot was taken on another model ({snapshot}) than this engine runs ({model})"
     )]
     ModelFingerprintMismatch { snapshot: String, model: String },
+    /// Beam-search options out of range (`num_beams` 0, more return sequences than beams, …)
+    /// or a [`crate::beam::BeamScorer`] step that does not fit its state.
+    #[error("beam search: {reason}")]
+    BeamSearch { reason: String },
     /// Reading or writing a snapshot failed.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

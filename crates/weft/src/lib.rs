@@ -27,6 +27,7 @@
 //! ([`weft_core`]) and the model registry ([`weft_hub`]).
 
 mod adapter;
+pub mod beam;
 mod brle;
 pub mod chat;
 pub mod constraint;
