@@ -273,10 +273,8 @@ pub async fn beam_search_from(
     }
     let mut root = ctx.fork()?;
     if root.pending().is_empty() {
-        let n = root.len();
-        let last = *root.tokens().last().ok_or(Error::EmptyPass)?;
-        root.truncate(n - 1)?;
-        root.fill_tokens(&[last])?;
+        // Nothing pending: recompute the last token's logits (with its input vector, if any).
+        root.unrun_last()?;
     }
     search(root, config).await
 }
