@@ -4,6 +4,7 @@
 mod commands;
 mod model_arg;
 mod progress;
+mod sampling_arg;
 
 use clap::{Parser, Subcommand};
 

@@ -285,3 +285,32 @@ fn embed_prints_one_unit_vector_per_line() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("unknown pooling"), "{stderr}");
 }
+
+#[test]
+fn run_announces_a_seed_only_when_sampling() {
+    let prompt = "The capital of France is";
+    let out = weft(&["run", "--temp", "0", "-n", "4", prompt], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("generated: 4 tokens"), "{stderr}");
+    assert!(!stderr.contains("seed"), "greedy, yet a seed: {stderr}");
+    let out = weft(
+        &["run", "--temp", "0", "--seed", "7", "-n", "4", prompt],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("seed"), "greedy, yet a seed: {stderr}");
+    let out = weft(
+        &[
+            "run", "--temp", "0.8", "--seed", "7", "--top-k", "40", "-n", "4", prompt,
+        ],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("| seed 7"), "{stderr}");
+    let out = weft(&["run", "--top-p", "0", prompt], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("top-p must be in (0, 1]"), "{stderr}");
+}
