@@ -314,3 +314,27 @@ fn run_announces_a_seed_only_when_sampling() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("top-p must be in (0, 1]"), "{stderr}");
 }
+
+/// The test names `weft bench --json` prints.
+fn bench_tests(args: &[&str]) -> Vec<String> {
+    let out = weft(&[&["bench", "-r", "1", "--json"][..], args].concat(), "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench {args:?}: {stderr}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON object per line");
+            v["test"].as_str().expect("test name").to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn bench_skips_zero_lengths() {
+    assert_eq!(bench_tests(&["-p", "0", "-n", "4"]), ["tg4"]);
+    assert_eq!(bench_tests(&["-p", "0,8", "-n", "0"]), ["pp8"]);
+    let out = weft(&["bench", "-p", "0", "-n", "0"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("nothing to measure"), "{stderr}");
+}
