@@ -287,6 +287,32 @@ fn embed_prints_one_unit_vector_per_line() {
 }
 
 #[test]
+fn help_lists_chat() {
+    let out = weft(&["--help"], "");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.lines().any(|l| l.trim_start().starts_with("chat ")),
+        "{stdout}"
+    );
+    let out = weft(&["chat", "--help"], "");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--model",
+        "--system",
+        "--temp",
+        "--seed",
+        "--top-k",
+        "--top-p",
+        "--min-p",
+        "--repeat-penalty",
+        "--n-predict",
+    ] {
+        assert!(stdout.contains(flag), "chat --help lacks {flag}:\n{stdout}");
+    }
+}
+
+#[test]
 fn run_announces_a_seed_only_when_sampling() {
     let prompt = "The capital of France is";
     let out = weft(&["run", "--temp", "0", "-n", "4", prompt], "");
