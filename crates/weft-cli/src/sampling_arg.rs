@@ -23,8 +23,8 @@ pub struct SamplingArg {
     /// Drop the tokens whose probability is below P times the most likely token's (0: off).
     #[arg(long, value_name = "P", default_value_t = 0.0)]
     pub min_p: f32,
-    /// Divide the logits of the tokens among the last 64 by this penalty (above 1 repeats
-    /// less; 1: off).
+    /// Penalize the tokens among the last 64 as llama.cpp's `--repeat-penalty` does (above 1
+    /// repeats less; 1: off).
     #[arg(long, value_name = "PENALTY", default_value_t = 1.0)]
     pub repeat_penalty: f32,
 }
