@@ -4,6 +4,7 @@
 mod commands;
 mod model_arg;
 mod progress;
+mod sampling_arg;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +20,9 @@ struct Cli {
 enum Command {
     /// Complete a prompt (raw, no chat template), streaming the text.
     Run(commands::run::Args),
+    /// Chat with a model in the terminal: its chat template, streamed replies, the history
+    /// kept; `/reset`, `/save FILE`, `/load FILE`, `/exit`. Reads one message a line from a pipe.
+    Chat(commands::chat::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming,
     /// structured output, tools, metrics).
     Serve(commands::serve::Args),
@@ -66,6 +70,7 @@ fn run() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => commands::serve::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::Chat(args) => commands::chat::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Embed(args) => commands::embed::run(args),
         Command::Perplexity(args) => commands::perplexity::run(args),

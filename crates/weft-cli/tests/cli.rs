@@ -13,12 +13,15 @@ fn weft(args: &[&str], stdin: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run weft");
-    child
+    let written = child
         .stdin
         .take()
         .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write stdin");
+        .write_all(stdin.as_bytes());
+    // A command that fails before reading its input closes the pipe: its output tells.
+    if let Err(e) = written {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "write stdin: {e}");
+    }
     child.wait_with_output().expect("wait for weft")
 }
 
@@ -284,4 +287,83 @@ fn embed_prints_one_unit_vector_per_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("unknown pooling"), "{stderr}");
+}
+
+#[test]
+fn help_lists_chat() {
+    let out = weft(&["--help"], "");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.lines().any(|l| l.trim_start().starts_with("chat ")),
+        "{stdout}"
+    );
+    let out = weft(&["chat", "--help"], "");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--model",
+        "--system",
+        "--temp",
+        "--seed",
+        "--top-k",
+        "--top-p",
+        "--min-p",
+        "--repeat-penalty",
+        "--n-predict",
+    ] {
+        assert!(stdout.contains(flag), "chat --help lacks {flag}:\n{stdout}");
+    }
+}
+
+#[test]
+fn run_announces_a_seed_only_when_sampling() {
+    let prompt = "The capital of France is";
+    let out = weft(&["run", "--temp", "0", "-n", "4", prompt], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("generated: 4 tokens"), "{stderr}");
+    assert!(!stderr.contains("seed"), "greedy, yet a seed: {stderr}");
+    let out = weft(
+        &["run", "--temp", "0", "--seed", "7", "-n", "4", prompt],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("seed"), "greedy, yet a seed: {stderr}");
+    let out = weft(
+        &[
+            "run", "--temp", "0.8", "--seed", "7", "--top-k", "40", "-n", "4", prompt,
+        ],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("| seed 7"), "{stderr}");
+    let out = weft(&["run", "--top-p", "0", prompt], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("top-p must be in (0, 1]"), "{stderr}");
+}
+
+/// The test names `weft bench --json` prints.
+fn bench_tests(args: &[&str]) -> Vec<String> {
+    let out = weft(&[&["bench", "-r", "1", "--json"][..], args].concat(), "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench {args:?}: {stderr}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON object per line");
+            v["test"].as_str().expect("test name").to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn bench_skips_zero_lengths() {
+    assert_eq!(bench_tests(&["-p", "0", "-n", "4"]), ["tg4"]);
+    assert_eq!(bench_tests(&["-p", "0,8", "-n", "0"]), ["pp8"]);
+    let out = weft(&["bench", "-p", "0", "-n", "0"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("nothing to measure"), "{stderr}");
 }

@@ -32,7 +32,7 @@ pub struct Args {
     model: ModelArg,
     #[command(flatten)]
     threads: ThreadsArg,
-    /// Prompt lengths to test (`ppN`).
+    /// Prompt lengths to test (`ppN`); 0 skips the prefill tests.
     #[arg(
         short = 'p',
         long = "n-prompt",
@@ -281,6 +281,10 @@ fn peak_rss_mib() -> Option<f64> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.repetitions > 0, "--repetitions must be at least 1");
+    anyhow::ensure!(
+        args.n_gen > 0 || args.n_prompt.iter().any(|&p| p > 0),
+        "nothing to measure: the prompt lengths (-p) and the generation length (-n) are all 0"
+    );
     let file = Arc::new(args.model.open()?);
     let size: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
@@ -322,7 +326,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // name, prompt, gen, parallel, through the API, with the adapters
     let mut tests: Vec<(String, usize, usize, usize, bool, bool)> = Vec::new();
-    for &p in &args.n_prompt {
+    // A 0-token prompt or generation measures nothing: `-p 0` / `-n 0` skip those tests.
+    for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
         tests.push((format!("pp{p}"), p, 0, 1, false, false));
     }
     let lora_runs: &[bool] = if args.lora.is_empty() {

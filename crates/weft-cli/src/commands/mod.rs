@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod chat;
 pub mod embed;
 pub mod inspect;
 pub mod perplexity;

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use weft::{block_on, Sampler, Schema};
+use weft::{block_on, Schema};
 
 use crate::model_arg::{ModelArg, ThreadsArg};
+use crate::sampling_arg::SamplingArg;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -21,12 +22,8 @@ pub struct Args {
     /// Tokens to generate at most (generation also stops at the model's end-of-text tokens).
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     n_predict: usize,
-    /// Sampling temperature; 0 picks the most likely token every step.
-    #[arg(long, default_value_t = 0.8)]
-    temp: f32,
-    /// Random seed (default: from the clock).
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    sampling: SamplingArg,
     /// Print `{"prompt_ids":[...],"ids":[...],"text":"..."}` instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -88,14 +85,12 @@ impl Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let schemas = args.schemas()?;
+    let sampler = args.sampling.sampler()?;
+    let penalties = args.sampling.penalties()?;
     let path = args.model.path()?;
     let file = Arc::new(args.model.open_path(&path)?);
     let engine = args.threads.engine_at(file, &path)?;
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-    });
+    let seed = args.sampling.seed();
     let (mut ctx, reused) = match &args.load_session {
         Some(f) => load_session(&engine, f, &args.prompt)?,
         None => {
@@ -104,7 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (ctx, 0)
         }
     };
-    if args.seed.is_some() || args.load_session.is_none() {
+    if args.sampling.seed.is_some() || args.load_session.is_none() {
         ctx.set_seed(seed);
     }
     let prompt_ids = ctx.pending().to_vec();
@@ -112,8 +107,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         !prompt_ids.is_empty() || !ctx.is_empty(),
         "the prompt is empty"
     );
-    // The library checks the range (a negative temperature is refused, not read as 0).
-    let sampler = Sampler::from_params(args.temp, None, None, None, engine.info().vocab_size)?;
     let adapters = args
         .lora
         .iter()
@@ -125,6 +118,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut g = ctx.generate(sampler).max_tokens(args.n_predict);
+    if let Some(p) = penalties {
+        g = g.penalties(p);
+    }
     for (a, scale) in &adapters {
         g = g.adapter(a, *scale);
     }
@@ -165,7 +161,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let t_prompt = t_prompt.unwrap_or(total);
     let t_gen = total.saturating_sub(t_prompt).as_secs_f64();
-    let seed_note = if args.temp > 0.0 {
+    // A greedy generation draws no random number: its seed means nothing.
+    let seed_note = if !args.sampling.is_greedy() {
         format!(" | seed {seed}")
     } else {
         String::new()

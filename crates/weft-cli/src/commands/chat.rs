@@ -1,0 +1,415 @@
+//! `weft chat -m MODEL [--system TEXT] [sampling flags]`: a conversation in the terminal with
+//! the model's chat template, replies streamed, the history kept; `/reset`, `/save FILE`,
+//! `/load FILE` (the conversation as JSON messages), `/exit`.
+//!
+//! Key design decision: one [`weft::Context`] lives through the whole conversation. Before a
+//! reply the conversation is rendered with the template and tokenized exactly as
+//! [`weft::Context::fill_chat`] does; the context keeps the longest start of its tokens that
+//! the new prompt shares and runs only the rest. So the prompt is always the full rendering of
+//! the history (what a fresh context would be given, whatever the template does to earlier
+//! turns), yet a follow-up turn computes only its own tokens, plus whatever tail of the last
+//! reply tokenizes differently from how it was generated.
+//!
+//! Ctrl-C during a reply stops it and returns to the prompt; the text already printed stays in
+//! the conversation as the assistant's message (what is on screen is what the model remembers,
+//! as in llama.cpp's interactive mode). Ctrl-C at the prompt discards the line and prints a hint,
+//! as ollama does; `/exit` or Ctrl-D quits. When stdin is not a terminal, each line is a user
+//! turn, only the replies are printed (one line break after each), a failing turn is an error
+//! and Ctrl-C ends the program.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use weft::{block_on, Context, Engine, Message, Penalties, Sampler, StopReason};
+
+use crate::model_arg::{ModelArg, ThreadsArg};
+use crate::sampling_arg::SamplingArg;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArg,
+    #[command(flatten)]
+    threads: ThreadsArg,
+    #[command(flatten)]
+    sampling: SamplingArg,
+    /// Longest reply, in tokens (a reply also ends at the model's end-of-turn token, and
+    /// Ctrl-C stops it at once).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+    n_predict: usize,
+    /// A system message opening the conversation (`/reset` keeps it).
+    #[arg(long, value_name = "TEXT")]
+    system: Option<String>,
+}
+
+/// The prompt of a new message, and of its continuation lines (after a line ending in `\`).
+const PROMPT: &str = ">>> ";
+const CONTINUATION: &str = "... ";
+
+const HELP: &str = "\
+/reset       forget the conversation (the --system message stays)
+/save FILE   write the conversation to FILE as JSON messages
+/load FILE   replace the conversation with the one in FILE
+/exit        quit (also /bye, Ctrl-D)
+/help        this list
+End a line with \\ to go on with the message on the next line. Ctrl-C stops a reply.";
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let sampler = args.sampling.sampler()?;
+    let penalties = args.sampling.penalties()?;
+    let path = args.model.path()?;
+    let file = Arc::new(args.model.open_path(&path)?);
+    let own_template = file
+        .opt_str("tokenizer.chat_template")
+        .is_ok_and(|t| t.is_some_and(|t| !t.trim().is_empty()));
+    let engine = args.threads.engine_at(file, &path)?;
+    engine.chat_template()?;
+    if !own_template {
+        // Such as gemma3-270m: a pretrained model, which answers a chat poorly.
+        eprintln!(
+            "note: {} has no chat template of its own (a base model?): weft uses its family's \
+             built-in format",
+            args.model.model
+        );
+    }
+    let mut chat = Chat::new(engine, &args, sampler, penalties);
+    let interactive = std::io::stdin().is_terminal();
+    let ctrl_c = if interactive {
+        CtrlC::install()?
+    } else {
+        // Nothing watches the signal: Ctrl-C ends the program as usual.
+        Arc::new(CtrlC::default())
+    };
+    if interactive {
+        eprintln!(
+            "Chatting with {}. /help lists the commands; Ctrl-C stops a reply, /exit or Ctrl-D quits.",
+            args.model.model
+        );
+    }
+    let mut input = std::io::stdin().lock();
+    loop {
+        if interactive {
+            print_flush(PROMPT)?;
+        }
+        let Some(message) = read_message(&mut input, interactive, &ctrl_c)? else {
+            if interactive {
+                println!();
+            }
+            return Ok(());
+        };
+        let message = message.trim();
+        if message.is_empty() {
+            continue;
+        }
+        if let Some(command) = message.strip_prefix('/') {
+            match chat.command(command) {
+                Ok(Flow::Exit) => return Ok(()),
+                Ok(Flow::Continue) => {}
+                Err(e) if interactive => eprintln!("error: {e:#}"),
+                Err(e) => return Err(e),
+            }
+            continue;
+        }
+        ctrl_c.start_reply();
+        let result = chat.reply(message, &ctrl_c.stop);
+        ctrl_c.end_reply();
+        match result {
+            Ok(ending) => {
+                print_flush(if interactive { "\n\n" } else { "\n" })?;
+                if interactive && ending == Ending::Cut {
+                    eprintln!(
+                        "(reply cut at {} tokens; -n sets the limit)",
+                        args.n_predict
+                    );
+                }
+            }
+            Err(e) if interactive => {
+                println!();
+                eprintln!("error: {e:#}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Reads one message: a line, joined with the next ones while a line ends in `\`. `None` at
+/// the end of the input (after a message in progress, which is returned first).
+fn read_message(
+    input: &mut impl BufRead,
+    interactive: bool,
+    ctrl_c: &CtrlC,
+) -> anyhow::Result<Option<String>> {
+    let mut message = String::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if input.read_line(&mut line).context("cannot read stdin")? == 0 {
+            return Ok((!message.is_empty()).then_some(message));
+        }
+        if ctrl_c.discard_input.swap(false, Ordering::SeqCst) {
+            // Ctrl-C at the prompt dropped the lines typed so far (the terminal drops the
+            // line it was editing).
+            message.clear();
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        match line.strip_suffix('\\') {
+            Some(start) => {
+                message.push_str(start);
+                message.push('\n');
+                if interactive {
+                    print_flush(CONTINUATION)?;
+                }
+            }
+            None => {
+                message.push_str(line);
+                return Ok(Some(message));
+            }
+        }
+    }
+}
+
+fn print_flush(s: &str) -> std::io::Result<()> {
+    // A lock per write: the Ctrl-C thread prints too, while this one waits for input.
+    let mut out = std::io::stdout().lock();
+    out.write_all(s.as_bytes())?;
+    out.flush()
+}
+
+/// What the main loop does after a command.
+enum Flow {
+    Continue,
+    Exit,
+}
+
+/// How a reply ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ending {
+    /// At the model's end of turn.
+    Done,
+    /// At `--n-predict` tokens.
+    Cut,
+    /// By Ctrl-C.
+    Interrupted,
+}
+
+/// The conversation and the context holding its KV cache.
+struct Chat {
+    engine: Engine,
+    ctx: Context,
+    seed: u64,
+    system: Option<String>,
+    messages: Vec<Message>,
+    sampler: Sampler,
+    penalties: Option<Penalties>,
+    n_predict: usize,
+}
+
+impl Chat {
+    fn new(engine: Engine, args: &Args, sampler: Sampler, penalties: Option<Penalties>) -> Chat {
+        let seed = args.sampling.seed();
+        let mut ctx = engine.context();
+        ctx.set_seed(seed);
+        let mut chat = Chat {
+            engine,
+            ctx,
+            seed,
+            system: args.system.clone(),
+            messages: Vec::new(),
+            sampler,
+            penalties,
+            n_predict: args.n_predict,
+        };
+        chat.reset();
+        chat
+    }
+
+    /// Back to the start: only the `--system` message, if any.
+    fn reset(&mut self) {
+        self.messages = self.system.iter().map(Message::system).collect();
+    }
+
+    /// Runs a `/command` (without its slash).
+    fn command(&mut self, line: &str) -> anyhow::Result<Flow> {
+        let (name, arg) = line
+            .split_once(char::is_whitespace)
+            .map_or((line, ""), |(name, arg)| (name, arg.trim()));
+        let file = || {
+            anyhow::ensure!(!arg.is_empty(), "usage: /{name} FILE");
+            Ok(Path::new(arg))
+        };
+        match name {
+            "exit" | "bye" | "quit" => return Ok(Flow::Exit),
+            "reset" | "clear" => {
+                self.reset();
+                eprintln!("(conversation cleared)");
+            }
+            "save" => {
+                let f = file()?;
+                let json = serde_json::to_string_pretty(&self.messages)?;
+                std::fs::write(f, json + "\n")
+                    .with_context(|| format!("cannot write {}", f.display()))?;
+                eprintln!(
+                    "(saved {} messages to {})",
+                    self.messages.len(),
+                    f.display()
+                );
+            }
+            "load" => {
+                let f = file()?;
+                let text = std::fs::read_to_string(f)
+                    .with_context(|| format!("cannot read {}", f.display()))?;
+                let messages: Vec<Message> = serde_json::from_str(&text).with_context(|| {
+                    format!(
+                        "{} is not a JSON array of messages ({{\"role\": …, \"content\": …}})",
+                        f.display()
+                    )
+                })?;
+                // Refuse a conversation the template rejects now, not at the next message.
+                self.engine
+                    .chat_template()?
+                    .render(&messages, true)
+                    .with_context(|| format!("cannot use the conversation in {}", f.display()))?;
+                eprintln!("(loaded {} messages from {})", messages.len(), f.display());
+                self.messages = messages;
+            }
+            "help" | "?" => eprintln!("{HELP}"),
+            _ => anyhow::bail!("unknown command /{name}; /help lists the commands"),
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Answers `message`, streaming the reply to stdout until the model ends its turn, the
+    /// reply reaches `--n-predict` tokens or `stop` is set. Both messages join the
+    /// conversation, the reply as far as it was printed; a turn that fails leaves no trace.
+    fn reply(&mut self, message: &str, stop: &AtomicBool) -> anyhow::Result<Ending> {
+        self.messages.push(Message::user(message));
+        let mut reply = String::new();
+        match self.generate(&mut reply, stop) {
+            Ok(ending) => {
+                self.messages.push(Message::assistant(reply));
+                Ok(ending)
+            }
+            Err(e) => {
+                self.messages.pop();
+                Err(e)
+            }
+        }
+    }
+
+    fn generate(&mut self, reply: &mut String, stop: &AtomicBool) -> anyhow::Result<Ending> {
+        self.fill_prompt()?;
+        let mut g = self
+            .ctx
+            .generate(self.sampler.clone())
+            .max_tokens(self.n_predict);
+        if let Some(p) = &self.penalties {
+            g = g.penalties(p.clone());
+        }
+        loop {
+            let delta = block_on(g.next_text())?;
+            // Text of a step Ctrl-C came during is neither shown nor kept.
+            if stop.load(Ordering::SeqCst) {
+                return Ok(Ending::Interrupted);
+            }
+            let Some(delta) = delta else {
+                break;
+            };
+            print_flush(&delta)?;
+            reply.push_str(&delta);
+        }
+        Ok(match g.stop_reason() {
+            Some(StopReason::MaxTokens) => Ending::Cut,
+            _ => Ending::Done,
+        })
+    }
+
+    /// Buffers the prompt of the conversation in the context: the tokens of its rendering, of
+    /// which the context keeps the longest start it already holds.
+    fn fill_prompt(&mut self) -> anyhow::Result<()> {
+        let text = self.engine.chat_template()?.render(&self.messages, true)?;
+        let ids = self.engine.tokenize(&text);
+        let mut kept = self
+            .ctx
+            .tokens()
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if self.ctx.truncate(kept).is_err() {
+            // A sliding-window model cannot always rewind that far: start afresh (the prefix
+            // cache still holds the full pages of the conversation's start).
+            self.ctx = self.engine.context();
+            self.ctx.set_seed(self.seed);
+            kept = 0;
+        }
+        self.ctx.fill_tokens(&ids[kept..])?;
+        tracing::debug!(prompt = ids.len(), kept, "chat prompt");
+        Ok(())
+    }
+}
+
+/// What Ctrl-C does when stdin is a terminal: stop the reply in progress, or at the prompt,
+/// drop the line and print a hint.
+#[derive(Default)]
+struct CtrlC {
+    /// A reply is being generated.
+    replying: AtomicBool,
+    /// Stop the reply in progress.
+    stop: AtomicBool,
+    /// Ctrl-C came at the prompt: drop the lines of the message typed so far.
+    discard_input: AtomicBool,
+}
+
+impl CtrlC {
+    /// Catches SIGINT from now on, on a thread of its own.
+    fn install() -> anyhow::Result<Arc<CtrlC>> {
+        let state = Arc::new(CtrlC::default());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        // Registered here, so that no Ctrl-C after this returns can end the program.
+        #[cfg(unix)]
+        let mut signal = {
+            let _rt = rt.enter();
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+                .context("cannot catch Ctrl-C")?
+        };
+        let s = state.clone();
+        std::thread::Builder::new()
+            .name("ctrl-c".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    #[cfg(unix)]
+                    while signal.recv().await.is_some() {
+                        s.on_ctrl_c();
+                    }
+                    #[cfg(not(unix))]
+                    while tokio::signal::ctrl_c().await.is_ok() {
+                        s.on_ctrl_c();
+                    }
+                })
+            })?;
+        Ok(state)
+    }
+
+    fn on_ctrl_c(&self) {
+        if self.replying.load(Ordering::SeqCst) {
+            self.stop.store(true, Ordering::SeqCst);
+        } else {
+            self.discard_input.store(true, Ordering::SeqCst);
+            let _ = print_flush(&format!("\n(Use /exit or Ctrl-D to quit.)\n{PROMPT}"));
+        }
+    }
+
+    fn start_reply(&self) {
+        self.stop.store(false, Ordering::SeqCst);
+        self.replying.store(true, Ordering::SeqCst);
+    }
+
+    fn end_reply(&self) {
+        self.replying.store(false, Ordering::SeqCst);
+    }
+}

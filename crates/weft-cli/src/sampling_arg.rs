@@ -1,0 +1,132 @@
+//! The sampling options shared by `weft run` and `weft chat`: `--temp`, `--seed`, `--top-k`,
+//! `--top-p`, `--min-p`, `--repeat-penalty`. Every filter defaults to off, so the default is
+//! plain sampling at temperature 0.8.
+
+use weft::{Penalties, Sampler};
+
+/// How the next token is chosen.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SamplingArg {
+    /// Sampling temperature (≥ 0); 0 picks the most likely token every step.
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Random seed (default: from the clock). Unused when sampling is greedy (`--temp 0`).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Sample among the K most likely tokens only (0: off).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample among the smallest set of most likely tokens whose probability reaches P
+    /// (1: off).
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop the tokens whose probability is below P times the most likely token's (0: off).
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Penalize the tokens among the last 64 as llama.cpp's `--repeat-penalty` does (above 1
+    /// repeats less; 1: off).
+    #[arg(long, value_name = "PENALTY", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+}
+
+impl SamplingArg {
+    /// Whether sampling is greedy: no random number is drawn, the seed plays no part.
+    pub fn is_greedy(&self) -> bool {
+        self.temp == 0.0
+    }
+
+    /// The sampler these options ask for, checked by the library (the ranges the server
+    /// checks too; a negative temperature is an error, not greedy). The filters run in
+    /// llama.cpp's order: top-k, top-p, min-p. Checked before the model is loaded: with
+    /// top-k off, `k` is `usize::MAX`, which keeps every token of any vocabulary.
+    pub fn sampler(&self) -> anyhow::Result<Sampler> {
+        let vocab = usize::MAX;
+        Sampler::from_params(
+            self.temp,
+            (self.top_k > 0).then_some(self.top_k),
+            (self.top_p != 1.0).then_some(self.top_p),
+            (self.min_p != 0.0).then_some(self.min_p),
+            vocab,
+        )
+        .map_err(|e| anyhow::anyhow!("{e} (--temp, --top-k, --top-p, --min-p)"))
+    }
+
+    /// The repetition penalty, if one is asked for.
+    pub fn penalties(&self) -> anyhow::Result<Option<Penalties>> {
+        if self.repeat_penalty == 1.0 {
+            return Ok(None);
+        }
+        let p = Penalties {
+            repetition: self.repeat_penalty,
+            ..Penalties::default()
+        };
+        p.validate()
+            .map_err(|e| anyhow::anyhow!("{e} (--repeat-penalty)"))?;
+        Ok(Some(p))
+    }
+
+    /// `--seed`, or one from the clock.
+    pub fn seed(&self) -> u64 {
+        self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(temp: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingArg {
+        SamplingArg {
+            temp,
+            seed: None,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty: 1.0,
+        }
+    }
+
+    #[test]
+    fn flags_map_to_samplers() {
+        assert_eq!(args(0.0, 40, 0.9, 0.0).sampler().unwrap(), Sampler::Argmax);
+        assert_eq!(
+            args(0.8, 0, 1.0, 0.0).sampler().unwrap(),
+            Sampler::Temperature { temperature: 0.8 }
+        );
+        assert_eq!(
+            args(0.7, 40, 0.95, 0.05).sampler().unwrap(),
+            Sampler::Chain {
+                k: 40,
+                p: 0.95,
+                min_p: 0.05,
+                temperature: 0.7
+            }
+        );
+        assert_eq!(
+            args(0.7, 0, 0.9, 0.0).sampler().unwrap(),
+            Sampler::Chain {
+                k: usize::MAX,
+                p: 0.9,
+                min_p: 0.0,
+                temperature: 0.7
+            }
+        );
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        assert!(args(f32::NAN, 0, 1.0, 0.0).sampler().is_err());
+        assert!(args(-1.0, 0, 1.0, 0.0).sampler().is_err());
+        assert!(args(0.8, 0, 0.0, 0.0).sampler().is_err());
+        assert!(args(0.8, 0, 1.0, 1.5).sampler().is_err());
+        let mut a = args(0.8, 0, 1.0, 0.0);
+        a.repeat_penalty = 0.0;
+        assert!(a.penalties().is_err());
+        a.repeat_penalty = 1.1;
+        assert_eq!(a.penalties().unwrap().unwrap().repetition, 1.1);
+    }
+}
