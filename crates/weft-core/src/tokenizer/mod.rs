@@ -191,7 +191,8 @@ impl Tokenizer {
     ///
     /// - `add_special`: add BOS (and EOS) as the model's file asks (`add_bos_token`).
     /// - `parse_special`: turn control-token text such as `<|im_start|>` into its token. When
-    ///   off, such text is tokenized as plain text. User-defined tokens are always matched.
+    ///   off, such text is tokenized as plain text. User-defined tokens are always matched,
+    ///   except those llama.cpp makes control by their text (Gemma 3's `</s>`; see `vocab.rs`).
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
         let special = &self.vocab.special;
         let mut out = Vec::with_capacity(text.len() / 3 + 2);

@@ -69,6 +69,64 @@ fn bad(reason: impl Into<String>) -> Error {
     }
 }
 
+/// Token texts llama.cpp takes for end-of-generation tokens whatever the file says
+/// (`llama_vocab::impl::load`, the `special_eog_ids` list): a token with one of these texts
+/// gets the control attribute on top of its type.
+const LLAMA_CPP_EOG_TEXTS: [&str; 22] = [
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "[e~[",
+];
+
+/// Makes the tokens llama.cpp forces to control tokens by their text control tokens here too.
+///
+/// Which tokens llama.cpp's `tokenizer_st_partition` cuts out of the input depends on their
+/// attributes: control and unknown tokens only when special tokens are parsed, user-defined
+/// tokens always, so with parsing off their text still becomes the token. A user-defined (or
+/// normal) token whose text is on [`LLAMA_CPP_EOG_TEXTS`] has the control attribute added at
+/// load, so with parsing off it is plain text, and with parsing on it is cut out even when the
+/// file calls it normal. Gemma 3's user-defined `</s>` is such a token, unlike its other
+/// user-defined tags (`<s>`, `<b>`, `<h1>`): `"<s>x</s>"` unparsed is `<s>`, `x`, `</`, `s`, `>`.
+/// Control plus any other attribute acts as control wherever weft reads the type (partition;
+/// decoding, which renders its text only with special tokens rendered).
+///
+/// Not mirrored: llama.cpp's marking of the first fill-in-the-middle token of each kind it finds
+/// by text (only when the file names none; neither real model has one that is not control
+/// already), and its exceptions for gpt-oss, Solar Open, Gemma 4 and PLaMo vocabularies. Token
+/// attributes lstrip/rstrip (whitespace swallowed beside a match) are not in GGUF files;
+/// llama.cpp sets them only by model name for Jina, Nomic, Phi-3 and ModernBERT, so none apply.
+fn promote_end_tokens_to_control(texts: &[String], types: &mut [TokenType]) {
+    for (text, ty) in texts.iter().zip(types.iter_mut()) {
+        // Unknown already acts as control here; byte tokens never have such text.
+        let promotable = matches!(
+            ty,
+            TokenType::Normal | TokenType::UserDefined | TokenType::Unused
+        );
+        if promotable && LLAMA_CPP_EOG_TEXTS.contains(&text.as_str()) {
+            *ty = TokenType::Control;
+        }
+    }
+}
+
 impl Vocab {
     /// Reads the vocabulary from a GGUF file's `tokenizer.ggml.*` metadata.
     pub fn from_gguf(file: &GgufFile) -> Result<Vocab> {
@@ -98,7 +156,7 @@ impl Vocab {
                 }
             },
         };
-        let types = match file.get("tokenizer.ggml.token_type") {
+        let mut types = match file.get("tokenizer.ggml.token_type") {
             None => vec![TokenType::Normal; n],
             Some(_) => {
                 let a = file.get_array("tokenizer.ggml.token_type")?;
@@ -114,6 +172,7 @@ impl Vocab {
                 }
             }
         };
+        promote_end_tokens_to_control(&texts, &mut types);
         let id_key = |key: &str| -> Result<Option<u32>> {
             match file.opt_u64(key)? {
                 None => Ok(None),
@@ -232,5 +291,37 @@ impl Vocab {
     /// Special token ids and flags.
     pub fn special(&self) -> &SpecialTokens {
         &self.special
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn end_texts_become_control_and_other_tags_stay_user_defined() {
+        let texts: Vec<String> = ["<unk>", "</s>", "<s>", "<b>", "<|endoftext|>", "<eos>"]
+            .map(String::from)
+            .into();
+        let mut types = vec![
+            TokenType::Unknown,
+            TokenType::UserDefined,
+            TokenType::UserDefined,
+            TokenType::UserDefined,
+            TokenType::Normal,
+            TokenType::Control,
+        ];
+        promote_end_tokens_to_control(&texts, &mut types);
+        assert_eq!(
+            types,
+            [
+                TokenType::Unknown,
+                TokenType::Control,
+                TokenType::UserDefined,
+                TokenType::UserDefined,
+                TokenType::Control,
+                TokenType::Control,
+            ]
+        );
     }
 }
