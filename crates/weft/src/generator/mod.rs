@@ -226,7 +226,8 @@ impl<'c> Generator<'c> {
         self
     }
 
-    /// Stop after `n` tokens (default 256).
+    /// Stop after `n` tokens (default: the engine's, 256 unless
+    /// [`EngineConfig::generation`](crate::EngineConfig::generation) says otherwise).
     pub fn max_tokens(mut self, n: usize) -> Self {
         self.stop.max_tokens = n;
         self
