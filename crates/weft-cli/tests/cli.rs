@@ -367,3 +367,60 @@ fn bench_skips_zero_lengths() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("nothing to measure"), "{stderr}");
 }
+
+#[test]
+fn bench_runs_at_depth_and_reports_bandwidth() {
+    assert_eq!(
+        bench_tests(&["-p", "16", "-n", "4", "-d", "0,48"]),
+        ["pp16", "tg4", "pp16 @ d48", "tg4 @ d48"]
+    );
+    let out = weft(
+        &[
+            "bench",
+            "-r",
+            "1",
+            "--json",
+            "-p",
+            "16",
+            "-n",
+            "4",
+            "-d",
+            "0,48",
+            "--bandwidth",
+        ],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("streaming read bandwidth:"), "{stderr}");
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    // Bytes per token: what a decode row's GB/s and tokens/s imply.
+    let per_token = |r: &serde_json::Value| {
+        r["gbps"].as_f64().expect("gbps") * 1e9 / r["tps_median"].as_f64().expect("tps")
+    };
+    for r in &rows {
+        let decode = r["n_gen"].as_u64() != Some(0);
+        assert_eq!(r.get("gbps").is_some(), decode, "{r}");
+        if decode {
+            let (gbps, bw) = (
+                r["gbps"].as_f64().unwrap(),
+                r["bandwidth_gbps"].as_f64().unwrap(),
+            );
+            assert!(bw > 0.0 && gbps > 0.0, "{r}");
+            assert!(
+                (r["of_limit"].as_f64().unwrap() - gbps / bw).abs() < 1e-9,
+                "{r}"
+            );
+        }
+    }
+    // The model's weights are read once per token (SmolLM2 ties its embeddings: all of its
+    // tensors, ~92 MiB); at depth 48 the keys and values of ~50 positions come on top.
+    let (shallow, deep) = (per_token(&rows[1]), per_token(&rows[3]));
+    assert!((85e6..105e6).contains(&shallow), "{shallow}");
+    // 30 layers × 3 KV heads × 64 dims × 2 (K, V) × 2 bytes = 23,040 bytes per position.
+    let kv = deep - shallow;
+    assert!((kv - 23_040.0 * 48.0).abs() < 1.0, "{kv}");
+}

@@ -13,6 +13,12 @@
 //!   copies a code block, without and with the n-gram drafter, and the share of drafted
 //!   tokens the model accepted.
 //!
+//! - `-d D` (llama-bench's `-d`): each `ppN` / `tgN` again after D tokens already in the
+//!   context (`ppN @ dD`: N more prompt tokens; `tgN @ dD`: N decode steps from there).
+//! - `--bandwidth`: the machine's streaming read bandwidth, measured once; every decode row
+//!   then reports the GB/s it achieved (weights read once per step plus each sequence's keys
+//!   and values at its mean depth, times steps per second) and its share of that limit.
+//!
 //! Prompt tokens are pseudo-random ids, as llama-bench uses. Each test runs `-r` times after
 //! one warm-up; the table shows the median and the standard deviation.
 
@@ -43,6 +49,18 @@ pub struct Args {
     /// Tokens to generate (`tgN`, and per sequence in parallel tests); 0 skips them.
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n_gen: usize,
+    /// Context depths to run the `ppN` / `tgN` tests at (`@ dD`), as llama-bench's `-d`.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    n_depth: Vec<usize>,
+    /// Measure the machine's streaming read bandwidth and report each decode row's GB/s and
+    /// share of it.
+    #[arg(long)]
+    bandwidth: bool,
     /// Parallel sequence counts for aggregate decode (`pp128+tgN xP`).
     #[arg(long, value_delimiter = ',')]
     parallel: Vec<usize>,
@@ -121,6 +139,23 @@ fn rewrite(
     ))
 }
 
+/// One row of the table.
+#[derive(Debug, Clone)]
+struct Test {
+    name: String,
+    /// Prompt tokens: prefilled and timed (`ppN`), or the parallel tests' untimed prompt.
+    prompt: usize,
+    /// Tokens in the context before the test (`@ dD`), not timed.
+    depth: usize,
+    /// Decode steps (0: a prefill test).
+    gen: usize,
+    parallel: usize,
+    /// Through the engine's scheduler rather than the bare runner.
+    api: bool,
+    /// With the `--lora` adapters.
+    lora: bool,
+}
+
 /// Prompt length of the parallel tests, as in llama-batched-bench's `-npp 128`.
 const PARALLEL_PROMPT: usize = 128;
 
@@ -141,16 +176,28 @@ impl Bench {
             .collect()
     }
 
-    /// Seconds to prefill `n` tokens.
-    fn prefill(&mut self, n: usize) -> anyhow::Result<f64> {
+    /// Seconds to prefill `n` tokens after `depth` tokens already in the sequence (their
+    /// prefill is not timed).
+    fn prefill(&mut self, n: usize, depth: usize) -> anyhow::Result<f64> {
         let seq = self.runner.new_sequence();
-        let batch = BatchEntry::run_of(&self.tokens(n), seq, 0, false);
-        let t = Instant::now();
-        let r = self.runner.forward(&batch).map(|_| ());
-        let secs = t.elapsed().as_secs_f64();
+        let result = self.prefill_seq(seq, n, depth);
         self.runner.free_sequence(seq);
-        r?;
-        Ok(secs)
+        result
+    }
+
+    fn prefill_seq(&mut self, seq: weft::kv::SeqId, n: usize, depth: usize) -> anyhow::Result<f64> {
+        // The context before the test (the runner cuts it into micro-batches).
+        if depth > 0 {
+            let before = BatchEntry::run_of(&self.tokens(depth), seq, 0, false);
+            self.runner.forward(&before)?;
+        }
+        if n == 0 {
+            return Ok(0.0);
+        }
+        let batch = BatchEntry::run_of(&self.tokens(n), seq, depth, false);
+        let t = Instant::now();
+        self.runner.forward(&batch)?;
+        Ok(t.elapsed().as_secs_f64())
     }
 
     /// Seconds for `steps` decode calls over `n_seq` sequences prefilled with `prompt` tokens.
@@ -288,6 +335,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let file = Arc::new(args.model.open()?);
     let size: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+    let weight_bytes = weft::bandwidth::weight_bytes_per_step(&file);
     let runner = args.threads.runner(file.clone())?;
     let threads = runner.n_threads();
     let vocab = runner.info().vocab_size as u32;
@@ -318,78 +366,130 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         vocab,
     };
     // Warm-up: touch the weights and size the buffers.
-    bench.prefill(16)?;
+    bench.prefill(16, 0)?;
     bench.decode(1, 0, 4)?;
     if bench.engine.is_some() {
         bench.decode_api(2, 4, 4)?;
     }
 
-    // name, prompt, gen, parallel, through the API, with the adapters
-    let mut tests: Vec<(String, usize, usize, usize, bool, bool)> = Vec::new();
-    // A 0-token prompt or generation measures nothing: `-p 0` / `-n 0` skip those tests.
-    for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
-        tests.push((format!("pp{p}"), p, 0, 1, false, false));
-    }
-    let lora_runs: &[bool] = if args.lora.is_empty() {
-        &[false]
-    } else {
-        &[false, true]
+    let mut tests: Vec<Test> = Vec::new();
+    let test = |name: String, prompt, depth, gen, parallel| Test {
+        name,
+        prompt,
+        depth,
+        gen,
+        parallel,
+        api: false,
+        lora: false,
     };
-    if args.n_gen > 0 {
-        for &lora in lora_runs {
-            let tag = if lora { " +lora" } else { "" };
-            tests.push((
-                format!("tg{}{tag}", args.n_gen),
-                0,
-                args.n_gen,
-                1,
-                false,
-                lora,
-            ));
+    // A 0-token prompt or generation measures nothing: `-p 0` / `-n 0` skip those tests.
+    for &d in &args.n_depth {
+        let at = if d > 0 {
+            format!(" @ d{d}")
+        } else {
+            String::new()
+        };
+        for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
+            tests.push(test(format!("pp{p}{at}"), p, d, 0, 1));
         }
+        if args.n_gen > 0 {
+            tests.push(test(format!("tg{}{at}", args.n_gen), 0, d, args.n_gen, 1));
+        }
+    }
+    if args.n_gen > 0 {
+        if !args.lora.is_empty() {
+            tests.push(Test {
+                lora: true,
+                ..test(format!("tg{} +lora", args.n_gen), 0, 0, args.n_gen, 1)
+            });
+        }
+        let lora_runs: &[bool] = if args.lora.is_empty() {
+            &[false]
+        } else {
+            &[false, true]
+        };
         for &p in &args.parallel {
             for &lora in lora_runs {
                 let tag = if lora { " +lora" } else { "" };
                 let name = format!("pp{PARALLEL_PROMPT}+tg{} x{p}{tag}", args.n_gen);
+                let t = Test {
+                    lora,
+                    ..test(name, PARALLEL_PROMPT, 0, args.n_gen, p)
+                };
                 if args.raw {
-                    let raw = format!("{name} raw");
-                    tests.push((raw, PARALLEL_PROMPT, args.n_gen, p, false, lora));
+                    tests.push(Test {
+                        name: format!("{} raw", t.name),
+                        ..t.clone()
+                    });
                 }
-                tests.push((name, PARALLEL_PROMPT, args.n_gen, p, true, lora));
+                tests.push(Test { api: true, ..t });
             }
         }
     }
+    // The bound decode runs into: weights once per step, plus each sequence's keys and values.
+    let limit = args.bandwidth.then(|| {
+        let bw = weft::bandwidth::read_bandwidth(threads, 3);
+        eprintln!(
+            "streaming read bandwidth: {:.1} GB/s ({threads} threads)",
+            bw / 1e9
+        );
+        bw
+    });
+    let kv_layout = bench.runner.kv().layout().clone();
     let model = &args.model.model;
     if !args.json {
-        println!("| model | size | params | threads | test | t/s |");
-        println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+        if limit.is_some() {
+            println!("| model | size | params | threads | test | t/s | GB/s | of limit |");
+            println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        } else {
+            println!("| model | size | params | threads | test | t/s |");
+            println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+        }
     }
-    for (name, prompt, gen, parallel, api, lora) in tests {
-        bench.with_lora = lora;
+    for t in tests {
+        bench.with_lora = t.lora;
         let mut samples = Vec::with_capacity(args.repetitions);
         for _ in 0..args.repetitions {
-            let tps = if gen == 0 {
-                prompt as f64 / bench.prefill(prompt)?
-            } else if api {
-                (parallel * gen) as f64 / bench.decode_api(parallel, prompt, gen)?
+            let tps = if t.gen == 0 {
+                t.prompt as f64 / bench.prefill(t.prompt, t.depth)?
+            } else if t.api {
+                (t.parallel * t.gen) as f64 / bench.decode_api(t.parallel, t.prompt, t.gen)?
             } else {
-                (parallel * gen) as f64 / bench.decode(parallel, prompt, gen)?
+                let context = t.prompt.max(t.depth);
+                (t.parallel * t.gen) as f64 / bench.decode(t.parallel, context, t.gen)?
             };
             samples.push(tps);
         }
         let (median, sd) = median_and_sd(samples.clone());
+        // A decode step reads the weights once and each sequence's KV at its mean depth.
+        let achieved = (t.gen > 0).then(|| {
+            let depth = t.prompt.max(t.depth) + t.gen / 2;
+            let step_bytes = weight_bytes + t.parallel as u64 * kv_layout.bytes_read_at(depth);
+            step_bytes as f64 * median / t.parallel as f64
+        });
         if args.json {
-            let json = serde_json::json!({
-                "model": model, "test": name, "threads": threads, "n_prompt": prompt,
-                "n_gen": gen, "parallel": parallel, "tps_median": median, "tps_stddev": sd,
-                "samples": samples,
+            let mut json = serde_json::json!({
+                "model": model, "test": t.name, "threads": threads, "n_prompt": t.prompt,
+                "n_depth": t.depth, "n_gen": t.gen, "parallel": t.parallel,
+                "tps_median": median, "tps_stddev": sd, "samples": samples,
             });
+            if let (Some(bw), Some(a)) = (limit, achieved) {
+                json["gbps"] = (a / 1e9).into();
+                json["bandwidth_gbps"] = (bw / 1e9).into();
+                json["of_limit"] = (a / bw).into();
+            }
             println!("{json}");
         } else {
+            let extra = match (limit, achieved) {
+                (Some(bw), Some(a)) => format!(" {:.1} | {:.0}% |", a / 1e9, 100.0 * a / bw),
+                (Some(_), None) => " | |".to_string(),
+                _ => String::new(),
+            };
             println!(
-                "| {model} | {:.2} MiB | {:.2} M | {threads} | {name} | {median:.2} ± {sd:.2} |",
+                "| {model} | {:.2} MiB | {:.2} M | {threads} | {} | {median:.2} ± {sd:.2} |{extra}",
                 size as f64 / (1 << 20) as f64,
-                params as f64 / 1e6
+                params as f64 / 1e6,
+                t.name
             );
         }
     }
@@ -433,7 +533,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     if let Some(rss) = peak_rss_mib() {
-        eprintln!("peak RSS: {rss:.1} MiB");
+        let note = if args.bandwidth {
+            " (with the bandwidth test's 256 MiB buffer)"
+        } else {
+            ""
+        };
+        eprintln!("peak RSS: {rss:.1} MiB{note}");
     }
     if let Some(k) = args.threads.resident_layers {
         eprintln!("layer pager: at most {k} blocks resident");

@@ -32,6 +32,7 @@
 //! quantizes its input to 8 bits, so a 1-ulp change can flip a rounding and the logits of a
 //! sequence would depend on what else was batched with it.
 
+pub mod bandwidth;
 mod float;
 pub mod gemm_f32;
 pub mod gemm_i16;

@@ -1,0 +1,116 @@
+//! What decode is bounded by: the machine's streaming read bandwidth, and the bytes one decode
+//! step must read (the weights once per step, each sequence's keys and values). `weft bench
+//! --bandwidth` divides the second by the first to say how close a decode runs to the limit.
+
+use std::time::Instant;
+
+use crate::gguf::GgufFile;
+use crate::kv::KvLayout;
+
+/// Bytes the bandwidth test streams per round: far past any last-level cache.
+const BUFFER_BYTES: usize = 256 << 20;
+
+/// The machine's streaming read bandwidth in bytes per second with `threads` threads, each
+/// summing its share of a 256 MiB buffer (best of `rounds`, after one warm-up round that also
+/// maps the pages). This is the bound a decode step that streams its weights runs into.
+pub fn read_bandwidth(threads: usize, rounds: usize) -> f64 {
+    let threads = threads.max(1);
+    // Non-zero contents, so every page is really mapped and read.
+    let buffer: Vec<u64> = (0..BUFFER_BYTES / 8).map(|i| i as u64 | 1).collect();
+    let chunk = buffer.len().div_ceil(threads);
+    let mut best = 0.0f64;
+    for _ in 0..rounds.max(1) + 1 {
+        let start = Instant::now();
+        let sums: Vec<u64> = std::thread::scope(|s| {
+            let handles: Vec<_> = buffer
+                .chunks(chunk)
+                .map(|part| s.spawn(move || sum_stream(part)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).collect()
+        });
+        let secs = start.elapsed().as_secs_f64();
+        // The sums are used, so the reads cannot be optimized away.
+        std::hint::black_box(sums);
+        best = best.max(BUFFER_BYTES as f64 / secs);
+    }
+    best
+}
+
+/// The wrapping sum of `xs`, in four independent lanes so the loads stream (the loop is
+/// vectorized; one accumulator would chain every add).
+fn sum_stream(xs: &[u64]) -> u64 {
+    let mut acc = [0u64; 4];
+    let mut chunks = xs.chunks_exact(4);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(x);
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |a, &x| a.wrapping_add(x));
+    acc.iter().fold(tail, |a, &x| a.wrapping_add(x))
+}
+
+/// Weight bytes one decode step reads: every tensor, except that the token embedding table
+/// is read one row per token — unless it is also the output projection (tied embeddings, as
+/// Gemma's), which reads all of it.
+pub fn weight_bytes_per_step(file: &GgufFile) -> u64 {
+    let tied = file.tensor("output.weight").is_err();
+    file.tensors()
+        .iter()
+        .filter(|t| tied || t.name != "token_embd.weight")
+        .map(|t| t.n_bytes)
+        .sum()
+}
+
+impl KvLayout {
+    /// Bytes of keys and values (f16) one token's attention reads at context length
+    /// `depth`, over every layer: a sliding-window layer reads at most its window.
+    pub fn bytes_read_at(&self, depth: usize) -> u64 {
+        let per_position = (2 * self.n_kv_heads * self.head_dim * 2) as u64;
+        self.groups
+            .iter()
+            .map(|g| {
+                let seen = g.window.map_or(depth, |w| depth.min(w));
+                g.layers.len() as u64 * seen as u64 * per_position
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::GroupSpec;
+
+    #[test]
+    fn kv_bytes_count_windows() {
+        let layout = KvLayout {
+            n_layers: 3,
+            n_kv_heads: 2,
+            head_dim: 4,
+            groups: vec![
+                GroupSpec {
+                    layers: vec![0, 2],
+                    window: None,
+                },
+                GroupSpec {
+                    layers: vec![1],
+                    window: Some(10),
+                },
+            ],
+        };
+        // 2 (K, V) × 2 heads × 4 dims × 2 bytes = 32 bytes per position and layer.
+        assert_eq!(layout.bytes_read_at(0), 0);
+        assert_eq!(layout.bytes_read_at(5), 32 * (2 * 5 + 5));
+        assert_eq!(layout.bytes_read_at(100), 32 * (2 * 100 + 10));
+    }
+
+    #[test]
+    fn the_stream_sum_is_the_sum() {
+        let xs: Vec<u64> = (1..=1003).collect();
+        assert_eq!(sum_stream(&xs), 1003 * 1004 / 2);
+    }
+}
