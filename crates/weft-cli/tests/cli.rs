@@ -393,6 +393,7 @@ fn bench_runs_at_depth_and_reports_bandwidth() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("streaming read bandwidth:"), "{stderr}");
+    assert!(stderr.contains("kernels: "), "{stderr}");
     let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).expect("JSON"))
@@ -423,4 +424,42 @@ fn bench_runs_at_depth_and_reports_bandwidth() {
     // 30 layers × 3 KV heads × 64 dims × 2 (K, V) × 2 bytes = 23,040 bytes per position.
     let kv = deep - shallow;
     assert!((kv - 23_040.0 * 48.0).abs() < 1.0, "{kv}");
+}
+
+#[test]
+fn bench_names_its_kernels_and_weft_kernels_forces_them() {
+    let bench = |value: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_weft"));
+        cmd.args(["bench", "-r", "1", "--json", "-p", "8", "-n", "0"]);
+        match value {
+            Some(v) => cmd.env("WEFT_KERNELS", v),
+            None => cmd.env_remove("WEFT_KERNELS"),
+        };
+        let out = cmd.output().expect("run weft");
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{stderr}");
+        let row: serde_json::Value = serde_json::from_str(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .expect("a row"),
+        )
+        .expect("JSON");
+        (
+            row["kernels"].as_str().expect("kernels").to_string(),
+            stderr,
+        )
+    };
+    let (detected, stderr) = bench(None);
+    assert!(stderr.contains(&format!("kernels: {detected}")), "{stderr}");
+    let (forced, stderr) = bench(Some("scalar"));
+    assert_eq!(forced, "scalar", "{stderr}");
+    assert!(stderr.contains("kernels: scalar"), "{stderr}");
+    // A variant weft does not have is refused by name, and the detected one runs.
+    let (fallback, stderr) = bench(Some("avx512"));
+    assert_eq!(fallback, detected);
+    assert!(
+        stderr.contains("WEFT_KERNELS=\"avx512\" ignored"),
+        "{stderr}"
+    );
 }

@@ -67,7 +67,7 @@ pub use speculate::{NgramSpeculator, Speculator};
 pub use weft_core::sampling::{Penalties, Sampler};
 
 pub use weft_core::gguf::{self, GgmlType, GgufFile};
-pub use weft_core::kernels::bandwidth;
+pub use weft_core::kernels::{self, bandwidth};
 pub use weft_core::runner::{BatchEntry, ModelRunner, RunnerConfig};
 pub use weft_core::tokenizer::{self, StreamDecoder, Tokenizer};
 pub use weft_core::{kv, lora, models, quant, runner, sampling};

@@ -437,6 +437,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     let kv_layout = bench.runner.kv().layout().clone();
     let model = &args.model.model;
+    // Which kernels ran, as llama-bench names its backend (and what the CPU has beyond).
+    let extensions = weft::kernels::cpu_extensions();
+    eprintln!(
+        "kernels: {}{}",
+        weft::kernels::simd_level().name(),
+        if extensions.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (the CPU also has {}: not used yet)",
+                extensions.join(", ")
+            )
+        }
+    );
     if !args.json {
         if limit.is_some() {
             println!("| model | size | params | threads | test | t/s | GB/s | of limit |");
@@ -471,6 +485,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut json = serde_json::json!({
                 "model": model, "test": t.name, "threads": threads, "n_prompt": t.prompt,
                 "n_depth": t.depth, "n_gen": t.gen, "parallel": t.parallel,
+                "kernels": weft::kernels::simd_level().name(),
                 "tps_median": median, "tps_stddev": sd, "samples": samples,
             });
             if let (Some(bw), Some(a)) = (limit, achieved) {

@@ -79,18 +79,72 @@ pub enum SimdLevel {
     Scalar,
 }
 
-/// The kernel variant this process uses, detected once.
-///
-/// AVX2 is used when the CPU has AVX2, FMA and F16C, unless the environment variable
-/// `WEFT_KERNELS=scalar` asks for the scalar reference kernels (for comparisons).
+impl SimdLevel {
+    /// The name `WEFT_KERNELS` takes and `weft bench` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Scalar => "scalar",
+        }
+    }
+}
+
+/// The kernel variant this process uses, chosen once: the best the CPU supports, unless the
+/// environment variable `WEFT_KERNELS` names one (`scalar`, or `avx2` where the CPU has it;
+/// for comparisons). A value that names no variant this CPU can run is ignored with a
+/// warning on stderr, and the detected one is used.
 pub fn simd_level() -> SimdLevel {
     static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        if std::env::var("WEFT_KERNELS").is_ok_and(|v| v.eq_ignore_ascii_case("scalar")) {
-            return SimdLevel::Scalar;
+        let detected = detect();
+        match std::env::var("WEFT_KERNELS") {
+            Err(_) => detected,
+            Ok(v) => match forced(&v, detected) {
+                Ok(level) => level,
+                Err(why) => {
+                    eprintln!(
+                        "weft: WEFT_KERNELS={v:?} ignored: {why}; using {}",
+                        detected.name()
+                    );
+                    detected
+                }
+            },
         }
-        detect()
     })
+}
+
+/// The variant `WEFT_KERNELS=value` asks for, if this CPU (best: `detected`) can run it.
+fn forced(value: &str, detected: SimdLevel) -> std::result::Result<SimdLevel, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "scalar" => Ok(SimdLevel::Scalar),
+        "avx2" if detected == SimdLevel::Avx2 => Ok(SimdLevel::Avx2),
+        "avx2" => Err("this CPU lacks AVX2, FMA or F16C".into()),
+        "avx512" => Err("weft has no AVX-512 kernels yet".into()),
+        _ => Err("the choices are scalar, avx2".into()),
+    }
+}
+
+/// The x86 vector extensions the CPU has beyond AVX2 that kernels could use (AVX-512
+/// foundation and VNNI, AVX-VNNI), for `weft bench` to print beside the variant in use.
+pub fn cpu_extensions() -> Vec<&'static str> {
+    #[allow(unused_mut)]
+    let mut found = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            found.push("avx512f");
+        }
+        if is_x86_feature_detected!("avx512bw") {
+            found.push("avx512bw");
+        }
+        if is_x86_feature_detected!("avx512vnni") {
+            found.push("avx512vnni");
+        }
+        if is_x86_feature_detected!("avxvnni") {
+            found.push("avxvnni");
+        }
+    }
+    found
 }
 
 /// What the CPU supports, ignoring the environment.
@@ -374,6 +428,16 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn weft_kernels_values() {
+        use super::{forced, SimdLevel};
+        assert_eq!(forced("scalar", SimdLevel::Avx2), Ok(SimdLevel::Scalar));
+        assert_eq!(forced(" AVX2 ", SimdLevel::Avx2), Ok(SimdLevel::Avx2));
+        assert!(forced("avx2", SimdLevel::Scalar).is_err());
+        assert!(forced("avx512", SimdLevel::Avx2).is_err());
+        assert!(forced("neon", SimdLevel::Avx2).is_err());
+    }
+
     use super::*;
 
     #[test]
