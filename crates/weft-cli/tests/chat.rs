@@ -5,9 +5,10 @@
 //! tmux is installed with apt-get when missing (as root, or with `sudo -n`); if it cannot be,
 //! the test fails and says so.
 
-use std::io::Write;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -62,20 +63,7 @@ fn check_replies(engine: &Engine, messages: &[Message], n: usize, interrupted: &
 fn chat_reads_a_pipe_one_message_a_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let run = |args: &[&str], stdin: &str| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run weft");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(stdin.as_bytes())
-            .expect("write stdin");
-        let out = child.wait_with_output().expect("wait for weft");
+        let out = common::weft(args, stdin);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "weft {args:?} failed: {stderr}");
         (String::from_utf8(out.stdout).expect("utf-8"), stderr)
@@ -117,17 +105,7 @@ fn chat_reads_a_pipe_one_message_a_line() {
     check_replies(&engine, &saved, 8, &[]);
 
     // A bad command in a pipe is an error (exit status 1), not a message to the model.
-    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(["chat", "--temp", "0", "-n", "4"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin.take().expect("stdin").write_all(b"/load\n")?;
-            c.wait_with_output()
-        })
-        .expect("run weft");
+    let out = common::weft(&["chat", "--temp", "0", "-n", "4"], "/load\n");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("usage: /load FILE"), "{stderr}");

@@ -1,29 +1,12 @@
 //! The `weft` binary end to end: tokenize and inspect on the real default model, and clear
 //! errors (no panic) for bad input.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+mod common;
 
-fn weft(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run weft");
-    let written = child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes());
-    // A command that fails before reading its input closes the pipe: its output tells.
-    if let Err(e) = written {
-        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "write stdin: {e}");
-    }
-    child.wait_with_output().expect("wait for weft")
-}
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::weft;
 
 /// llama.cpp's reference outputs: `../shared/reference` beside the checkout, or
 /// `$WEFT_REFERENCE_DIR`.
