@@ -53,10 +53,6 @@ impl Rewindable for Context {
         Context::len(self)
     }
 
-    fn is_empty(&self) -> bool {
-        Context::len(self) == 0
-    }
-
     fn truncate(&mut self, n: usize) -> Result<()> {
         Context::truncate(self, n)
     }
