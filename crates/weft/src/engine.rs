@@ -172,7 +172,6 @@ pub(crate) struct Inner {
     pub path: Option<PathBuf>,
     pub kv_layout: KvLayout,
     pub fingerprint: std::sync::OnceLock<String>,
-    pub layer_pager: Option<Arc<LayerPager>>,
     /// The engine-level adapter stack (see [`Engine::push_lora`]).
     pub lora_stack: std::sync::Mutex<Vec<(crate::adapter::Adapter, f32)>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -341,7 +340,6 @@ impl Engine {
                 path,
                 kv_layout,
                 fingerprint: std::sync::OnceLock::new(),
-                layer_pager: config.layer_pager.clone(),
                 config,
                 lora_stack: std::sync::Mutex::new(Vec::new()),
                 thread: Some(thread),
@@ -357,7 +355,7 @@ impl Engine {
 
     /// The layer pager, when the engine pages its blocks (see [`EngineConfig::layer_pager`]).
     pub fn layer_pager(&self) -> Option<&Arc<LayerPager>> {
-        self.inner.layer_pager.as_ref()
+        self.inner.config.layer_pager.as_ref()
     }
 
     /// A new, empty context.
