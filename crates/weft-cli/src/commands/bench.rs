@@ -437,7 +437,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     let kv_layout = bench.runner.kv().layout().clone();
     let model = &args.model.model;
-    // Which kernels ran, as llama-bench names its backend (and what the CPU has beyond).
+    // Which kernels ran, as llama-bench names its backend (and the CPU's wider extensions).
     let extensions = weft::kernels::cpu_extensions();
     eprintln!(
         "kernels: {}{}",
@@ -445,10 +445,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if extensions.is_empty() {
             String::new()
         } else {
-            format!(
-                " (the CPU also has {}: not used yet)",
-                extensions.join(", ")
-            )
+            format!(" (the CPU has {})", extensions.join(", "))
         }
     );
     if !args.json {

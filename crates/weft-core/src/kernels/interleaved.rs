@@ -1,5 +1,5 @@
-//! Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K weights interleaved by groups of 8 rows: the GEMM
-//! layout of prefill.
+//! Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K and Q8_0 weights interleaved by groups of 8 rows: the
+//! GEMM layout of prefill and batched decode.
 //!
 //! In the file's layout each row's blocks are contiguous, so a row · token product pays for its
 //! own sign trick, int → float conversion, scaling and final horizontal sum, for every block.
@@ -21,7 +21,8 @@
 //!   low nibble and element `16 + 4c + k` in its high nibble.
 //!
 //! The k-quants (Q4_K, Q6_K) arrange each 32-column sub-block of their 256-column super-blocks
-//! the same way, with their scales unpacked beside (`interleaved_k`).
+//! the same way, with their scales unpacked beside (`interleaved_k`); Q8_0 (a tied LM head,
+//! whose rows are also looked up as embeddings) has its own arrangement (`interleaved_q8`).
 //!
 //! Quants stay unsigned, because `maddubs` wants an unsigned operand. For the symmetric types
 //! (`x = d · (q − offset)`, offset 8 for Q4_0 and 16 for Q5_0) the integer dot product of a
@@ -38,13 +39,21 @@ use super::quantize::{QK8, QK_K};
 
 use super::interleaved_k::{repack_k4, repack_k6};
 pub use super::interleaved_k::{tile_k4, tile_k6, K4_GROUP_BYTES, K6_GROUP_BYTES};
+use super::interleaved_q8::repack_q8_0;
+pub use super::interleaved_q8::{tile_q8_0, Q8_BLOCK_BYTES};
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 8;
 
 /// Whether weights of `dtype` can be interleaved.
 pub fn supports(dtype: GgmlType) -> bool {
-    matches!(dtype, GgmlType::Q4_K | GgmlType::Q6_K) || Legacy::of(dtype).is_some()
+    matches!(dtype, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0) || Legacy::of(dtype).is_some()
+}
+
+/// Whether rows of interleaved weights of `dtype` can be looked up ([`super::dequantize_row`]):
+/// Q8_0, the type of the tied embedding tables this layout is used for.
+pub fn supports_lookup(dtype: GgmlType) -> bool {
+    dtype == GgmlType::Q8_0
 }
 
 /// Bytes of one group of 8 interleaved rows of `cols` columns.
@@ -57,11 +66,13 @@ pub fn group_bytes(dtype: GgmlType, cols: usize) -> usize {
 }
 
 /// Value offset of the unsigned quants of a symmetric type (`x = d · (q − offset)`); 0 for the
-/// offset types, whose min is added instead.
+/// offset types, whose min is added instead. For Q8_0, the offset the VNNI tiles give the
+/// signed quants (`q + 128`).
 pub fn offset(dtype: GgmlType) -> i32 {
     match dtype {
         GgmlType::Q4_0 => 8,
         GgmlType::Q5_0 => 16,
+        GgmlType::Q8_0 => 128,
         _ => 0,
     }
 }
@@ -142,6 +153,7 @@ pub fn repack(dtype: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8>
     match dtype {
         GgmlType::Q4_K => return repack_k4(data, rows, cols),
         GgmlType::Q6_K => return repack_k6(data, rows, cols),
+        GgmlType::Q8_0 => return repack_q8_0(data, rows, cols),
         _ => {}
     }
     let kind = Legacy::of(dtype).expect("supported");

@@ -1,12 +1,13 @@
-//! AVX2 twins of [`super::interleaved::tile`], [`super::interleaved::tile_k4`] and
-//! [`super::interleaved::tile_k6`]: one group of 8 interleaved rows · 1 to 4 activation rows
-//! (see `interleaved` and `interleaved_k` for the layouts).
+//! x86 twins of [`super::interleaved::tile`], [`super::interleaved::tile_k4`],
+//! [`super::interleaved::tile_k6`] and [`super::interleaved::tile_q8_0`]: one group of 8 interleaved rows · 1 to 4 activation rows
+//! (see `interleaved` and `interleaved_k` for the layouts), in modules `avx2`, `avxvnni` and
+//! `avx512`: one generic body per tile, over the set's dot-product primitive ([`Isa`]).
 
 use std::arch::x86_64::*;
 
-use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES, K6_GROUP_BYTES};
+use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES, K6_GROUP_BYTES, Q8_BLOCK_BYTES};
 use super::quantize::{Q8KRow, QK8, QK_K};
-use super::x86::{load256, prefetch};
+use super::x86::{dots, dots_scaled, load256, prefetch, stamp_isas, Isa};
 use crate::gguf::GgmlType;
 
 /// Calls `$tile::<…, T>` with `T = $n` tokens (1 to 4) as a constant.
@@ -31,18 +32,16 @@ unsafe fn bcast4(y: *const i8, i: usize) -> __m256i {
 
 /// One token's products with two chunks of a 32-element block, `[lo_a, hi_a, lo_b, hi_b]`:
 /// low halves against `y[i..i + 8]`, high halves against `y[16 + i..]`; the four products sum
-/// in i16 (at most `4 · 2 · 31 · 127 < 2^15`) before one `madd` with ones widens them.
+/// in i16 on AVX2 (at most `4 · 2 · 31 · 127 < 2^15`).
 #[inline(always)]
-unsafe fn chunk_pair(y: *const i8, i: usize, w: [__m256i; 4], ones: __m256i) -> __m256i {
-    let a = _mm256_add_epi16(
-        _mm256_maddubs_epi16(w[0], bcast4(y, i)),
-        _mm256_maddubs_epi16(w[1], bcast4(y, 16 + i)),
-    );
-    let c = _mm256_add_epi16(
-        _mm256_maddubs_epi16(w[2], bcast4(y, i + 4)),
-        _mm256_maddubs_epi16(w[3], bcast4(y, 20 + i)),
-    );
-    _mm256_madd_epi16(_mm256_add_epi16(a, c), ones)
+unsafe fn chunk_pair<P: Isa>(y: *const i8, i: usize, w: [__m256i; 4]) -> __m256i {
+    let ys = [
+        bcast4(y, i),
+        bcast4(y, 16 + i),
+        bcast4(y, i + 4),
+        bcast4(y, 20 + i),
+    ];
+    dots::<P, 4>(w, ys)
 }
 
 /// One group · `T` tokens. `HIGH`: a 5th bit in `qh` (Q5_0, Q5_1); `MIN`: a min per row
@@ -54,8 +53,8 @@ unsafe fn chunk_pair(y: *const i8, i: usize, w: [__m256i; 4], ones: __m256i) -> 
 /// `madd` widens them; then `(Σ q·y [− offset·Σ y]) · d_x` (8 rows at once) is added times
 /// `d_y` with one FMA per token, and `m · s_y` with another — the scalar reference's order, so
 /// the bits agree.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_t<const HIGH: bool, const MIN: bool, const T: usize>(
+#[inline(always)]
+unsafe fn tile_t<P: Isa, const HIGH: bool, const MIN: bool, const T: usize>(
     w: &[u8],
     ys: &LegacyActs,
     out: &mut [[f32; 8]],
@@ -72,11 +71,7 @@ unsafe fn tile_t<const HIGH: bool, const MIN: bool, const T: usize>(
     let yq: [*const i8; T] = std::array::from_fn(|t| ys.qs.as_ptr().add(t * nb * QK8));
     let yd: [*const f32; T] = std::array::from_fn(|t| ys.d.as_ptr().add(t * nb * ds));
     let ysum: [*const i32; T] = std::array::from_fn(|t| ys.sums.as_ptr().wrapping_add(t * nb));
-    let (m4, m5, ones) = (
-        _mm256_set1_epi8(0x0F),
-        _mm256_set1_epi8(0x10),
-        _mm256_set1_epi16(1),
-    );
+    let (m4, m5) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..nb {
         let p = w.as_ptr().add(b * bytes);
@@ -109,7 +104,7 @@ unsafe fn tile_t<const HIGH: bool, const MIN: bool, const T: usize>(
         );
         let mut s01 = [_mm256_setzero_si256(); T];
         for t in 0..T {
-            s01[t] = chunk_pair(yq[t].add(b * QK8), 0, [w0, w1, w2, w3], ones);
+            s01[t] = chunk_pair::<P>(yq[t].add(b * QK8), 0, [w0, w1, w2, w3]);
         }
         let (w4, w5) = chunk!(
             2,
@@ -127,7 +122,7 @@ unsafe fn tile_t<const HIGH: bool, const MIN: bool, const T: usize>(
             _mm256_setzero_ps()
         };
         for t in 0..T {
-            let s23 = chunk_pair(yq[t].add(b * QK8), 8, [w4, w5, w6, w7], ones);
+            let s23 = chunk_pair::<P>(yq[t].add(b * QK8), 8, [w4, w5, w6, w7]);
             let mut s = _mm256_add_epi32(s01[t], s23);
             if !MIN {
                 s = _mm256_sub_epi32(s, _mm256_set1_epi32(*ysum[t].add(b)));
@@ -145,33 +140,15 @@ unsafe fn tile_t<const HIGH: bool, const MIN: bool, const T: usize>(
     }
 }
 
-/// AVX2 twin of [`super::interleaved::tile`] for `out.len()` of 1 to 4 tokens.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-///
-/// # Panics
-/// As the reference, or for more than 4 tokens.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile(dtype: GgmlType, w: &[u8], ys: &LegacyActs, out: &mut [[f32; 8]]) {
-    let (kind, n) = (Legacy::of(dtype).expect("a 32-element type"), out.len());
-    match (kind.high, kind.min) {
-        (false, false) => by_tokens!(n, tile_t::<false, false>(w, ys, out)),
-        (false, true) => by_tokens!(n, tile_t::<false, true>(w, ys, out)),
-        (true, false) => by_tokens!(n, tile_t::<true, false>(w, ys, out)),
-        (true, true) => by_tokens!(n, tile_t::<true, true>(w, ys, out)),
-    }
-}
-
 /// One Q4_K group · `T` tokens.
 ///
-/// Per sub-block of 32 columns: 8 `maddubs` of unsigned 4-bit quants (lane `r`: 4 quants of row
-/// `r`) with 4 broadcast activation bytes; all 8 fit an i16 lane (`8 · 2 · 15 · 127 < 2^15`),
-/// and one `madd` with the rows' scales (each in both i16 halves of its lane) widens and scales
-/// them at once. The mins meet the activation sums of two sub-blocks per `madd`. Then the
+/// Per sub-block of 32 columns: 8 products of unsigned 4-bit quants (lane `r`: 4 quants of row
+/// `r`) with 4 broadcast activation bytes, scaled by the rows' scales ([`dots_scaled`]; on
+/// AVX2 all 8 fit an i16 lane, `8 · 2 · 15 · 127 < 2^15`, and one `madd` widens and scales
+/// them at once). The mins meet the activation sums of two sub-blocks per `madd`. Then the
 /// scalar reference's two FMAs per super-block, 8 rows at a time.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_k4_t<const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
+#[inline(always)]
+unsafe fn tile_k4_t<P: Isa, const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
     let nb = w.len() / K4_GROUP_BYTES;
     assert!(w.len() == nb * K4_GROUP_BYTES && out.len() == T && ys.qs.len() == T * nb * QK_K);
     assert!(ys.d.len() == T * nb && ys.bsums.len() == T * nb * 16);
@@ -191,22 +168,17 @@ unsafe fn tile_k4_t<const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]])
             // The 8 rows' scales of sub-block s, each in both i16 halves of its lane.
             let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(32 + 8 * s) as *const __m128i));
             let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
-            let mut s16 = [_mm256_setzero_si256(); T];
+            // Chunk c: low nibbles (elements 4c..) and high nibbles (16 + 4c..) of 8 rows.
+            let mut w8 = [_mm256_setzero_si256(); 8];
             for c in 0..4 {
                 let v = load256(q.add(32 * c));
-                let lo = _mm256_and_si256(v, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-                for t in 0..T {
-                    let y = yq[t].add(b * QK_K + 32 * s);
-                    let a = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo, bcast4(y, 4 * c)),
-                        _mm256_maddubs_epi16(hi, bcast4(y, 16 + 4 * c)),
-                    );
-                    s16[t] = _mm256_add_epi16(s16[t], a);
-                }
+                w8[2 * c] = _mm256_and_si256(v, m4);
+                w8[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
             }
             for t in 0..T {
-                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s16[t], sc));
+                let y = yq[t].add(b * QK_K + 32 * s);
+                let y8 = std::array::from_fn(|k| bcast4(y, 4 * (k / 2) + 16 * (k % 2)));
+                isum[t] = _mm256_add_epi32(isum[t], dots_scaled::<P, 8>(w8, y8, sc));
             }
         }
         for t in 0..T {
@@ -243,38 +215,20 @@ unsafe fn tile_k4_t<const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]])
     }
 }
 
-/// AVX2 twin of [`super::interleaved::tile_k4`] for `out.len()` of 1 to 4 tokens.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-///
-/// # Panics
-/// As the reference, or for more than 4 tokens.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_k4(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
-    by_tokens!(out.len(), tile_k4_t(w, ys, out))
-}
-
 /// One token's products with two chunks of a Q6_K sub-block, `[lo_a, lo_b, hi_a, hi_b]`: low
-/// halves against `y[i..i + 8]`, high halves against `y[16 + i..]`, each pair summed in i16 and
-/// widened by the scale of its 16-column group.
+/// halves against `y[i..i + 8]`, high halves against `y[16 + i..]`, each pair summed and
+/// scaled by the scale of its 16-column group (`lo`, `hi`: in both i16 halves of each lane).
 #[inline(always)]
-unsafe fn k6_chunk_pair(
+unsafe fn k6_chunk_pair<P: Isa>(
     y: *const i8,
     i: usize,
     w: [__m256i; 4],
     lo: __m256i,
     hi: __m256i,
 ) -> __m256i {
-    let a = _mm256_add_epi16(
-        _mm256_maddubs_epi16(w[0], bcast4(y, i)),
-        _mm256_maddubs_epi16(w[1], bcast4(y, i + 4)),
-    );
-    let c = _mm256_add_epi16(
-        _mm256_maddubs_epi16(w[2], bcast4(y, 16 + i)),
-        _mm256_maddubs_epi16(w[3], bcast4(y, 20 + i)),
-    );
-    _mm256_add_epi32(_mm256_madd_epi16(a, lo), _mm256_madd_epi16(c, hi))
+    let a = dots_scaled::<P, 2>([w[0], w[1]], [bcast4(y, i), bcast4(y, i + 4)], lo);
+    let c = dots_scaled::<P, 2>([w[2], w[3]], [bcast4(y, 16 + i), bcast4(y, 20 + i)], hi);
+    _mm256_add_epi32(a, c)
 }
 
 /// One Q6_K group · `T` tokens.
@@ -284,8 +238,8 @@ unsafe fn k6_chunk_pair(
 /// fit an i16 lane, so each pair of chunks is widened by a `madd` with the scale of its
 /// 16-column group (in both i16 halves of each row's lane). The offset 32 leaves with one more
 /// `madd` per sub-block: `32 · sc` (pairs of groups) · the activations' pairs of 16-sums.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_k6_t<const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
+#[inline(always)]
+unsafe fn tile_k6_t<P: Isa, const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
     let nb = w.len() / K6_GROUP_BYTES;
     assert!(w.len() == nb * K6_GROUP_BYTES && out.len() == T && ys.qs.len() == T * nb * QK_K);
     assert!(ys.d.len() == T * nb && ys.bsums.len() == T * nb * 16);
@@ -331,14 +285,14 @@ unsafe fn tile_k6_t<const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]])
             let (l1, h1) = chunk!(1, |x| _mm256_slli_epi16::<2>(x));
             for t in 0..T {
                 let y = yq[t].add(b * QK_K + 32 * s);
-                let v = k6_chunk_pair(y, 0, [l0, l1, h0, h1], sc_lo, sc_hi);
+                let v = k6_chunk_pair::<P>(y, 0, [l0, l1, h0, h1], sc_lo, sc_hi);
                 isum[t] = _mm256_add_epi32(isum[t], v);
             }
             let (l2, h2) = chunk!(2, |x| x);
             let (l3, h3) = chunk!(3, |x| _mm256_srli_epi16::<2>(x));
             for t in 0..T {
                 let y = yq[t].add(b * QK_K + 32 * s);
-                let v = k6_chunk_pair(y, 8, [l2, l3, h2, h3], sc_lo, sc_hi);
+                let v = k6_chunk_pair::<P>(y, 8, [l2, l3, h2, h3], sc_lo, sc_hi);
                 // 32 · (sc[2s] · Σy[2s] + sc[2s+1] · Σy[2s+1]): the offset of both groups.
                 let sums = (ybs[t].add(16 * b + 2 * s) as *const i32).read_unaligned();
                 let off = _mm256_madd_epi16(pair32, _mm256_set1_epi32(sums));
@@ -355,14 +309,122 @@ unsafe fn tile_k6_t<const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]])
     }
 }
 
-/// AVX2 twin of [`super::interleaved::tile_k6`] for `out.len()` of 1 to 4 tokens.
+/// One interleaved Q8_0 group · `T` tokens (`ys.sums`: `128 · Σ y` per block, read by the
+/// VNNI sets only).
 ///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-///
-/// # Panics
-/// As the reference, or for more than 4 tokens.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_k6(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
-    by_tokens!(out.len(), tile_k6_t(w, ys, out))
+/// Per block, 8 chunks of signed quants (lane `r`: 4 quants of row `r`) meet 4 broadcast
+/// activation bytes each. AVX2 multiplies `|q|` by `sign(q)·y` and widens every `maddubs` at
+/// once (a pair sum reaches `2 · 128 · 127`, so two would overflow i16); VNNI flips the quants'
+/// top bit (`q + 128`, unsigned) and subtracts `128 · Σ y`. Then `(Σ · d_x) · d_y` with one FMA
+/// per token, as the scalar reference.
+#[inline(always)]
+unsafe fn tile_q8_t<P: Isa, const T: usize>(w: &[u8], ys: &LegacyActs, out: &mut [[f32; 8]]) {
+    let nb = w.len() / Q8_BLOCK_BYTES;
+    assert!(w.len() == nb * Q8_BLOCK_BYTES && out.len() == T && ys.qs.len() == T * nb * QK8);
+    assert!(ys.d.len() == T * nb && (!P::VNNI || ys.sums.len() == T * nb));
+    let yq: [*const i8; T] = std::array::from_fn(|t| ys.qs.as_ptr().add(t * nb * QK8));
+    let yd: [*const f32; T] = std::array::from_fn(|t| ys.d.as_ptr().add(t * nb));
+    let ysum: [*const i32; T] = std::array::from_fn(|t| ys.sums.as_ptr().wrapping_add(t * nb));
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..nb {
+        let p = w.as_ptr().add(b * Q8_BLOCK_BYTES);
+        for line in (0..Q8_BLOCK_BYTES).step_by(64) {
+            prefetch(p.add(line));
+        }
+        let dx = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let mut s = [_mm256_setzero_si256(); T];
+        for c in 0..8 {
+            let q = load256(p.add(16 + 32 * c));
+            if P::VNNI {
+                let u = _mm256_xor_si256(q, flip);
+                for t in 0..T {
+                    s[t] = P::dpbusd(s[t], u, bcast4(yq[t].add(b * QK8), 4 * c));
+                }
+            } else {
+                let a = _mm256_sign_epi8(q, q);
+                for t in 0..T {
+                    let sy = _mm256_sign_epi8(bcast4(yq[t].add(b * QK8), 4 * c), q);
+                    s[t] = _mm256_add_epi32(s[t], dots::<P, 1>([a], [sy]));
+                }
+            }
+        }
+        for t in 0..T {
+            if P::VNNI {
+                s[t] = _mm256_sub_epi32(s[t], _mm256_set1_epi32(*ysum[t].add(b)));
+            }
+            let v = _mm256_mul_ps(_mm256_cvtepi32_ps(s[t]), dx);
+            acc[t] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(&*yd[t].add(b)), acc[t]);
+        }
+    }
+    for t in 0..T {
+        _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
 }
+
+/// The public tiles for one instruction set.
+macro_rules! entries {
+    ($isa:ident, $P:ty, $features:literal) => {
+        /// The interleaved tiles compiled for one instruction set.
+        pub mod $isa {
+            use super::*;
+
+            /// Twin of [`super::super::interleaved::tile`] for `out.len()` of 1 to 4 tokens.
+            ///
+            /// # Safety
+            /// The CPU must support the module's instruction set.
+            ///
+            /// # Panics
+            /// As the reference, or for more than 4 tokens.
+            #[target_feature(enable = $features)]
+            pub unsafe fn tile(dtype: GgmlType, w: &[u8], ys: &LegacyActs, out: &mut [[f32; 8]]) {
+                let (kind, n) = (Legacy::of(dtype).expect("a 32-element type"), out.len());
+                match (kind.high, kind.min) {
+                    (false, false) => by_tokens!(n, tile_t::<$P, false, false>(w, ys, out)),
+                    (false, true) => by_tokens!(n, tile_t::<$P, false, true>(w, ys, out)),
+                    (true, false) => by_tokens!(n, tile_t::<$P, true, false>(w, ys, out)),
+                    (true, true) => by_tokens!(n, tile_t::<$P, true, true>(w, ys, out)),
+                }
+            }
+
+            /// Twin of [`super::super::interleaved::tile_k4`] for `out.len()` of 1 to 4 tokens.
+            ///
+            /// # Safety
+            /// The CPU must support the module's instruction set.
+            ///
+            /// # Panics
+            /// As the reference, or for more than 4 tokens.
+            #[target_feature(enable = $features)]
+            pub unsafe fn tile_k4(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
+                by_tokens!(out.len(), tile_k4_t::<$P>(w, ys, out))
+            }
+
+            /// Twin of [`super::super::interleaved::tile_k6`] for `out.len()` of 1 to 4 tokens.
+            ///
+            /// # Safety
+            /// The CPU must support the module's instruction set.
+            ///
+            /// # Panics
+            /// As the reference, or for more than 4 tokens.
+            #[target_feature(enable = $features)]
+            pub unsafe fn tile_k6(w: &[u8], ys: &Q8KRow, out: &mut [[f32; 8]]) {
+                by_tokens!(out.len(), tile_k6_t::<$P>(w, ys, out))
+            }
+
+            /// Twin of [`super::super::interleaved::tile_q8_0`] for `out.len()` of 1 to 4
+            /// tokens (`ys.sums`: the block sums with offset 128).
+            ///
+            /// # Safety
+            /// The CPU must support the module's instruction set.
+            ///
+            /// # Panics
+            /// As the reference, or for more than 4 tokens.
+            #[target_feature(enable = $features)]
+            pub unsafe fn tile_q8_0(w: &[u8], ys: &LegacyActs, out: &mut [[f32; 8]]) {
+                by_tokens!(out.len(), tile_q8_t::<$P>(w, ys, out))
+            }
+        }
+    };
+}
+
+stamp_isas!(entries);

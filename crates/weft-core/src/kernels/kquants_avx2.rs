@@ -297,7 +297,7 @@ mod tests {
 
     #[test]
     fn simd_matches_scalar() {
-        if crate::kernels::detect() != crate::kernels::SimdLevel::Avx2 {
+        if !crate::kernels::SimdLevel::Avx2.available() {
             return;
         }
         let kernels: [(GgmlType, Dot, Dots); 3] = [

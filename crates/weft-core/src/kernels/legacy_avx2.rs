@@ -1,8 +1,9 @@
-//! AVX2 dot products of the 32-element weight types, same names and contracts as the scalar
-//! references in `legacy` (which see).
+//! x86 dot products of the 32-element weight types, same names and contracts as the scalar
+//! references in `legacy` (which see), in modules `avx2`, `avxvnni` and `avx512` (one generic
+//! body per tile, over the set's dot-product primitive [`Isa`]).
 //!
 //! Per 32-element block the integer dot product is one `maddubs` (u8 × i8 → pairs of i16) and
-//! one `madd` with ones (→ 8 lanes of i32), converted to `f32`, multiplied by `d_x` and
+//! one `madd` with ones (→ 8 lanes of i32), or one VNNI `vpdpbusd`, converted to `f32`, multiplied by `d_x` and
 //! accumulated with one FMA by `d_y` (broadcast straight from memory, which keeps a shuffle off
 //! the busy FP pipes). Symmetric types (Q4_0, Q5_0, Q8_0) unpack to signed bytes `q - offset`
 //! and move the weight's sign onto the activation (`|q| · sign(q)·y`, as `maddubs` wants an
@@ -16,12 +17,15 @@
 //! arithmetic never depends on `T` or on its slot in the tile, the results are bit-identical
 //! however the tokens are batched.
 //!
-//! Every function is `unsafe` only because it needs AVX2, FMA and F16C: lengths are checked.
+//! Every function is `unsafe` only because it needs its module's instruction set: lengths are
+//! checked.
 
 use std::arch::x86_64::*;
 
 use super::quantize::{Q8_0Row, Q8_1Row, QK8};
-use super::x86::{bit_mask, dot_u8_i8, f16_at, f16x2_at, hsum_ps, load256, nibbles, prefetch};
+use super::x86::{
+    bit_mask, dots, f16_at, f16x2_at, hsum_ps, load256, nibbles, prefetch, stamp_isas, Isa,
+};
 
 /// A symmetric 32-element type: `x = d · (q - offset)`, f16 `d` at byte 0.
 trait SymBlock {
@@ -105,8 +109,8 @@ fn blocks(x: &[u8], bytes: usize, qs_len: usize, n_scales: usize) -> usize {
 /// one), each block adds `(p · d_x) · d_y` with one FMA, and the result is
 /// `hsum(even + odd)`. A token's accumulators only ever see its own activations and the weight
 /// block, so batching cannot change a single bit (the contract of [`super::matmul`]).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_sym<K: SymBlock, const T: usize>(x: &[u8], ys: &[Q8_0Row], out: &mut [f32]) {
+#[inline(always)]
+unsafe fn tile_sym<P: Isa, K: SymBlock, const T: usize>(x: &[u8], ys: &[Q8_0Row], out: &mut [f32]) {
     let (ys, out) = (&ys[..T], &mut out[..T]);
     let mut nb = 0;
     for y in ys {
@@ -131,7 +135,7 @@ unsafe fn tile_sym<K: SymBlock, const T: usize>(x: &[u8], ys: &[Q8_0Row], out: &
             let dx = _mm256_set1_ps(f16_at(w));
             for t in 0..T {
                 let sy = _mm256_sign_epi8(load256(yq[t].add((b + u) * QK8)), qx);
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+                let p = dots::<P, 1>([ax], [sy]);
                 // (p · d_x) · d_y: d_y is broadcast straight from memory (a load, no ALU work).
                 let v = _mm256_mul_ps(_mm256_cvtepi32_ps(p), dx);
                 acc[t] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(&*yd[t].add(b + u)), acc[t]);
@@ -149,8 +153,8 @@ unsafe fn tile_sym<K: SymBlock, const T: usize>(x: &[u8], ys: &[Q8_0Row], out: &
 /// Same structure as [`tile_sym`], hence the same guarantee: per token, even and odd blocks
 /// accumulate `(p · d_x) · d_y` into two vector accumulators and `m · s_y` (one scalar FMA)
 /// into two scalar ones; the result is `hsum(even + odd) + (m_even + m_odd)`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_off<K: OffBlock, const T: usize>(x: &[u8], ys: &[Q8_1Row], out: &mut [f32]) {
+#[inline(always)]
+unsafe fn tile_off<P: Isa, K: OffBlock, const T: usize>(x: &[u8], ys: &[Q8_1Row], out: &mut [f32]) {
     let (ys, out) = (&ys[..T], &mut out[..T]);
     let mut nb = 0;
     for y in ys {
@@ -173,7 +177,7 @@ unsafe fn tile_off<K: OffBlock, const T: usize>(x: &[u8], ys: &[Q8_1Row], out: &
             let dx = _mm256_broadcastss_ps(dm);
             let m = _mm_cvtss_f32(_mm_movehdup_ps(dm));
             for t in 0..T {
-                let p = dot_u8_i8(qx, load256(yq[t].add((b + u) * QK8)));
+                let p = dots::<P, 1>([qx], [load256(yq[t].add((b + u) * QK8))]);
                 // (p · d_x) · d_y with d_y broadcast from memory; then m · s (a scalar FMA).
                 let v = _mm256_mul_ps(_mm256_cvtepi32_ps(p), dx);
                 let ds = yds[t].add(2 * (b + u));
@@ -190,118 +194,102 @@ unsafe fn tile_off<K: OffBlock, const T: usize>(x: &[u8], ys: &[Q8_1Row], out: &
 
 /// Runs the tile for `ys.len()` (1 to 4) rows.
 macro_rules! dispatch_tile {
-    ($tile:ident, $k:ty, $x:expr, $ys:expr, $out:expr) => {{
+    ($tile:ident, $p:ty, $k:ty, $x:expr, $ys:expr, $out:expr) => {{
         assert!($out.len() >= $ys.len());
         match $ys.len() {
             0 => {}
-            1 => $tile::<$k, 1>($x, $ys, $out),
-            2 => $tile::<$k, 2>($x, $ys, $out),
-            3 => $tile::<$k, 3>($x, $ys, $out),
-            4 => $tile::<$k, 4>($x, $ys, $out),
+            1 => $tile::<$p, $k, 1>($x, $ys, $out),
+            2 => $tile::<$p, $k, 2>($x, $ys, $out),
+            3 => $tile::<$p, $k, 3>($x, $ys, $out),
+            4 => $tile::<$p, $k, 4>($x, $ys, $out),
             n => panic!("a tile takes at most 4 rows, got {n}"),
         }
     }};
 }
 
-/// AVX2 twin of [`super::legacy::vec_dot_q4_0_q8_0`].
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dot_q4_0_q8_0(x: &[u8], y: &Q8_0Row) -> f32 {
-    let mut out = [0f32];
-    tile_sym::<Q4_0, 1>(x, std::slice::from_ref(y), &mut out);
-    out[0]
+/// The GEMV (`vec_dot_*`, one activation row) and GEMM tile (`vec_dots_*`, 1 to 4 rows) of one
+/// type, twins of the scalar references of the same names.
+macro_rules! pair {
+    ($p:ty, $features:literal, $tile:ident, $k:ty, $row:ty, $dot:ident, $dots:ident) => {
+        #[doc = concat!("Twin of [`super::super::legacy::", stringify!($dot), "`].")]
+        ///
+        /// # Safety
+        /// The CPU must support the module's instruction set.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $dot(x: &[u8], y: &$row) -> f32 {
+            let mut out = [0f32];
+            $tile::<$p, $k, 1>(x, std::slice::from_ref(y), &mut out);
+            out[0]
+        }
+
+        #[doc = concat!("Twin of [`super::super::legacy::", stringify!($dots), "`].")]
+        ///
+        /// # Safety
+        /// The CPU must support the module's instruction set.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $dots(x: &[u8], ys: &[$row], out: &mut [f32]) {
+            dispatch_tile!($tile, $p, $k, x, ys, out)
+        }
+    };
 }
 
-/// AVX2 twin of [`super::legacy::vec_dot_q5_0_q8_0`].
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dot_q5_0_q8_0(x: &[u8], y: &Q8_0Row) -> f32 {
-    let mut out = [0f32];
-    tile_sym::<Q5_0, 1>(x, std::slice::from_ref(y), &mut out);
-    out[0]
+/// The public kernels for one instruction set.
+macro_rules! entries {
+    ($isa:ident, $p:ty, $features:literal) => {
+        /// The 32-element kernels compiled for one instruction set.
+        pub mod $isa {
+            use super::*;
+
+            pair!(
+                $p,
+                $features,
+                tile_sym,
+                Q4_0,
+                Q8_0Row,
+                vec_dot_q4_0_q8_0,
+                vec_dots_q4_0_q8_0
+            );
+            pair!(
+                $p,
+                $features,
+                tile_sym,
+                Q5_0,
+                Q8_0Row,
+                vec_dot_q5_0_q8_0,
+                vec_dots_q5_0_q8_0
+            );
+            pair!(
+                $p,
+                $features,
+                tile_sym,
+                Q8_0,
+                Q8_0Row,
+                vec_dot_q8_0_q8_0,
+                vec_dots_q8_0_q8_0
+            );
+            pair!(
+                $p,
+                $features,
+                tile_off,
+                Q4_1,
+                Q8_1Row,
+                vec_dot_q4_1_q8_1,
+                vec_dots_q4_1_q8_1
+            );
+            pair!(
+                $p,
+                $features,
+                tile_off,
+                Q5_1,
+                Q8_1Row,
+                vec_dot_q5_1_q8_1,
+                vec_dots_q5_1_q8_1
+            );
+        }
+    };
 }
 
-/// AVX2 twin of [`super::legacy::vec_dot_q8_0_q8_0`].
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dot_q8_0_q8_0(x: &[u8], y: &Q8_0Row) -> f32 {
-    let mut out = [0f32];
-    tile_sym::<Q8_0, 1>(x, std::slice::from_ref(y), &mut out);
-    out[0]
-}
-
-/// AVX2 twin of [`super::legacy::vec_dot_q4_1_q8_1`].
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dot_q4_1_q8_1(x: &[u8], y: &Q8_1Row) -> f32 {
-    let mut out = [0f32];
-    tile_off::<Q4_1, 1>(x, std::slice::from_ref(y), &mut out);
-    out[0]
-}
-
-/// AVX2 twin of [`super::legacy::vec_dot_q5_1_q8_1`].
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dot_q5_1_q8_1(x: &[u8], y: &Q8_1Row) -> f32 {
-    let mut out = [0f32];
-    tile_off::<Q5_1, 1>(x, std::slice::from_ref(y), &mut out);
-    out[0]
-}
-
-/// AVX2 twin of [`super::legacy::vec_dots_q4_0_q8_0`].
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dots_q4_0_q8_0(x: &[u8], ys: &[Q8_0Row], out: &mut [f32]) {
-    dispatch_tile!(tile_sym, Q4_0, x, ys, out)
-}
-
-/// AVX2 twin of [`super::legacy::vec_dots_q5_0_q8_0`].
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dots_q5_0_q8_0(x: &[u8], ys: &[Q8_0Row], out: &mut [f32]) {
-    dispatch_tile!(tile_sym, Q5_0, x, ys, out)
-}
-
-/// AVX2 twin of [`super::legacy::vec_dots_q8_0_q8_0`].
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dots_q8_0_q8_0(x: &[u8], ys: &[Q8_0Row], out: &mut [f32]) {
-    dispatch_tile!(tile_sym, Q8_0, x, ys, out)
-}
-
-/// AVX2 twin of [`super::legacy::vec_dots_q4_1_q8_1`].
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dots_q4_1_q8_1(x: &[u8], ys: &[Q8_1Row], out: &mut [f32]) {
-    dispatch_tile!(tile_off, Q4_1, x, ys, out)
-}
-
-/// AVX2 twin of [`super::legacy::vec_dots_q5_1_q8_1`].
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dots_q5_1_q8_1(x: &[u8], ys: &[Q8_1Row], out: &mut [f32]) {
-    dispatch_tile!(tile_off, Q5_1, x, ys, out)
-}
+stamp_isas!(entries);
 
 #[cfg(test)]
 mod tests {
@@ -310,6 +298,7 @@ mod tests {
     use crate::kernels::legacy as scalar;
     use crate::kernels::quantize::{ActFormat, Q8Batch};
     use crate::kernels::testutil::{random_weights, Rng};
+    use crate::kernels::SimdLevel;
 
     type Dot0 = (
         unsafe fn(&[u8], &Q8_0Row) -> f32,
@@ -344,92 +333,97 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn simd_matches_scalar_q8_0_acts() {
-        if crate::kernels::detect() != crate::kernels::SimdLevel::Avx2 {
-            return;
-        }
-        let kernels: [(GgmlType, Dot0, Dots0); 3] = [
-            (
-                GgmlType::Q4_0,
-                (vec_dot_q4_0_q8_0, scalar::vec_dot_q4_0_q8_0),
-                vec_dots_q4_0_q8_0,
-            ),
-            (
-                GgmlType::Q5_0,
-                (vec_dot_q5_0_q8_0, scalar::vec_dot_q5_0_q8_0),
-                vec_dots_q5_0_q8_0,
-            ),
-            (
-                GgmlType::Q8_0,
-                (vec_dot_q8_0_q8_0, scalar::vec_dot_q8_0_q8_0),
-                vec_dots_q8_0_q8_0,
-            ),
-        ];
-        for (dtype, (simd, reference), simd_tile) in kernels {
-            for (w, batch) in cases(dtype, ActFormat::Q8_0) {
-                let rows: Vec<Q8_0Row> = (0..4).map(|t| batch.q8_0(t)).collect();
-                for n in 1..=4 {
-                    let mut out = [0f32; 4];
-                    // SAFETY: AVX2/FMA/F16C were detected above.
-                    unsafe { simd_tile(&w, &rows[..n], &mut out) };
-                    for t in 0..n {
-                        let want = reference(&w, &rows[t]);
-                        close(out[t], want, &format!("{dtype} tile {n}"));
-                        // SAFETY: as above.
-                        let gemv = unsafe { simd(&w, &rows[t]) };
-                        close(gemv, want, &format!("{dtype} gemv"));
-                        // Bit-identical whatever the tile size and the slot in it.
-                        assert_eq!(
-                            out[t].to_bits(),
-                            gemv.to_bits(),
-                            "{dtype} tile {n} slot {t}"
-                        );
+    /// Each set's `(gemv, reference)` and tile for the Q8_0-activation types, by module.
+    macro_rules! kernels0 {
+        ($isa:ident) => {{
+            let k: [(GgmlType, Dot0, Dots0); 3] = [
+                (
+                    GgmlType::Q4_0,
+                    ($isa::vec_dot_q4_0_q8_0, scalar::vec_dot_q4_0_q8_0),
+                    $isa::vec_dots_q4_0_q8_0,
+                ),
+                (
+                    GgmlType::Q5_0,
+                    ($isa::vec_dot_q5_0_q8_0, scalar::vec_dot_q5_0_q8_0),
+                    $isa::vec_dots_q5_0_q8_0,
+                ),
+                (
+                    GgmlType::Q8_0,
+                    ($isa::vec_dot_q8_0_q8_0, scalar::vec_dot_q8_0_q8_0),
+                    $isa::vec_dots_q8_0_q8_0,
+                ),
+            ];
+            k
+        }};
+    }
+
+    /// As `kernels0` for the Q8_1-activation types.
+    macro_rules! kernels1 {
+        ($isa:ident) => {{
+            let k: [(GgmlType, Dot1, Dots1); 2] = [
+                (
+                    GgmlType::Q4_1,
+                    ($isa::vec_dot_q4_1_q8_1, scalar::vec_dot_q4_1_q8_1),
+                    $isa::vec_dots_q4_1_q8_1,
+                ),
+                (
+                    GgmlType::Q5_1,
+                    ($isa::vec_dot_q5_1_q8_1, scalar::vec_dot_q5_1_q8_1),
+                    $isa::vec_dots_q5_1_q8_1,
+                ),
+            ];
+            k
+        }};
+    }
+
+    /// The body of both tests: for every x86 set this CPU has, each tile and GEMV is close to
+    /// the scalar reference, bit-identical whatever the tile size and slot, and bit-identical
+    /// to the AVX2 set's (integer sums are exact with `maddubs` and `vpdpbusd` alike).
+    macro_rules! check_sets {
+        ($kernels:ident, $act:expr, $row:ident) => {{
+            let sets = [
+                (SimdLevel::Avx2, $kernels!(avx2)),
+                (SimdLevel::AvxVnni, $kernels!(avxvnni)),
+                (SimdLevel::Avx512, $kernels!(avx512)),
+            ];
+            let base = sets[0].1;
+            for (level, kernels) in sets.into_iter().filter(|(l, _)| l.available()) {
+                for (i, (dtype, (simd, reference), simd_tile)) in kernels.into_iter().enumerate() {
+                    for (w, batch) in cases(dtype, $act) {
+                        let rows: Vec<_> = (0..4).map(|t| batch.$row(t)).collect();
+                        for n in 1..=4 {
+                            let mut out = [0f32; 4];
+                            // SAFETY: the CPU has `level` (filtered above).
+                            unsafe { simd_tile(&w, &rows[..n], &mut out) };
+                            for t in 0..n {
+                                let want = reference(&w, &rows[t]);
+                                close(out[t], want, &format!("{level:?} {dtype} tile {n}"));
+                                // SAFETY: as above; AVX2 is part of every x86 set.
+                                let (gemv, avx2) =
+                                    unsafe { (simd(&w, &rows[t]), (base[i].1 .0)(&w, &rows[t])) };
+                                close(gemv, want, &format!("{level:?} {dtype} gemv"));
+                                // Bit-identical whatever the tile size and the slot in it.
+                                assert_eq!(
+                                    out[t].to_bits(),
+                                    gemv.to_bits(),
+                                    "{level:?} {dtype} tile {n} slot {t}"
+                                );
+                                assert_eq!(gemv.to_bits(), avx2.to_bits(), "{level:?} {dtype}");
+                            }
+                        }
                     }
                 }
             }
-        }
+        }};
+    }
+
+    #[test]
+    fn simd_matches_scalar_q8_0_acts() {
+        check_sets!(kernels0, ActFormat::Q8_0, q8_0);
     }
 
     #[test]
     fn simd_matches_scalar_q8_1_acts() {
-        if crate::kernels::detect() != crate::kernels::SimdLevel::Avx2 {
-            return;
-        }
-        let kernels: [(GgmlType, Dot1, Dots1); 2] = [
-            (
-                GgmlType::Q4_1,
-                (vec_dot_q4_1_q8_1, scalar::vec_dot_q4_1_q8_1),
-                vec_dots_q4_1_q8_1,
-            ),
-            (
-                GgmlType::Q5_1,
-                (vec_dot_q5_1_q8_1, scalar::vec_dot_q5_1_q8_1),
-                vec_dots_q5_1_q8_1,
-            ),
-        ];
-        for (dtype, (simd, reference), simd_tile) in kernels {
-            for (w, batch) in cases(dtype, ActFormat::Q8_1) {
-                let rows: Vec<Q8_1Row> = (0..4).map(|t| batch.q8_1(t)).collect();
-                for n in 1..=4 {
-                    let mut out = [0f32; 4];
-                    // SAFETY: AVX2/FMA/F16C were detected above.
-                    unsafe { simd_tile(&w, &rows[..n], &mut out) };
-                    for t in 0..n {
-                        let want = reference(&w, &rows[t]);
-                        close(out[t], want, &format!("{dtype} tile {n}"));
-                        // SAFETY: as above.
-                        let gemv = unsafe { simd(&w, &rows[t]) };
-                        close(gemv, want, &format!("{dtype} gemv"));
-                        // Bit-identical whatever the tile size and the slot in it.
-                        assert_eq!(
-                            out[t].to_bits(),
-                            gemv.to_bits(),
-                            "{dtype} tile {n} slot {t}"
-                        );
-                    }
-                }
-            }
-        }
+        check_sets!(kernels1, ActFormat::Q8_1, q8_1);
     }
 }

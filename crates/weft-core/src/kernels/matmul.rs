@@ -13,24 +13,44 @@ use crate::gguf::GgmlType;
 use crate::threadpool::ThreadPool;
 
 use super::interleaved::{self, GROUP_ROWS};
-use super::quantize::{ActFormat, Q8Batch};
+use super::quantize::{ActFormat, Q8Batch, Q8KRow};
 #[cfg(target_arch = "x86_64")]
 use super::{interleaved_avx2, kquants_avx2, legacy_avx2};
 use super::{kquants, legacy, Layout, Matrix, SimdLevel};
 
-/// The `(dot, dots)` pair of one kernel: the AVX2 twins from `$simd_mod` when `$simd`, else the
-/// scalar references from `$scalar_mod`.
+/// The `(dot, dots)` pair of one kernel: for an x86 `$level`, the twins from `$simd_mod`'s
+/// module for that set (its AVX2 one where the file has no other), else the scalar references
+/// from `$scalar_mod`.
 macro_rules! pick {
-    ($simd:expr; $scalar_mod:ident, $simd_mod:ident; $dot:ident, $dots:ident) => {{
+    ($level:expr; $scalar_mod:ident, $simd_mod:ident; $dot:ident, $dots:ident) => {{
         #[cfg(target_arch = "x86_64")]
-        let pair: (DotFn<_>, DotsFn<_>) = if $simd {
+        let pair: (DotFn<_>, DotsFn<_>) = match $level {
+            SimdLevel::Avx512 => ($simd_mod::avx512::$dot, $simd_mod::avx512::$dots),
+            SimdLevel::AvxVnni => ($simd_mod::avxvnni::$dot, $simd_mod::avxvnni::$dots),
+            SimdLevel::Avx2 => ($simd_mod::avx2::$dot, $simd_mod::avx2::$dots),
+            SimdLevel::Scalar => ($scalar_mod::$dot, $scalar_mod::$dots),
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let pair: (DotFn<_>, DotsFn<_>) = {
+            let _ = $level;
+            ($scalar_mod::$dot, $scalar_mod::$dots)
+        };
+        pair
+    }};
+}
+
+/// As [`pick!`] for a file with AVX2 kernels only, which every x86 set runs.
+macro_rules! pick_avx2 {
+    ($level:expr; $scalar_mod:ident, $simd_mod:ident; $dot:ident, $dots:ident) => {{
+        #[cfg(target_arch = "x86_64")]
+        let pair: (DotFn<_>, DotsFn<_>) = if $level.has_avx2() {
             ($simd_mod::$dot, $simd_mod::$dots)
         } else {
             ($scalar_mod::$dot, $scalar_mod::$dots)
         };
         #[cfg(not(target_arch = "x86_64"))]
         let pair: (DotFn<_>, DotsFn<_>) = {
-            let _ = $simd;
+            let _ = $level;
             ($scalar_mod::$dot, $scalar_mod::$dots)
         };
         pair
@@ -69,7 +89,7 @@ impl std::fmt::Debug for MatmulScratch {
     }
 }
 
-/// One weight row · one activation row. `unsafe` because the AVX2 kernels need the CPU
+/// One weight row · one activation row. `unsafe` because the x86 kernels need the CPU
 /// features that [`matmul_with`] checked before picking them.
 type DotFn<R> = unsafe fn(&[u8], &R) -> f32;
 /// One weight row · 1 to 4 activation rows (same safety condition as [`DotFn`]).
@@ -101,11 +121,11 @@ pub fn matmul(
     matmul_with(super::simd_level(), pool, w, x, n_tokens, y, scratch)
 }
 
-/// [`matmul`] with the kernel set `level` (the tests compare the AVX2 and scalar kernels in one
+/// [`matmul`] with the kernel set `level` (the tests compare every set the CPU has in one
 /// process).
 ///
 /// # Panics
-/// As [`matmul`]; also if `level` is [`SimdLevel::Avx2`] and the CPU lacks AVX2, FMA or F16C.
+/// As [`matmul`]; also if the CPU cannot run `level` ([`SimdLevel::available`]).
 pub(crate) fn matmul_with(
     level: SimdLevel,
     pool: &ThreadPool,
@@ -117,12 +137,12 @@ pub(crate) fn matmul_with(
 ) {
     assert_eq!(x.len(), n_tokens * w.cols, "x must be n_tokens × cols");
     assert_eq!(y.len(), n_tokens * w.rows, "y must be n_tokens × rows");
-    // The AVX2 kernels are sound to call only when the CPU has the features: checked here,
+    // The x86 kernels are sound to call only when the CPU has the features: checked here,
     // once, for the function pointers `run` calls.
-    let simd = level == SimdLevel::Avx2;
     assert!(
-        !simd || super::detect() == SimdLevel::Avx2,
-        "AVX2 kernels requested on a CPU without AVX2/FMA/F16C"
+        level.available(),
+        "{} kernels requested on a CPU without them",
+        level.name()
     );
     if n_tokens == 0 || w.rows == 0 {
         return;
@@ -130,16 +150,16 @@ pub(crate) fn matmul_with(
     use GgmlType::*;
     let acts = &mut scratch.acts;
     if w.layout == Layout::Interleaved8 {
-        matmul_interleaved(simd, pool, w, x, n_tokens, y, scratch);
+        matmul_interleaved(level, pool, w, x, n_tokens, y, scratch);
         return;
     }
     match w.dtype {
         Q4_0 | Q5_0 | Q8_0 => {
             acts.quantize(Some(pool), ActFormat::Q8_0, x, n_tokens, w.cols);
             let (dot, dots) = match w.dtype {
-                Q4_0 => pick!(simd; legacy, legacy_avx2; vec_dot_q4_0_q8_0, vec_dots_q4_0_q8_0),
-                Q5_0 => pick!(simd; legacy, legacy_avx2; vec_dot_q5_0_q8_0, vec_dots_q5_0_q8_0),
-                _ => pick!(simd; legacy, legacy_avx2; vec_dot_q8_0_q8_0, vec_dots_q8_0_q8_0),
+                Q4_0 => pick!(level; legacy, legacy_avx2; vec_dot_q4_0_q8_0, vec_dots_q4_0_q8_0),
+                Q5_0 => pick!(level; legacy, legacy_avx2; vec_dot_q5_0_q8_0, vec_dots_q5_0_q8_0),
+                _ => pick!(level; legacy, legacy_avx2; vec_dot_q8_0_q8_0, vec_dots_q8_0_q8_0),
             };
             let acts = &*acts;
             run(pool, w, n_tokens, y, &|t| acts.q8_0(t), dot, dots);
@@ -147,8 +167,8 @@ pub(crate) fn matmul_with(
         Q4_1 | Q5_1 => {
             acts.quantize(Some(pool), ActFormat::Q8_1, x, n_tokens, w.cols);
             let (dot, dots) = match w.dtype {
-                Q4_1 => pick!(simd; legacy, legacy_avx2; vec_dot_q4_1_q8_1, vec_dots_q4_1_q8_1),
-                _ => pick!(simd; legacy, legacy_avx2; vec_dot_q5_1_q8_1, vec_dots_q5_1_q8_1),
+                Q4_1 => pick!(level; legacy, legacy_avx2; vec_dot_q4_1_q8_1, vec_dots_q4_1_q8_1),
+                _ => pick!(level; legacy, legacy_avx2; vec_dot_q5_1_q8_1, vec_dots_q5_1_q8_1),
             };
             let acts = &*acts;
             run(pool, w, n_tokens, y, &|t| acts.q8_1(t), dot, dots);
@@ -156,17 +176,23 @@ pub(crate) fn matmul_with(
         Q4_K | Q5_K | Q6_K => {
             acts.quantize(Some(pool), ActFormat::Q8K, x, n_tokens, w.cols);
             let (dot, dots) = match w.dtype {
-                Q4_K => pick!(simd; kquants, kquants_avx2; vec_dot_q4_k_q8_k, vec_dots_q4_k_q8_k),
-                Q5_K => pick!(simd; kquants, kquants_avx2; vec_dot_q5_k_q8_k, vec_dots_q5_k_q8_k),
-                _ => pick!(simd; kquants, kquants_avx2; vec_dot_q6_k_q8_k, vec_dots_q6_k_q8_k),
+                Q4_K => {
+                    pick_avx2!(level; kquants, kquants_avx2; vec_dot_q4_k_q8_k, vec_dots_q4_k_q8_k)
+                }
+                Q5_K => {
+                    pick_avx2!(level; kquants, kquants_avx2; vec_dot_q5_k_q8_k, vec_dots_q5_k_q8_k)
+                }
+                _ => {
+                    pick_avx2!(level; kquants, kquants_avx2; vec_dot_q6_k_q8_k, vec_dots_q6_k_q8_k)
+                }
             };
             let acts = &*acts;
             run(pool, w, n_tokens, y, &|t| acts.q8_k(t), dot, dots);
         }
         F32 | F16 | BF16 => {
             let (dot, dots): (DotFn<&[f32]>, DotsFn<&[f32]>) = match w.dtype {
-                F32 => pick!(simd; float_rows, float_rows_avx2; dot_f32, dots_f32),
-                F16 => pick!(simd; float_rows, float_rows_avx2; dot_f16, dots_f16),
+                F32 => pick_avx2!(level; float_rows, float_rows_avx2; dot_f32, dots_f32),
+                F16 => pick_avx2!(level; float_rows, float_rows_avx2; dot_f16, dots_f16),
                 // BF16 has no AVX2 kernel (no model we run stores matmul weights in it).
                 _ => (float_rows::dot_bf16, float_rows::dots_bf16),
             };
@@ -311,7 +337,7 @@ type GroupFn<'a> = dyn Fn(&[u8], usize, &mut [[f32; GROUP_ROWS]]) + Sync + 'a;
 /// [`matmul_with`] for an interleaved matrix: the activations quantized for its type (with the
 /// block sums the Q4_0 / Q5_0 kernels need), then [`run_interleaved`] with its group kernel.
 fn matmul_interleaved(
-    simd: bool,
+    level: SimdLevel,
     pool: &ThreadPool,
     w: &Matrix,
     x: &[f32],
@@ -325,20 +351,28 @@ fn matmul_interleaved(
         acts.quantize(Some(pool), ActFormat::Q8K, x, n_tokens, w.cols);
         let acts = &*acts;
         let k6 = dtype == GgmlType::Q6_K;
+        type KTile = unsafe fn(&[u8], &Q8KRow, &mut [[f32; GROUP_ROWS]]);
+        #[cfg(target_arch = "x86_64")]
+        let simd: Option<KTile> = {
+            use interleaved_avx2::{avx2, avx512, avxvnni};
+            match (level, k6) {
+                (SimdLevel::Avx512, false) => Some(avx512::tile_k4),
+                (SimdLevel::Avx512, true) => Some(avx512::tile_k6),
+                (SimdLevel::AvxVnni, false) => Some(avxvnni::tile_k4),
+                (SimdLevel::AvxVnni, true) => Some(avxvnni::tile_k6),
+                (SimdLevel::Avx2, false) => Some(avx2::tile_k4),
+                (SimdLevel::Avx2, true) => Some(avx2::tile_k6),
+                (SimdLevel::Scalar, _) => None,
+            }
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let simd: Option<KTile> = None;
         let kernel = |wg: &[u8], t0: usize, out: &mut [[f32; 8]]| {
             let ys = acts.q8_k_rows(t0, out.len());
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: `matmul_with` checked the CPU features for `simd`.
-                return unsafe {
-                    if k6 {
-                        interleaved_avx2::tile_k6(wg, &ys, out)
-                    } else {
-                        interleaved_avx2::tile_k4(wg, &ys, out)
-                    }
-                };
+            if let Some(tile) = simd {
+                // SAFETY: `matmul_with` checked that the CPU runs `level`.
+                return unsafe { tile(wg, &ys, out) };
             }
-            let _ = simd;
             if k6 {
                 interleaved::tile_k6(wg, &ys, out)
             } else {
@@ -360,6 +394,22 @@ fn matmul_interleaved(
         interleaved::block_sums(offset, acts.q8_0_rows(0, n_tokens).qs, sums);
     }
     let (acts, sums) = (&*acts, &*sums);
+    // The x86 tiles of the set: Q8_0's, and the other 32-element types'.
+    type Tile = unsafe fn(GgmlType, &[u8], &interleaved::LegacyActs, &mut [[f32; GROUP_ROWS]]);
+    type TileQ8 = unsafe fn(&[u8], &interleaved::LegacyActs, &mut [[f32; GROUP_ROWS]]);
+    let q8 = dtype == GgmlType::Q8_0;
+    #[cfg(target_arch = "x86_64")]
+    let simd: Option<(Tile, TileQ8)> = {
+        use interleaved_avx2::{avx2, avx512, avxvnni};
+        match level {
+            SimdLevel::Avx512 => Some((avx512::tile, avx512::tile_q8_0)),
+            SimdLevel::AvxVnni => Some((avxvnni::tile, avxvnni::tile_q8_0)),
+            SimdLevel::Avx2 => Some((avx2::tile, avx2::tile_q8_0)),
+            SimdLevel::Scalar => None,
+        }
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd: Option<(Tile, TileQ8)> = None;
     let kernel = |wg: &[u8], t0: usize, out: &mut [[f32; 8]]| {
         let n = out.len();
         let ys = if min {
@@ -377,13 +427,21 @@ fn matmul_interleaved(
                 sums: &sums[t0 * nb..(t0 + n) * nb],
             }
         };
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: `matmul_with` checked the CPU features for `simd`.
-            return unsafe { interleaved_avx2::tile(dtype, wg, &ys, out) };
+        if let Some((tile, tile_q8)) = simd {
+            // SAFETY: `matmul_with` checked that the CPU runs `level`.
+            return unsafe {
+                if q8 {
+                    tile_q8(wg, &ys, out)
+                } else {
+                    tile(dtype, wg, &ys, out)
+                }
+            };
         }
-        let _ = simd;
-        interleaved::tile(dtype, wg, &ys, out)
+        if q8 {
+            interleaved::tile_q8_0(wg, ys.qs, ys.d, out)
+        } else {
+            interleaved::tile(dtype, wg, &ys, out)
+        }
     };
     run_interleaved(pool, w, n_tokens, y, &kernel);
 }
@@ -524,7 +582,7 @@ mod tests {
         }
     }
 
-    /// Interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q6_K weights: `matmul` equals the row
+    /// Interleaved Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q6_K / Q8_0 weights: `matmul` equals the row
     /// layout's up to rounding (Q4_K's `d · Σ − dmin · Σ` cancels, hence 1e-3; a layout error
     /// would be O(1)), AVX2 equals scalar bit for bit, and every token's outputs are the same
     /// bits whatever the batch and the thread count.
@@ -534,7 +592,7 @@ mod tests {
         let mut scratch = MatmulScratch::default();
         let mut rng = Rng::new(17);
         use GgmlType::*;
-        for dtype in [Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K] {
+        for dtype in [Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, Q8_0] {
             let cols = if dtype.block_size() == 256 {
                 3 * 256
             } else {
@@ -562,24 +620,73 @@ mod tests {
                     check_batch_invariance(level, &pools, &mut scratch, &wp, &x, &sizes, "packed");
                     by_level.push(b);
                 }
-                if let [simd, scalar] = &by_level[..] {
+                // Every set gives the scalar reference's bits (the last of `levels()`).
+                let (scalar, sets) = by_level.split_last().expect("scalar is always there");
+                for (simd, level) in sets.iter().zip(levels()) {
                     let same = simd
                         .iter()
                         .zip(scalar)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{dtype}: AVX2 and scalar interleaved kernels differ");
+                    assert!(
+                        same,
+                        "{dtype}: {level:?} and scalar interleaved kernels differ"
+                    );
                 }
             }
         }
     }
 
-    /// The kernel sets a test can use on this machine: AVX2 when the CPU has it, and scalar.
-    fn levels() -> Vec<SimdLevel> {
-        let mut levels = vec![SimdLevel::Scalar];
-        if crate::kernels::detect() == SimdLevel::Avx2 {
-            levels.insert(0, SimdLevel::Avx2);
+    /// The VNNI sets (`avxvnni`, `avx512`) give the AVX2 set's bits for every weight type, in
+    /// both layouts, for a GEMV and for tiles: only the integer dot-product instruction
+    /// differs, and integer sums are exact.
+    #[test]
+    fn every_x86_set_gives_the_avx2_bits() {
+        let vnni: Vec<SimdLevel> = levels()
+            .into_iter()
+            .filter(|l| matches!(l, SimdLevel::Avx512 | SimdLevel::AvxVnni))
+            .collect();
+        if vnni.is_empty() {
+            return; // no VNNI on this CPU: nothing to compare (the AVX2 set is tested above)
         }
-        levels
+        let pool = ThreadPool::new(2);
+        let mut scratch = MatmulScratch::default();
+        let mut rng = Rng::new(23);
+        for dtype in MATMUL_TYPES {
+            let cols = match dtype.block_size() {
+                256 => 2 * 256,
+                32 => 7 * 32,
+                _ => 200,
+            };
+            let rows = 24;
+            let wb = random_weights(&mut rng, dtype, rows, cols);
+            let packed =
+                interleaved::supports(dtype).then(|| interleaved::repack(dtype, &wb, rows, cols));
+            let mut matrices = vec![Matrix::new(dtype, &wb, rows, cols).unwrap()];
+            if let Some(p) = &packed {
+                matrices.push(Matrix::interleaved(dtype, p, rows, cols).unwrap());
+            }
+            for w in &matrices {
+                for n in [1, 3, 6] {
+                    let x = activations(&mut rng, n, cols, true);
+                    let mut want = vec![0f32; n * rows];
+                    matmul_with(SimdLevel::Avx2, &pool, w, &x, n, &mut want, &mut scratch);
+                    for &level in &vnni {
+                        let mut got = vec![0f32; n * rows];
+                        matmul_with(level, &pool, w, &x, n, &mut got, &mut scratch);
+                        let same = got
+                            .iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{level:?} {w:?} with {n} tokens differs from AVX2");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The kernel sets a test can use on this machine, best first, scalar last.
+    fn levels() -> Vec<SimdLevel> {
+        SimdLevel::available_levels()
     }
 
     /// `n_act` activation rows of `cols` values: uniform, or "real-looking" (small values with

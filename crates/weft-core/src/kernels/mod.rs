@@ -38,6 +38,7 @@ pub mod gemm_f32;
 pub mod gemm_i16;
 pub mod interleaved;
 mod interleaved_k;
+mod interleaved_q8;
 mod kquants;
 mod legacy;
 pub mod math;
@@ -71,8 +72,18 @@ pub use matmul::{matmul, MatmulScratch, TILE_TOKENS};
 pub use quantize::{Q8KRow, Q8_0Row, Q8_1Row};
 
 /// The instruction sets the kernels can use, best first.
+///
+/// The integer tiles exist once per x86 set, stamped from one generic body with the set's
+/// u8 × i8 dot-product primitive (`x86::Isa`): AVX2's `maddubs` + `madd`, or VNNI's
+/// `vpdpbusd`. Integer sums are exact either way, so every x86 set gives the same bits; the
+/// float helpers of attention and normalization are AVX2 on all of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimdLevel {
+    /// AVX-512 F/BW/VL/VNNI (Intel Ice Lake, Sapphire Rapids and later Xeons; AMD Zen 4 and
+    /// later): the tiles use the EVEX `vpdpbusd` on 256-bit registers.
+    Avx512,
+    /// AVX-VNNI (Intel Alder Lake and later clients): the tiles use the VEX `vpdpbusd`.
+    AvxVnni,
     /// x86-64 with AVX2, FMA and F16C (Haswell, Zen 1 and later).
     Avx2,
     /// The portable scalar reference kernels.
@@ -80,26 +91,76 @@ pub enum SimdLevel {
 }
 
 impl SimdLevel {
+    /// Every level, best first.
+    pub const ALL: [SimdLevel; 4] = [
+        SimdLevel::Avx512,
+        SimdLevel::AvxVnni,
+        SimdLevel::Avx2,
+        SimdLevel::Scalar,
+    ];
+
     /// The name `WEFT_KERNELS` takes and `weft bench` prints.
     pub fn name(self) -> &'static str {
         match self {
+            SimdLevel::Avx512 => "avx512",
+            SimdLevel::AvxVnni => "avxvnni",
             SimdLevel::Avx2 => "avx2",
             SimdLevel::Scalar => "scalar",
         }
     }
+
+    /// Whether this CPU can run the level's kernels.
+    pub fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            match self {
+                SimdLevel::Avx512 => {
+                    avx2 && is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vl")
+                        && is_x86_feature_detected!("avx512vnni")
+                }
+                SimdLevel::AvxVnni => avx2 && is_x86_feature_detected!("avxvnni"),
+                SimdLevel::Avx2 => avx2,
+                SimdLevel::Scalar => true,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == SimdLevel::Scalar
+        }
+    }
+
+    /// Whether the level includes AVX2, FMA and F16C (every level but scalar), so that the
+    /// AVX2 float kernels may run.
+    #[inline]
+    pub fn has_avx2(self) -> bool {
+        self != SimdLevel::Scalar
+    }
+
+    /// The levels this CPU can run, best first (the tests compare them with each other).
+    pub fn available_levels() -> Vec<SimdLevel> {
+        SimdLevel::ALL
+            .into_iter()
+            .filter(|l| l.available())
+            .collect()
+    }
 }
 
 /// The kernel variant this process uses, chosen once: the best the CPU supports, unless the
-/// environment variable `WEFT_KERNELS` names one (`scalar`, or `avx2` where the CPU has it;
-/// for comparisons). A value that names no variant this CPU can run is ignored with a
-/// warning on stderr, and the detected one is used.
+/// environment variable `WEFT_KERNELS` names one (`scalar`, `avx2`, `avxvnni` or `avx512`,
+/// where the CPU has it; for comparisons). A value that names no variant this CPU can run is
+/// ignored with a warning on stderr, and the detected one is used.
 pub fn simd_level() -> SimdLevel {
     static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
     *LEVEL.get_or_init(|| {
         let detected = detect();
         match std::env::var("WEFT_KERNELS") {
             Err(_) => detected,
-            Ok(v) => match forced(&v, detected) {
+            Ok(v) => match forced(&v, SimdLevel::available) {
                 Ok(level) => level,
                 Err(why) => {
                     eprintln!(
@@ -113,14 +174,24 @@ pub fn simd_level() -> SimdLevel {
     })
 }
 
-/// The variant `WEFT_KERNELS=value` asks for, if this CPU (best: `detected`) can run it.
-fn forced(value: &str, detected: SimdLevel) -> std::result::Result<SimdLevel, String> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "scalar" => Ok(SimdLevel::Scalar),
-        "avx2" if detected == SimdLevel::Avx2 => Ok(SimdLevel::Avx2),
-        "avx2" => Err("this CPU lacks AVX2, FMA or F16C".into()),
-        "avx512" => Err("weft has no AVX-512 kernels yet".into()),
-        _ => Err("the choices are scalar, avx2".into()),
+/// The variant `WEFT_KERNELS=value` asks for, if this CPU can run it (`available`).
+fn forced(
+    value: &str,
+    available: impl Fn(SimdLevel) -> bool,
+) -> std::result::Result<SimdLevel, String> {
+    let wanted = value.trim().to_ascii_lowercase();
+    let Some(level) = SimdLevel::ALL.into_iter().find(|l| l.name() == wanted) else {
+        return Err("the choices are scalar, avx2, avxvnni, avx512".into());
+    };
+    if available(level) {
+        Ok(level)
+    } else {
+        let needs = match level {
+            SimdLevel::Avx512 => "AVX-512 F, BW, VL and VNNI",
+            SimdLevel::AvxVnni => "AVX-VNNI",
+            _ => "AVX2, FMA and F16C",
+        };
+        Err(format!("this CPU lacks {needs}"))
     }
 }
 
@@ -137,6 +208,9 @@ pub fn cpu_extensions() -> Vec<&'static str> {
         if is_x86_feature_detected!("avx512bw") {
             found.push("avx512bw");
         }
+        if is_x86_feature_detected!("avx512vl") {
+            found.push("avx512vl");
+        }
         if is_x86_feature_detected!("avx512vnni") {
             found.push("avx512vnni");
         }
@@ -147,25 +221,19 @@ pub fn cpu_extensions() -> Vec<&'static str> {
     found
 }
 
-/// What the CPU supports, ignoring the environment.
+/// The best level the CPU supports, ignoring the environment.
 fn detect() -> SimdLevel {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            return SimdLevel::Avx2;
-        }
-    }
-    SimdLevel::Scalar
+    SimdLevel::ALL
+        .into_iter()
+        .find(|l| l.available())
+        .unwrap_or(SimdLevel::Scalar)
 }
 
-/// Whether the AVX2 kernels are in use (cheap: one atomic load after the first call).
+/// Whether the AVX2 float kernels may run (cheap: one atomic load after the first call).
 #[inline]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn use_avx2() -> bool {
-    simd_level() == SimdLevel::Avx2
+    simd_level().has_avx2()
 }
 
 /// A weight matrix: `rows` rows of `cols` elements (ggml `ne[0] = cols`, `ne[1] = rows`),
@@ -191,8 +259,7 @@ pub enum Layout {
     /// GGUF's: row after row.
     Rows,
     /// Groups of 8 rows interleaved block by block ([`interleaved`]; Q4_0, Q4_1, Q5_0, Q5_1,
-    /// Q4_K, Q6_K), made
-    /// by [`interleaved::repack`] for a faster GEMM.
+    /// Q4_K, Q6_K, Q8_0), made by [`interleaved::repack`] for a faster GEMM.
     Interleaved8,
 }
 
@@ -309,13 +376,22 @@ impl<'a> Matrix<'a> {
     }
 }
 
-/// Row `r` of `w` dequantized into `out` (an embedding lookup).
+/// Row `r` of `w` dequantized into `out` (an embedding lookup), from the row layout or an
+/// interleaved Q8_0 matrix (a tied LM head, [`interleaved::supports_lookup`]).
 ///
 /// # Panics
-/// If `r >= w.rows` or `out.len() != w.cols`.
+/// If `r >= w.rows`, `out.len() != w.cols`, or `w` is interleaved in a type without lookups.
 pub fn dequantize_row(w: &Matrix, r: usize, out: &mut [f32]) {
     assert!(r < w.rows, "row {r} out of {} rows", w.rows);
     assert_eq!(out.len(), w.cols, "output length must equal the row length");
+    if w.layout == Layout::Interleaved8 {
+        assert!(
+            interleaved::supports_lookup(w.dtype),
+            "rows of an interleaved {} matrix cannot be looked up",
+            w.dtype
+        );
+        return interleaved_q8::dequantize_row(w.data, r, out);
+    }
     crate::quant::dequantize(w.dtype, w.row(r), out)
         .expect("Matrix::new admits only types with a dequantizer");
 }
@@ -431,11 +507,17 @@ mod tests {
     #[test]
     fn weft_kernels_values() {
         use super::{forced, SimdLevel};
-        assert_eq!(forced("scalar", SimdLevel::Avx2), Ok(SimdLevel::Scalar));
-        assert_eq!(forced(" AVX2 ", SimdLevel::Avx2), Ok(SimdLevel::Avx2));
-        assert!(forced("avx2", SimdLevel::Scalar).is_err());
-        assert!(forced("avx512", SimdLevel::Avx2).is_err());
-        assert!(forced("neon", SimdLevel::Avx2).is_err());
+        let avx2_only = |l: SimdLevel| matches!(l, SimdLevel::Avx2 | SimdLevel::Scalar);
+        let scalar_only = |l: SimdLevel| l == SimdLevel::Scalar;
+        let all = |_: SimdLevel| true;
+        assert_eq!(forced("scalar", avx2_only), Ok(SimdLevel::Scalar));
+        assert_eq!(forced(" AVX2 ", avx2_only), Ok(SimdLevel::Avx2));
+        assert!(forced("avx2", scalar_only).is_err());
+        assert!(forced("avx512", avx2_only).is_err());
+        assert!(forced("avxvnni", avx2_only).is_err());
+        assert_eq!(forced("avx512", all), Ok(SimdLevel::Avx512));
+        assert_eq!(forced("AvxVnni", all), Ok(SimdLevel::AvxVnni));
+        assert!(forced("neon", all).is_err());
     }
 
     use super::*;

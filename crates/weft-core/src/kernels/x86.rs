@@ -1,10 +1,143 @@
-//! Small AVX2 building blocks shared by the x86-64 kernels.
+//! Small AVX2 building blocks shared by the x86-64 kernels, and the u8 × i8 dot-product
+//! primitive ([`Isa`]) that the integer tiles are generic over.
 //!
 //! Every function requires AVX2, FMA and F16C (callers are `#[target_feature]` functions that
 //! are only reached after run-time detection) and reads memory through raw pointers that the
 //! caller guarantees to be in bounds.
 
 use std::arch::x86_64::*;
+
+/// An x86 instruction set's u8 × i8 dot-product primitive, the inner step of every integer
+/// tile: 4 unsigned weight bytes times 4 signed activation bytes, summed into an i32 lane.
+///
+/// AVX2 has no such instruction: `maddubs` multiplies pairs into saturating i16 lanes, and a
+/// `madd` with ones widens them, so several products are best summed in i16 first (each tile
+/// states why its sums cannot saturate). VNNI's `vpdpbusd` does the whole step in one
+/// instruction, into i32. Both are exact, so the tiles give the same bits on every set.
+///
+/// The tile bodies are `#[inline(always)]` functions generic over this trait, instantiated in
+/// one `#[target_feature]` entry point per set ([`stamp_isas`]): the primitive inlines into a
+/// function compiled for its instructions.
+pub trait Isa {
+    /// Whether `dpbusd` is one VNNI instruction (else `maddubs` + `madd` + `add`).
+    const VNNI: bool;
+    /// `acc + Σ_{j<4} u[4i + j] · s[4i + j]` in each i32 lane `i`.
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+}
+
+/// AVX2 + FMA + F16C.
+pub struct Avx2;
+/// AVX2 with AVX-VNNI's VEX-encoded `vpdpbusd`.
+pub struct AvxVnni;
+/// AVX-512 F/BW/VL/VNNI: the EVEX `vpdpbusd` on 256-bit registers.
+pub struct Avx512;
+
+impl Isa for Avx2 {
+    const VNNI: bool = false;
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, dot_u8_i8(u, s))
+    }
+}
+
+impl Isa for AvxVnni {
+    const VNNI: bool = true;
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, u, s)
+    }
+}
+
+impl Isa for Avx512 {
+    const VNNI: bool = true;
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
+    }
+}
+
+/// Stamps the entry points of a kernel file once per x86 instruction set: calls
+/// `$entries!(module, Isa type, "target features")` for AVX2, AVX-VNNI and AVX-512, so each
+/// file gets modules `avx2`, `avxvnni` and `avx512` with the same functions.
+macro_rules! stamp_isas {
+    ($entries:ident) => {
+        $entries!(avx2, $crate::kernels::x86::Avx2, "avx2,fma,f16c");
+        $entries!(
+            avxvnni,
+            $crate::kernels::x86::AvxVnni,
+            "avx2,fma,f16c,avxvnni"
+        );
+        $entries!(
+            avx512,
+            $crate::kernels::x86::Avx512,
+            "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+        );
+    };
+}
+pub(crate) use stamp_isas;
+
+/// `Σ_k dot4(u[k], s[k])` per i32 lane (`dot4`: the lane's 4 byte products), from zero.
+///
+/// AVX2 sums all the `maddubs` products in i16 before one `madd`: the caller guarantees that
+/// the `2N` products of each i16 lane sum below 2^15 in magnitude. With VNNI, two chains of
+/// `vpdpbusd` (even and odd `k`) halve the latency.
+#[inline(always)]
+pub unsafe fn dots<P: Isa, const N: usize>(u: [__m256i; N], s: [__m256i; N]) -> __m256i {
+    if P::VNNI {
+        // Plain counted loops over constant indices: fully unrolled, every value in a register.
+        let zero = _mm256_setzero_si256();
+        let (mut even, mut odd) = (zero, zero);
+        for k in 0..N / 2 {
+            even = P::dpbusd(even, u[2 * k], s[2 * k]);
+            odd = P::dpbusd(odd, u[2 * k + 1], s[2 * k + 1]);
+        }
+        if N % 2 == 1 {
+            even = P::dpbusd(even, u[N - 1], s[N - 1]);
+        }
+        if N > 1 {
+            _mm256_add_epi32(even, odd)
+        } else {
+            even
+        }
+    } else {
+        _mm256_madd_epi16(sum_maddubs(u, s), _mm256_set1_epi16(1))
+    }
+}
+
+/// `Σ_k dot4(u[k], s[k]) · scale` per i32 lane, where `scale` holds the lane's factor in both
+/// of its i16 halves (so that AVX2 scales with the widening `madd`). Same saturation condition
+/// as [`dots`]. VNNI takes it below 4 products (a `vpmulld` costs two instructions, more than it
+/// saves on 1 or 2 `maddubs`).
+#[inline(always)]
+pub unsafe fn dots_scaled<P: Isa, const N: usize>(
+    u: [__m256i; N],
+    s: [__m256i; N],
+    scale: __m256i,
+) -> __m256i {
+    if P::VNNI && N >= 4 {
+        _mm256_mullo_epi32(dots::<P, N>(u, s), _mm256_srai_epi32::<16>(scale))
+    } else {
+        _mm256_madd_epi16(sum_maddubs(u, s), scale)
+    }
+}
+
+/// `Σ_k maddubs(u[k], s[k])` in i16 lanes, summed as a balanced tree (spelled out for the
+/// sizes the tiles use, so that every product stays in a register).
+#[inline(always)]
+unsafe fn sum_maddubs<const N: usize>(u: [__m256i; N], s: [__m256i; N]) -> __m256i {
+    let p = |k: usize| _mm256_maddubs_epi16(u[k], s[k]);
+    let add = |a, b| _mm256_add_epi16(a, b);
+    match N {
+        1 => p(0),
+        2 => add(p(0), p(1)),
+        4 => add(add(p(0), p(1)), add(p(2), p(3))),
+        8 => add(
+            add(add(p(0), p(1)), add(p(2), p(3))),
+            add(add(p(4), p(5)), add(p(6), p(7))),
+        ),
+        _ => (1..N).fold(p(0), |acc, k| add(acc, p(k))),
+    }
+}
 
 /// The sum of the 8 lanes.
 #[inline]

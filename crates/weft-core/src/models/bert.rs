@@ -447,7 +447,7 @@ unsafe fn head(
     out: *mut f32,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if kernels::simd_level() == kernels::SimdLevel::Avx2 {
+    if kernels::simd_level().has_avx2() {
         // SAFETY: AVX2 and FMA were detected; `out` as the caller guarantees.
         return unsafe { head_avx2(rows, d, col, hd, scale, s, out) };
     }

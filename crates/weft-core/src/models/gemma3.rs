@@ -128,7 +128,7 @@ impl Gemma3 {
                 ),
             });
         }
-        let token_embd = l.table("token_embd.weight", vocab, n_embd)?;
+        let token_embd = l.tied("token_embd.weight", vocab, n_embd)?; // also the LM head
         let base = l.opt_f32("rope.freq_base")?.unwrap_or(1_000_000.0);
         let scale = l
             .opt_f32("rope.scaling.factor")?

@@ -95,11 +95,12 @@ impl Llama {
                 ),
             });
         }
-        let token_embd = l.table("token_embd.weight", vocab, n_embd)?;
-        let output = if l.has("output.weight") {
-            l.linear("output.weight", vocab, n_embd)?
+        let (token_embd, output) = if l.has("output.weight") {
+            let token_embd = l.table("token_embd.weight", vocab, n_embd)?;
+            (token_embd, l.linear("output.weight", vocab, n_embd)?)
         } else {
-            token_embd.clone()
+            let tied = l.tied("token_embd.weight", vocab, n_embd)?;
+            (tied.clone(), tied)
         };
         let rope_dims = l
             .opt_usize("rope.dimension_count")?

@@ -174,6 +174,19 @@ impl Loader {
         Ok(lin)
     }
 
+    /// An embedding table that is also the output projection (a tied LM head): interleaved as
+    /// by [`Loader::linear`] when its rows can still be looked up in that layout (Q8_0, see
+    /// [`interleaved::supports_lookup`]), so that the batched LM head gets the faster GEMM;
+    /// else in the file's row layout, as [`Loader::table`].
+    pub fn tied(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+        let dtype = self.file.tensor(name)?.dtype;
+        if interleaved::supports_lookup(dtype) && rows.is_multiple_of(interleaved::GROUP_ROWS) {
+            self.linear(name, rows, cols)
+        } else {
+            self.table(name, rows, cols)
+        }
+    }
+
     /// Whether the file has a tensor `name`.
     pub fn has(&self, name: &str) -> bool {
         self.file.tensor(name).is_ok()
