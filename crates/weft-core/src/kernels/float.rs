@@ -30,6 +30,15 @@ pub fn dots_f32_f16(qs: &[f32], k: &[f16], out: &mut [f32]) {
     }
 }
 
+/// `out[i·g + j] = Σ_t qs[j·d + t] · keys[i·d + t]` for the `g` query rows and the
+/// `out.len() / g` keys (shapes already checked): [`dots_f32_f16`] for consecutive keys.
+pub fn dots_f32_f16_keys(qs: &[f32], keys: &[f16], g: usize, out: &mut [f32]) {
+    let d = qs.len() / g;
+    for (k, o) in keys.chunks_exact(d).zip(out.chunks_exact_mut(g)) {
+        dots_f32_f16(qs, k, o);
+    }
+}
+
 /// `acc[j·d..][..d] += Σ_i w[i·g + j] · values[rows[i]·d..][..d]` for the `g = acc.len() / d`
 /// heads `j` (shapes already checked).
 pub fn attend_f16(acc: &mut [f32], d: usize, w: &[f32], values: &[f16], rows: &[u32]) {

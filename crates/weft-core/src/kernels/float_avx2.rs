@@ -212,6 +212,34 @@ pub unsafe fn dots_f32_f16(qs: &[f32], k: &[f16], out: &mut [f32]) {
     }
 }
 
+/// AVX2 twin of [`super::float::dots_f32_f16_keys`]: [`dots_f32_f16`] for each of
+/// `out.len() / g` keys in a row, without a dispatch per key.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dots_f32_f16_keys(qs: &[f32], keys: &[f16], g: usize, out: &mut [f32]) {
+    let d = qs.len() / g;
+    macro_rules! each_key {
+        ($g:literal) => {
+            for (k, o) in keys.chunks_exact(d).zip(out.chunks_exact_mut($g)) {
+                dots_g::<$g>(qs, k, o);
+            }
+        };
+    }
+    match g {
+        1 => each_key!(1),
+        2 => each_key!(2),
+        3 => each_key!(3),
+        4 => each_key!(4),
+        5 => each_key!(5),
+        6 => each_key!(6),
+        7 => each_key!(7),
+        8 => each_key!(8),
+        n => panic!("dots_f32_f16_keys takes 1 to 8 rows, got {n}"),
+    }
+}
+
 // `j` indexes the query rows and both accumulator arrays at once.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -2,6 +2,7 @@
 //! attention over the paged KV cache. Numerics follow ggml's CPU backend where it matters for
 //! matching llama.cpp (f64 sum of squares in RMSNorm, RoPE angles by repeated multiplication).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use half::f16;
@@ -270,15 +271,23 @@ pub fn attention(
         .map(|qr| kv.view(layer, qr.seq))
         .collect::<crate::Result<Vec<_>>>()?;
     let shared = SharedOut(out.as_mut_ptr());
-    pool.run(&|ti, nt| {
+    // Items are handed out by an atomic counter, last first: in a causal prefill the later
+    // queries see the most keys, so the longest items start first and the short ones fill
+    // in behind them (a static split gave one thread 3/4 of a 4,096-token prompt's work).
+    let next = AtomicUsize::new(0);
+    pool.run(&|_, _| {
         let shared = &shared;
-        let per = items.div_ceil(nt);
         let mut acc = vec![0f32; sub * head_dim];
         // Per page: the visible slots and their scores, then softmax weights (slot-major,
         // `gh` heads per slot).
         let mut rows = [0u32; PAGE_SIZE];
         let mut scores = [0f32; PAGE_SIZE * kernels::MAX_ATTN_GROUP];
-        for item in ti * per..((ti + 1) * per).min(items) {
+        loop {
+            let taken = next.fetch_add(1, Ordering::Relaxed);
+            if taken >= items {
+                break;
+            }
+            let item = items - 1 - taken;
             let (qi, rest) = (item / (n_kv_head * n_sub), item % (n_kv_head * n_sub));
             let (kvh, sg) = (rest / n_sub, rest % n_sub);
             let h0 = kvh * group + sg * sub;
@@ -296,8 +305,24 @@ pub fn attention(
                     continue; // released sliding-window page: nothing visible there
                 };
                 let first = page * PAGE_SIZE;
-                let mut n = 0;
-                for s in 0..PAGE_SIZE.min(n_slots - first) {
+                let in_page = PAGE_SIZE.min(n_slots - first);
+                // No mask, and every key causal and inside the window (the common case): the
+                // page's scores in one kernel call, without a check per key.
+                let whole_page = masks[qi].is_none()
+                    && view.positions[first..first + in_page].iter().all(|&p| {
+                        p <= qr.pos && view.window.is_none_or(|w| ((qr.pos - p) as usize) < w)
+                    });
+                let (mut n, mut checked) = (0, in_page);
+                if whole_page {
+                    let sc = &mut scores[..in_page * gh];
+                    kernels::dots_f32_f16_keys(qv, &keys[..in_page * head_dim], gh, sc);
+                    sc.iter_mut().for_each(|x| *x *= scale);
+                    for (s, r) in rows[..in_page].iter_mut().enumerate() {
+                        *r = s as u32;
+                    }
+                    (n, checked) = (in_page, 0);
+                }
+                for s in 0..checked {
                     let p = view.positions[first + s];
                     // Causal (or the token's own mask), and within the layer's window.
                     let allowed = match masks[qi] {
