@@ -300,6 +300,11 @@ pub fn attention(
             let mut max = [f32::NEG_INFINITY; kernels::MAX_ATTN_GROUP];
             let mut sum = [0f32; kernels::MAX_ATTN_GROUP];
             let n_slots = view.positions.len();
+            // Whether a key at position `p` is inside the layer's window around this query.
+            let in_window = |p: u32| {
+                view.window
+                    .is_none_or(|w| (i64::from(qr.pos) - i64::from(p)).unsigned_abs() < w as u64)
+            };
             for page in 0..n_slots.div_ceil(PAGE_SIZE) {
                 let Some((keys, values)) = view.page(page, kvh) else {
                     continue; // released sliding-window page: nothing visible there
@@ -309,9 +314,9 @@ pub fn attention(
                 // No mask, and every key causal and inside the window (the common case): the
                 // page's scores in one kernel call, without a check per key.
                 let whole_page = masks[qi].is_none()
-                    && view.positions[first..first + in_page].iter().all(|&p| {
-                        p <= qr.pos && view.window.is_none_or(|w| ((qr.pos - p) as usize) < w)
-                    });
+                    && view.positions[first..first + in_page]
+                        .iter()
+                        .all(|&p| p <= qr.pos && in_window(p));
                 let (mut n, mut checked) = (0, in_page);
                 if whole_page {
                     let sc = &mut scores[..in_page * gh];
@@ -329,10 +334,7 @@ pub fn attention(
                         None => p <= qr.pos,
                         Some(m) => m.allows(first + s),
                     };
-                    let visible = allowed
-                        && view.window.is_none_or(|w| {
-                            (i64::from(qr.pos) - i64::from(p)).unsigned_abs() < w as u64
-                        });
+                    let visible = allowed && in_window(p);
                     if visible {
                         let k = &keys[s * head_dim..(s + 1) * head_dim];
                         let sc = &mut scores[n * gh..(n + 1) * gh];
