@@ -43,6 +43,10 @@ pub struct ThreadsArg {
     /// when a pass needs them (for models larger than memory; slower). Default: all.
     #[arg(long, value_name = "K")]
     pub resident_layers: Option<usize>,
+    /// How the KV cache stores keys and values: f16 (llama.cpp's default) or q8_0 (half the
+    /// memory, a perplexity within 0.5% of f16's).
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16")]
+    pub kv_type: weft::KvType,
 }
 
 impl ThreadsArg {
@@ -51,6 +55,7 @@ impl ThreadsArg {
         let mut cfg = weft::RunnerConfig::default();
         cfg.n_threads = self.checked()?.unwrap_or(cfg.n_threads);
         cfg.layer_pager = self.pager()?;
+        cfg.kv_type = self.kv_type;
         Ok(weft::ModelRunner::new(file, &cfg)?)
     }
 
@@ -79,6 +84,7 @@ impl ThreadsArg {
         let mut cfg = weft::EngineConfig::default();
         cfg.n_threads = self.checked()?.unwrap_or(cfg.n_threads);
         cfg.layer_pager = self.pager()?;
+        cfg.kv_type = self.kv_type;
         Ok(cfg)
     }
 

@@ -119,24 +119,42 @@ fn bad_models_are_clear_errors_not_panics() {
 const LLAMA_CPP_PERPLEXITY: [(&str, f64); 2] =
     [("smollm2-135m", 19.8777), ("gemma3-270m", 17.7719)];
 
-#[test]
-fn perplexity_is_within_two_percent_of_llama_cpp() {
+/// `weft perplexity` of the reference text at context 512, with extra options.
+fn perplexity(model: &str, extra: &[&str]) -> f64 {
     let text = reference_dir().join("perplexity-text.txt");
     let text = text.to_str().expect("utf-8 path");
+    let args = [&["perplexity", "-m", model, "-f", text, "-c", "512"], extra].concat();
+    let out = weft(&args, "");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{model}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .split("PPL = ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{model}: no estimate in {stdout:?}"))
+}
+
+/// The f16 cache's perplexity is within 2% of llama.cpp's (whose cache is f16 too), and a
+/// Q8_0 cache's within 0.5% of the f16 one's.
+#[test]
+fn perplexity_is_within_two_percent_of_llama_cpp_and_q8_0_kv_within_half_a_percent() {
     for (model, reference) in LLAMA_CPP_PERPLEXITY {
-        let out = weft(&["perplexity", "-m", model, "-f", text, "-c", "512"], "");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{model}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let ppl = perplexity(model, &[]);
+        let q8 = perplexity(model, &["--kv-type", "q8_0"]);
+        let q8_rel = (q8 - ppl).abs() / ppl;
+        eprintln!(
+            "{model}: q8_0 KV perplexity {q8:.4}, f16 {ppl:.4}, {:.3}% apart",
+            q8_rel * 100.0
         );
-        let ppl: f64 = stdout
-            .split("PPL = ")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("{model}: no estimate in {stdout:?}"));
+        assert!(
+            q8_rel < 0.005,
+            "{model}: q8_0 KV perplexity {q8} is not within 0.5% of f16's {ppl}"
+        );
         let rel = (ppl - reference).abs() / reference;
         eprintln!(
             "{model}: perplexity {ppl:.4}, llama.cpp {reference}, {:.2}% apart",
@@ -407,6 +425,47 @@ fn bench_runs_at_depth_and_reports_bandwidth() {
     // 30 layers × 3 KV heads × 64 dims × 2 (K, V) × 2 bytes = 23,040 bytes per position.
     let kv = deep - shallow;
     assert!((kv - 23_040.0 * 48.0).abs() < 1.0, "{kv}");
+}
+
+/// `--kv-type q8_0`: the bench says so, and decode at depth reads 34 bytes per 32 cached values
+/// instead of 64; an unknown type is refused with the names of the known ones.
+#[test]
+fn bench_with_a_q8_0_kv_cache_reads_about_half_the_kv_bytes() {
+    let args = [
+        "bench",
+        "-r",
+        "1",
+        "--json",
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "-d",
+        "0,48",
+        "--bandwidth",
+        "--kv-type",
+        "q8_0",
+    ];
+    let out = weft(&args, "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("KV cache: q8_0"), "{stderr}");
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert!(rows.iter().all(|r| r["kv_type"] == "q8_0"), "{rows:?}");
+    let per_token = |r: &serde_json::Value| {
+        r["gbps"].as_f64().expect("gbps") * 1e9 / r["tps_median"].as_f64().expect("tps")
+    };
+    // 30 layers × 3 KV heads × 2 blocks of 34 bytes × 2 (K, V) = 12,240 bytes per position.
+    let kv = per_token(&rows[1]) - per_token(&rows[0]);
+    assert!((kv - 12_240.0 * 48.0).abs() < 1.0, "{kv}");
+
+    let out = weft(&["bench", "-p", "8", "-n", "0", "--kv-type", "q4"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("expected f16 or q8_0"), "{stderr}");
 }
 
 #[test]

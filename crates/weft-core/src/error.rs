@@ -114,6 +114,12 @@ pub enum Error {
         free_pages: usize,
     },
     /// The KV cache for this many tokens cannot be allocated.
+    #[error("a {kv_type} KV cache cannot store heads of {head_dim} values (q8_0 needs a multiple of 32; use f16)")]
+    KvTypeUnfit {
+        kv_type: &'static str,
+        head_dim: usize,
+    },
+
     #[error("cannot allocate a KV cache for {max_tokens} tokens with this model's shape (lower the cache size)")]
     KvTooLarge { max_tokens: usize },
     /// A sequence id that is not (or no longer) in the KV cache.

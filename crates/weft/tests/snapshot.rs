@@ -298,3 +298,41 @@ fn damaged_snapshots_give_typed_errors_and_leak_nothing() {
     drop(other);
     assert_eq!(tiny.metrics().kv_pages_used, 0);
 }
+
+/// A context on a Q8_0 KV cache snapshots its 8-bit pages as they are and resumes with the
+/// same logits; an engine with an f16 cache refuses the snapshot, naming both types.
+#[test]
+fn q8_0_kv_snapshots_resume_and_other_kv_types_are_refused() {
+    let open = |kv_type| {
+        common::engine_with(
+            "smollm2-135m",
+            EngineConfig {
+                n_threads: 2,
+                kv_tokens: 1024,
+                kv_type,
+                ..EngineConfig::default()
+            },
+        )
+    };
+    let q8 = open(weft::KvType::Q8_0);
+    let mut ctx = q8.context();
+    ctx.fill(PROMPT).unwrap();
+    block_on(ctx.flush_logits()).unwrap();
+    let bytes = ctx.snapshot().unwrap();
+    let mut resumed = q8.resume(&bytes).unwrap();
+    for c in [&mut ctx, &mut resumed] {
+        c.fill(" The end.").unwrap();
+    }
+    let a = block_on(ctx.flush_logits()).unwrap();
+    let b = block_on(resumed.flush_logits()).unwrap();
+    assert!(a == b, "logits differ after resume");
+
+    let f16 = open(weft::KvType::F16);
+    let e = f16.resume(&bytes).unwrap_err();
+    assert!(matches!(e, Error::SnapshotCorrupt { .. }), "{e}");
+    assert!(
+        e.to_string().contains("q8_0") && e.to_string().contains("f16"),
+        "{e}"
+    );
+    assert_eq!(f16.metrics().kv_pages_used, 0);
+}

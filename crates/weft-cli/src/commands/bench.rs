@@ -440,13 +440,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Which kernels ran, as llama-bench names its backend (and the CPU's wider extensions).
     let extensions = weft::kernels::cpu_extensions();
     eprintln!(
-        "kernels: {}{}",
+        "kernels: {}{}; KV cache: {}",
         weft::kernels::simd_level().name(),
         if extensions.is_empty() {
             String::new()
         } else {
             format!(" (the CPU has {})", extensions.join(", "))
-        }
+        },
+        kv_layout.kv_type
     );
     if !args.json {
         if limit.is_some() {
@@ -483,6 +484,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "model": model, "test": t.name, "threads": threads, "n_prompt": t.prompt,
                 "n_depth": t.depth, "n_gen": t.gen, "parallel": t.parallel,
                 "kernels": weft::kernels::simd_level().name(),
+                "kv_type": kv_layout.kv_type.name(),
                 "tps_median": median, "tps_stddev": sd, "samples": samples,
             });
             if let (Some(bw), Some(a)) = (limit, achieved) {

@@ -66,10 +66,10 @@ pub fn weight_bytes_per_step(file: &GgufFile) -> u64 {
 }
 
 impl KvLayout {
-    /// Bytes of keys and values (f16) one token's attention reads at context length
-    /// `depth`, over every layer: a sliding-window layer reads at most its window.
+    /// Bytes of keys and values (as stored: f16 or Q8_0) one token's attention reads at
+    /// context length `depth`, over every layer: a sliding-window layer reads at most its window.
     pub fn bytes_read_at(&self, depth: usize) -> u64 {
-        let per_position = (2 * self.n_kv_heads * self.head_dim * 2) as u64;
+        let per_position = (2 * self.n_kv_heads * self.row_bytes()) as u64;
         self.groups
             .iter()
             .map(|g| {
@@ -87,10 +87,10 @@ mod tests {
 
     #[test]
     fn kv_bytes_count_windows() {
-        let layout = KvLayout {
+        let mut layout = KvLayout {
             n_layers: 3,
             n_kv_heads: 2,
-            head_dim: 4,
+            head_dim: 32,
             groups: vec![
                 GroupSpec {
                     layers: vec![0, 2],
@@ -101,11 +101,15 @@ mod tests {
                     window: Some(10),
                 },
             ],
+            kv_type: crate::kv::KvType::F16,
         };
-        // 2 (K, V) × 2 heads × 4 dims × 2 bytes = 32 bytes per position and layer.
+        // 2 (K, V) × 2 heads × 32 dims × 2 bytes = 256 bytes per position and layer.
         assert_eq!(layout.bytes_read_at(0), 0);
-        assert_eq!(layout.bytes_read_at(5), 32 * (2 * 5 + 5));
-        assert_eq!(layout.bytes_read_at(100), 32 * (2 * 100 + 10));
+        assert_eq!(layout.bytes_read_at(5), 256 * (2 * 5 + 5));
+        assert_eq!(layout.bytes_read_at(100), 256 * (2 * 100 + 10));
+        // Q8_0: one 34-byte block per 32 values.
+        layout.kv_type = crate::kv::KvType::Q8_0;
+        assert_eq!(layout.bytes_read_at(100), 2 * 2 * 34 * (2 * 100 + 10));
     }
 
     #[test]

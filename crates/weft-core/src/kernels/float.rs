@@ -23,34 +23,6 @@ pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
     }
 }
 
-/// `out[j] = Σ_i qs[j·n + i] · k[i]` with `n = k.len()` (lengths already checked).
-pub fn dots_f32_f16(qs: &[f32], k: &[f16], out: &mut [f32]) {
-    for (o, q) in out.iter_mut().zip(qs.chunks_exact(k.len())) {
-        *o = dot_f32_f16(q, k);
-    }
-}
-
-/// `out[i·g + j] = Σ_t qs[j·d + t] · keys[i·d + t]` for the `g` query rows and the
-/// `out.len() / g` keys (shapes already checked): [`dots_f32_f16`] for consecutive keys.
-pub fn dots_f32_f16_keys(qs: &[f32], keys: &[f16], g: usize, out: &mut [f32]) {
-    let d = qs.len() / g;
-    for (k, o) in keys.chunks_exact(d).zip(out.chunks_exact_mut(g)) {
-        dots_f32_f16(qs, k, o);
-    }
-}
-
-/// `acc[j·d..][..d] += Σ_i w[i·g + j] · values[rows[i]·d..][..d]` for the `g = acc.len() / d`
-/// heads `j` (shapes already checked).
-pub fn attend_f16(acc: &mut [f32], d: usize, w: &[f32], values: &[f16], rows: &[u32]) {
-    let g = acc.len() / d;
-    for (i, &r) in rows.iter().enumerate() {
-        let v = &values[r as usize * d..][..d];
-        for (j, a) in acc.chunks_exact_mut(d).enumerate() {
-            axpy_f16(a, w[i * g + j], v);
-        }
-    }
-}
-
 /// `dst = f16(src)`, round to nearest even (lengths already checked equal).
 pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
     for (d, &s) in dst.iter_mut().zip(src) {

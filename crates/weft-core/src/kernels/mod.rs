@@ -32,6 +32,7 @@
 //! quantizes its input to 8 bits, so a 1-ulp change can flip a rounding and the logits of a
 //! sequence would depend on what else was batched with it.
 
+pub mod attention;
 pub mod bandwidth;
 mod float;
 pub mod gemm_f32;
@@ -45,6 +46,8 @@ pub mod math;
 mod matmul;
 pub mod quantize;
 
+#[cfg(target_arch = "x86_64")]
+mod attention_avx2;
 #[cfg(target_arch = "x86_64")]
 mod float_avx2;
 #[cfg(target_arch = "x86_64")]
@@ -425,79 +428,6 @@ pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
     float::axpy_f16(y, alpha, x)
 }
 
-/// Most rows [`dots_f32_f16`] and heads [`attend_f16`] take per call.
-pub const MAX_ATTN_GROUP: usize = 8;
-
-/// `out[j] = Σ_i qs[j·n + i] · k[i]` (`n = k.len()`): the scores of up to
-/// [`MAX_ATTN_GROUP`] query heads against one f16 key, which is widened once for all of them.
-///
-/// # Panics
-/// If `qs.len() != out.len() · k.len()` or `out.len()` is 0 or above [`MAX_ATTN_GROUP`].
-pub fn dots_f32_f16(qs: &[f32], k: &[f16], out: &mut [f32]) {
-    assert!(
-        qs.len() == out.len() * k.len() && (1..=MAX_ATTN_GROUP).contains(&out.len()),
-        "dots_f32_f16: shape mismatch"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
-        return unsafe { float_avx2::dots_f32_f16(qs, k, out) };
-    }
-    float::dots_f32_f16(qs, k, out)
-}
-
-/// `out[i·g + j] = Σ_t qs[j·d + t] · keys[i·d + t]` (`d = qs.len() / g`): the scores of `g`
-/// (1 to [`MAX_ATTN_GROUP`]) query heads against `out.len() / g` consecutive f16 keys, each
-/// the bits [`dots_f32_f16`] gives for that key (a whole visible page in one call).
-///
-/// # Panics
-/// If `g` is out of range, `qs.len()` is not a positive multiple of `g`, or `keys` does not
-/// hold `out.len() / g` keys of `d` values.
-pub fn dots_f32_f16_keys(qs: &[f32], keys: &[f16], g: usize, out: &mut [f32]) {
-    assert!(
-        (1..=MAX_ATTN_GROUP).contains(&g)
-            && !qs.is_empty()
-            && qs.len().is_multiple_of(g)
-            && out.len().is_multiple_of(g)
-            && keys.len() == out.len() / g * (qs.len() / g),
-        "dots_f32_f16_keys: shape mismatch"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
-        return unsafe { float_avx2::dots_f32_f16_keys(qs, keys, g, out) };
-    }
-    float::dots_f32_f16_keys(qs, keys, g, out)
-}
-
-/// `acc[j·d..][..d] += Σ_i w[i·g + j] · values[rows[i]·d..][..d]` for the
-/// `g = acc.len() / d` heads (1 to [`MAX_ATTN_GROUP`]): attention's weighted sum of f16 value
-/// rows, for the heads sharing one KV head; `w` holds `g` weights per listed row.
-///
-/// # Panics
-/// If `d` is 0, `acc.len()` is not `g · d` with `g` in range, `w` is shorter than
-/// `rows.len() · g`, or a row is past the end of `values`.
-pub fn attend_f16(acc: &mut [f32], d: usize, w: &[f32], values: &[f16], rows: &[u32]) {
-    assert!(
-        d > 0 && acc.len().is_multiple_of(d) && (1..=MAX_ATTN_GROUP).contains(&(acc.len() / d)),
-        "attend_f16: shape mismatch"
-    );
-    assert!(
-        w.len() >= rows.len() * (acc.len() / d),
-        "attend_f16: too few weights"
-    );
-    assert!(
-        rows.iter().all(|&r| (r as usize + 1) * d <= values.len()),
-        "attend_f16: value row out of range"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
-        return unsafe { float_avx2::attend_f16(acc, d, w, values, rows) };
-    }
-    float::attend_f16(acc, d, w, values, rows)
-}
-
 /// Converts `src` to `f16` (round to nearest even, as F16C and ggml do) into `dst`.
 ///
 /// # Panics
@@ -565,33 +495,6 @@ mod tests {
             Err(Error::UnsupportedType { .. })
         ));
         assert!(Matrix::new(GgmlType::F32, &data, 30, 1).is_ok());
-    }
-
-    /// The page-wide score kernel gives, key by key, the bits of the one-key kernel (the
-    /// attention's fast path and its checked path must agree), for every group size.
-    #[test]
-    fn dots_over_keys_equal_dots_per_key() {
-        let mut rng = testutil::Rng::new(41);
-        let (d, n_keys) = (72, 7);
-        let keys: Vec<f16> = rng
-            .f32s(n_keys * d, 1.0)
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        for g in 1..=MAX_ATTN_GROUP {
-            let qs = rng.f32s(g * d, 1.0);
-            let mut all = vec![0f32; n_keys * g];
-            dots_f32_f16_keys(&qs, &keys, g, &mut all);
-            for (k, got) in keys.chunks_exact(d).zip(all.chunks_exact(g)) {
-                let mut one = vec![0f32; g];
-                dots_f32_f16(&qs, k, &mut one);
-                let same = got
-                    .iter()
-                    .zip(&one)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "g {g}: {got:?} vs {one:?}");
-            }
-        }
     }
 
     #[test]

@@ -9,8 +9,10 @@
 //! owned by a layer, and pages are reference-counted so a fork shares every full page with its
 //! parent and copies only the partial last one; a write to a shared page copies it first.
 //!
-//! Storage is f16, as llama.cpp's default KV cache. Within a page a head's slots are contiguous
-//! (`[kv_head][slot][head_dim]`), so attention streams one head's keys page by page.
+//! Storage is f16, as llama.cpp's default KV cache, or Q8_0 (ggml's 8-bit blocks, half the
+//! bytes; [`KvType`]), chosen per cache. Within a page a head's slots are contiguous
+//! (`[kv_head][slot][row]`, a row being `head_dim` values in that type), so attention streams
+//! one head's keys page by page.
 
 mod page_pool;
 mod prefix;
@@ -18,10 +20,9 @@ mod transfer;
 
 use std::collections::HashMap;
 
-use half::f16;
-use half::slice::HalfBitsSliceExt;
-
 use crate::error::{Error, Result};
+use crate::kernels::attention as kernels;
+pub use crate::kernels::attention::KvType;
 pub use page_pool::{PageId, PagePool};
 pub use prefix::PrefixStats;
 pub use transfer::{GroupState, SeqState};
@@ -49,17 +50,30 @@ pub struct KvLayout {
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub groups: Vec<GroupSpec>,
+    /// How keys and values are stored.
+    pub kv_type: KvType,
 }
 
-/// One group's pages: a pool and, per layer, the key and value storage as f16 bit patterns
-/// (`u16`, so the zero-filled allocation is lazily mapped by the OS and unused capacity costs
-/// no memory).
+impl KvLayout {
+    /// Bytes of one stored key (or value) row: `head_dim` values as [`KvLayout::kv_type`].
+    pub fn row_bytes(&self) -> usize {
+        self.kv_type.row_bytes(self.head_dim)
+    }
+
+    /// Bytes of one page of one layer's keys (or values): every KV head's [`PAGE_SIZE`] rows.
+    pub fn page_bytes(&self) -> usize {
+        PAGE_SIZE * self.n_kv_heads * self.row_bytes()
+    }
+}
+
+/// One group's pages: a pool and, per layer, the key and value storage as bytes (zero-filled
+/// by the allocator, so the OS maps it lazily and unused capacity costs no memory).
 #[derive(Debug)]
 struct Group {
     window: Option<usize>,
     pool: PagePool,
-    keys: Vec<Vec<u16>>,
-    values: Vec<Vec<u16>>,
+    keys: Vec<Vec<u8>>,
+    values: Vec<Vec<u8>>,
 }
 
 /// One sequence: the position of each slot and one page table per group.
@@ -103,31 +117,38 @@ impl KvCache {
     /// A cache with room for `max_tokens` tokens in each group. Storage is zero-initialized
     /// lazily by the OS, so unused capacity costs address space, not memory.
     ///
-    /// Errors when the storage (pages × heads × head size, per layer) cannot be allocated.
+    /// Errors when the storage (pages × heads × row bytes, per layer) cannot be allocated, or
+    /// when the layout's [`KvType`] cannot hold rows of its head size.
     pub fn new(layout: KvLayout, max_tokens: usize) -> Result<KvCache> {
+        if !layout.kv_type.fits(layout.head_dim) {
+            return Err(Error::KvTypeUnfit {
+                kv_type: layout.kv_type.name(),
+                head_dim: layout.head_dim,
+            });
+        }
         let n_pages = max_tokens.div_ceil(PAGE_SIZE).max(1);
         let elems = PAGE_SIZE
             .checked_mul(layout.n_kv_heads)
-            .and_then(|e| e.checked_mul(layout.head_dim))
+            .and_then(|e| e.checked_mul(layout.row_bytes()))
             .and_then(|e| e.checked_mul(n_pages))
             .filter(|&e| e <= isize::MAX as usize / 2)
             .ok_or(Error::KvTooLarge { max_tokens })?;
-        let alloc = || -> Result<Vec<u16>> {
+        let alloc = || -> Result<Vec<u8>> {
             if elems == 0 {
                 return Ok(Vec::new());
             }
-            let layout = std::alloc::Layout::array::<u16>(elems)
+            let layout = std::alloc::Layout::array::<u8>(elems)
                 .map_err(|_| Error::KvTooLarge { max_tokens })?;
             // Zeroed by the allocator (calloc / a fresh mmap), so the OS maps a page of storage
             // only when it is first written; writing the zeros ourselves would touch it all.
             // SAFETY: `layout` has a non-zero size.
-            let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u16>();
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
             if ptr.is_null() {
                 return Err(Error::KvTooLarge { max_tokens });
             }
             // SAFETY: `ptr` was allocated by the global allocator with the layout of `elems`
-            // u16 values (what a `Vec<u16>` of capacity `elems` uses), and all-zero bits are
-            // valid u16s, so length and capacity `elems` describe initialized memory.
+            // bytes (what a `Vec<u8>` of capacity `elems` uses), and zeroed, so length and
+            // capacity `elems` describe initialized memory.
             Ok(unsafe { Vec::from_raw_parts(ptr, elems, elems) })
         };
         let mut layer_slot = vec![(0, 0); layout.n_layers];
@@ -393,7 +414,8 @@ impl KvCache {
         Some((g, page, slot % PAGE_SIZE))
     }
 
-    /// Stores the key and value of one slot for every KV head (`k`, `v`: `n_kv_heads × head_dim`).
+    /// Stores the key and value of one slot for every KV head (`k`, `v`: `n_kv_heads × head_dim`),
+    /// rounded to the cache's [`KvType`].
     pub fn write(
         &mut self,
         layer: usize,
@@ -402,7 +424,12 @@ impl KvCache {
         k: &[f32],
         v: &[f32],
     ) -> Result<()> {
-        let (hd, nh) = (self.layout.head_dim, self.layout.n_kv_heads);
+        let (hd, nh, rb) = (
+            self.layout.head_dim,
+            self.layout.n_kv_heads,
+            self.layout.row_bytes(),
+        );
+        let kv_type = self.layout.kv_type;
         let s = self.seq(seq)?;
         let (g, page, off) = self
             .locate(layer, s, slot)
@@ -410,11 +437,9 @@ impl KvCache {
         let li = self.layer_slot[layer].1;
         let group = &mut self.groups[g];
         for h in 0..nh {
-            let at = ((page as usize * nh + h) * PAGE_SIZE + off) * hd;
+            let at = ((page as usize * nh + h) * PAGE_SIZE + off) * rb;
             for (dst, src) in [(&mut group.keys[li], k), (&mut group.values[li], v)] {
-                for (d, &x) in dst[at..at + hd].iter_mut().zip(&src[h * hd..(h + 1) * hd]) {
-                    *d = f16::from_f32(x).to_bits();
-                }
+                kernels::quantize_row(kv_type, &src[h * hd..(h + 1) * hd], &mut dst[at..at + rb]);
             }
         }
         Ok(())
@@ -428,10 +453,11 @@ impl KvCache {
         Ok(SeqView {
             positions: &s.positions,
             table: &s.tables[g],
-            keys: group.keys[li].reinterpret_cast(),
-            values: group.values[li].reinterpret_cast(),
+            keys: &group.keys[li],
+            values: &group.values[li],
             n_kv_heads: self.layout.n_kv_heads,
-            head_dim: self.layout.head_dim,
+            row_bytes: self.layout.row_bytes(),
+            kv_type: self.layout.kv_type,
             window: group.window,
         })
     }
@@ -460,20 +486,22 @@ pub struct SeqView<'a> {
     /// Position of each slot.
     pub positions: &'a [u32],
     table: &'a [Option<PageId>],
-    keys: &'a [f16],
-    values: &'a [f16],
+    keys: &'a [u8],
+    values: &'a [u8],
     n_kv_heads: usize,
-    head_dim: usize,
+    row_bytes: usize,
+    /// How the rows are stored.
+    pub kv_type: KvType,
     /// The layer's sliding window, if any.
     pub window: Option<usize>,
 }
 
 impl<'a> SeqView<'a> {
     /// The keys and values of KV head `head` for the slots of page `i` of the table
-    /// (`PAGE_SIZE × head_dim` each), or `None` for a released page.
-    pub fn page(&self, i: usize, head: usize) -> Option<(&'a [f16], &'a [f16])> {
+    /// ([`PAGE_SIZE`] rows of [`SeqView::kv_type`] each), or `None` for a released page.
+    pub fn page(&self, i: usize, head: usize) -> Option<(&'a [u8], &'a [u8])> {
         let page = (*self.table.get(i)?)? as usize;
-        let n = PAGE_SIZE * self.head_dim;
+        let n = PAGE_SIZE * self.row_bytes;
         let at = (page * self.n_kv_heads + head) * n;
         Some((self.keys.get(at..at + n)?, self.values.get(at..at + n)?))
     }
@@ -499,7 +527,13 @@ pub(super) mod tests {
                     window,
                 },
             ],
+            kv_type: KvType::F16,
         }
+    }
+
+    /// Value `i` of an f16 page.
+    fn at(page: &[u8], i: usize) -> f32 {
+        kernels::row_value(KvType::F16, page, i)
     }
 
     fn positions(r: std::ops::Range<u32>) -> Vec<u32> {
@@ -536,7 +570,7 @@ pub(super) mod tests {
         assert_eq!(kv.usage()[0].free, 6);
         let (ka, _) = kv.view(0, a).unwrap().page(1, 0).unwrap();
         let (kb, _) = kv.view(0, b).unwrap().page(1, 0).unwrap();
-        assert_eq!(ka[..16], kb[..16]);
+        assert_eq!(ka[..32], kb[..32]);
         // Writing into the shared partial page copies it for the writer only.
         kv.append(a, &[40]).unwrap();
         kv.write(0, a, 40, &[7.0, 7.0], &[0.0, 0.0]).unwrap();
@@ -544,9 +578,9 @@ pub(super) mod tests {
         // Slot 40 is slot 8 of page 1; a slot holds head_dim = 2 values.
         let (ka, _) = kv.view(0, a).unwrap().page(1, 0).unwrap();
         let (kb, _) = kv.view(0, b).unwrap().page(1, 0).unwrap();
-        assert_eq!(ka[16].to_f32(), 7.0);
+        assert_eq!(at(ka, 16), 7.0);
         assert_eq!(
-            kb[16].to_f32(),
+            at(kb, 16),
             0.0,
             "the fork does not see the parent's new slot"
         );
@@ -557,12 +591,47 @@ pub(super) mod tests {
         kv.write(0, b, 20, &[99.0, 99.0], &[0.0, 0.0]).unwrap();
         let (ka, _) = kv.view(0, a).unwrap().page(0, 0).unwrap();
         let (kb, _) = kv.view(0, b).unwrap().page(0, 0).unwrap();
-        assert_eq!(ka[40].to_f32(), 20.0, "parent untouched");
-        assert_eq!(kb[40].to_f32(), 99.0);
-        assert_eq!(kb[38].to_f32(), 19.0, "copy kept the earlier slots");
+        assert_eq!(at(ka, 40), 20.0, "parent untouched");
+        assert_eq!(at(kb, 40), 99.0);
+        assert_eq!(at(kb, 38), 19.0, "copy kept the earlier slots");
         kv.free_sequence(a);
         kv.free_sequence(b);
         assert!(kv.usage().iter().all(|u| u.free == u.total));
+    }
+
+    #[test]
+    fn q8_0_pages_hold_rows_in_34_bytes_per_32_values() {
+        let mut l = layout(None);
+        l.kv_type = KvType::Q8_0;
+        let e = KvCache::new(l.clone(), PAGE_SIZE).unwrap_err();
+        assert!(matches!(e, Error::KvTypeUnfit { head_dim: 2, .. }), "{e}");
+        assert!(e.to_string().contains("use f16"), "{e}");
+        l.head_dim = 64;
+        assert_eq!(
+            l.page_bytes() * 64,
+            (KvLayout {
+                kv_type: KvType::F16,
+                ..l.clone()
+            })
+            .page_bytes()
+                * 34
+        );
+        let mut kv = KvCache::new(l, 2 * PAGE_SIZE).unwrap();
+        let s = kv.new_sequence();
+        kv.append(s, &positions(0..3)).unwrap();
+        let k: Vec<f32> = (0..64).map(|i| i as f32 / 8.0 - 4.0).collect();
+        kv.write(0, s, 2, &k, &k).unwrap();
+        let (keys, _) = kv.view(0, s).unwrap().page(0, 0).unwrap();
+        assert_eq!(keys.len(), PAGE_SIZE * 68);
+        let row = &keys[2 * 68..3 * 68];
+        for (i, &x) in k.iter().enumerate() {
+            let got = kernels::row_value(KvType::Q8_0, row, i);
+            assert!(
+                (got - x).abs() <= 4.0 / 127.0 / 2.0 + 1e-3,
+                "{i}: {got} vs {x}"
+            );
+        }
+        kv.free_sequence(s);
     }
 
     #[test]

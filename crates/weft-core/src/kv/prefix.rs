@@ -247,6 +247,7 @@ mod tests {
                 layers: vec![0],
                 window: None,
             }],
+            kv_type: super::super::KvType::F16,
         };
         let mut kv = KvCache::new(layout, pages * PAGE_SIZE).unwrap();
         kv.set_prefix_cache(true);

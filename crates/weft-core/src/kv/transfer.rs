@@ -1,13 +1,13 @@
 //! Moving one sequence's keys and values out of the cache and back in: the KV half of a
 //! session snapshot.
 //!
-//! An export copies the pages a sequence holds (every layer, keys and values as f16 bits)
+//! An export copies the pages a sequence holds (every layer, keys and values as stored)
 //! together with the slot positions; an import allocates fresh pages for them in an empty
 //! sequence. Imported pages are never published to the prefix cache: they may come from
 //! another machine whose kernels round differently, and sharing them would break the cache's
 //! promise of bit-identical outputs.
 
-use super::{KvCache, KvLayout, PageId, SeqId, PAGE_SIZE};
+use super::{KvCache, KvType, PageId, SeqId, PAGE_SIZE};
 use crate::error::{Error, Result};
 
 /// One sequence's KV state, detached from any pool.
@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 pub struct SeqState {
     /// The position of every slot.
     pub positions: Vec<u32>,
+    /// How the keys and values are stored.
+    pub kv_type: KvType,
     /// One entry per layer group of the layout, in order.
     pub groups: Vec<GroupState>,
 }
@@ -26,30 +28,24 @@ pub struct GroupState {
     /// page already released).
     pub present: Vec<bool>,
     /// Per layer of the group: the keys of the present pages, one after the other, each
-    /// `n_kv_heads × PAGE_SIZE × head_dim` f16 bit patterns (the cache's own page layout).
-    pub keys: Vec<Vec<u16>>,
+    /// `n_kv_heads × PAGE_SIZE` rows of `kv_type` (the cache's own page layout,
+    /// [`super::KvLayout::page_bytes`] bytes).
+    pub keys: Vec<Vec<u8>>,
     /// Per layer of the group: the values, laid out as `keys`.
-    pub values: Vec<Vec<u16>>,
-}
-
-impl KvLayout {
-    /// f16 elements of one page of one layer's keys (or values).
-    pub fn page_elems(&self) -> usize {
-        PAGE_SIZE * self.n_kv_heads * self.head_dim
-    }
+    pub values: Vec<Vec<u8>>,
 }
 
 impl KvCache {
     /// Copies out the pages and positions of `seq`.
     pub fn export(&self, seq: SeqId) -> Result<SeqState> {
         let s = self.seq(seq)?;
-        let n = self.layout.page_elems();
+        let n = self.layout.page_bytes();
         let groups = self
             .groups
             .iter()
             .zip(&s.tables)
             .map(|(group, table)| {
-                let copy = |store: &Vec<u16>| -> Vec<u16> {
+                let copy = |store: &Vec<u8>| -> Vec<u8> {
                     let mut out = Vec::with_capacity(table.iter().flatten().count() * n);
                     for &page in table.iter().flatten() {
                         let at = page as usize * n;
@@ -66,6 +62,7 @@ impl KvCache {
             .collect();
         Ok(SeqState {
             positions: s.positions.clone(),
+            kv_type: self.layout.kv_type,
             groups,
         })
     }
@@ -86,8 +83,14 @@ impl KvCache {
                 self.groups.len()
             ));
         }
+        if state.kv_type != self.layout.kv_type {
+            return bad(format!(
+                "the state stores its keys and values as {}, this cache as {}",
+                state.kv_type, self.layout.kv_type
+            ));
+        }
         let n_slots = state.positions.len();
-        let n = self.layout.page_elems();
+        let n = self.layout.page_bytes();
         let mut needed = Vec::with_capacity(self.groups.len());
         for (g, (group, gs)) in self.groups.iter().zip(&state.groups).enumerate() {
             if gs.present.len() != n_slots.div_ceil(PAGE_SIZE) {

@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use super::attention;
 use super::layers::{self, add_assign, gelu_tanh_mul, rms_norm, rms_norm_inplace, Rope};
 use super::{
     buf, embedding_rows, input_rows, output_hidden, output_logits, BatchToken, Blocks, LayerPager,
@@ -23,7 +24,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::kv::{GroupSpec, KvCache, KvLayout};
+use crate::kv::{GroupSpec, KvCache, KvLayout, KvType};
 use crate::lora::AdapterSet;
 use crate::threadpool::ThreadPool;
 
@@ -93,7 +94,7 @@ impl Gemma3 {
             .unwrap_or(n_embd / n_head);
         let value_dim = l.opt_usize("attention.value_length")?.unwrap_or(head_dim);
         if n_head % n_head_kv != 0
-            || head_dim > layers::MAX_HEAD_DIM
+            || head_dim > attention::MAX_HEAD_DIM
             || head_dim % 2 != 0
             || value_dim != head_dim
         {
@@ -182,6 +183,7 @@ impl Model for Gemma3 {
                     window: Some(self.cfg.window),
                 },
             ],
+            kv_type: KvType::F16,
         }
     }
 
@@ -268,7 +270,7 @@ impl Model for Gemma3 {
             rms_norm_inplace(q, &b.q_norm, c.eps);
             rms_norm_inplace(k, &b.k_norm, c.eps);
             layers::rope_and_cache(kv, il, tokens, rope_l, cs_all, hd, c.attn_scale, (q, k, v))?;
-            layers::attention(pool, kv, il, tokens, masks, q, c.n_head, hd, 1.0, att)?;
+            attention::attention(pool, kv, il, tokens, masks, q, c.n_head, hd, 1.0, att)?;
             b.wo.forward(&pass, att, h, mm)?;
             rms_norm_inplace(h, &b.post_attn_norm, c.eps);
             add_assign(x, h);

@@ -2,18 +2,13 @@
 //! attention over the paged KV cache. Numerics follow ggml's CPU backend where it matters for
 //! matching llama.cpp (f64 sum of squares in RMSNorm, RoPE angles by repeated multiplication).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use half::f16;
 
-use super::{BatchToken, SlotMask};
-use crate::kernels;
-use crate::kv::{KvCache, PAGE_SIZE};
+use super::BatchToken;
+use crate::kv::KvCache;
 use crate::threadpool::ThreadPool;
-
-/// Largest head dimension attention supports (its accumulator lives on the stack).
-pub const MAX_HEAD_DIM: usize = 512;
 
 /// `out = x / sqrt(mean(x²) + eps) * w`, row by row (`x` and `out` hold rows of `w.len()`).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -209,187 +204,6 @@ pub(crate) struct SharedOut(pub(crate) *mut f32);
 // threads write the same element.
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
-
-/// Attention of every token's queries over its sequence's keys in `layer`.
-///
-/// `q` holds `queries.len() × n_head × head_dim` values (already scaled as the model wants;
-/// scores are multiplied by `scale`). A key at position `p` is visible to a query at position
-/// `t` when `p <= t` and, on a sliding-window layer, `t - p < window` — llama.cpp's rule. A
-/// query with a mask (`masks[mask]`) sees the slots its mask allows instead of `p <= t`, with
-/// the mask's additive bias (if any) added to its scores.
-/// Heads share KV heads in groups (GQA). Softmax is computed online (flash-attention style),
-/// so no score buffer is needed whatever the context length.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    pool: &ThreadPool,
-    kv: &KvCache,
-    layer: usize,
-    queries: &[BatchToken],
-    masks: &[SlotMask],
-    q: &[f32],
-    n_head: usize,
-    head_dim: usize,
-    scale: f32,
-    out: &mut [f32],
-) -> crate::Result<()> {
-    let n_kv_head = kv.layout().n_kv_heads;
-    if n_kv_head == 0
-        || head_dim == 0
-        || !n_head.is_multiple_of(n_kv_head)
-        || head_dim > MAX_HEAD_DIM
-        || q.len() < queries.len() * n_head * head_dim
-        || out.len() < queries.len() * n_head * head_dim
-    {
-        return Err(crate::Error::BadBatch {
-            reason: format!("attention over {n_head} heads of {head_dim} with {n_kv_head} KV heads does not fit its buffers"),
-        });
-    }
-    let group = n_head / n_kv_head;
-    // Work items: (query, KV head, sub-group of the heads sharing that KV head). The heads of
-    // a sub-group read each key and value once between them; sub-groups are made smaller
-    // when there are too few items to keep every thread busy (one-token decode).
-    let nt = pool.n_threads();
-    let want = (2 * nt).div_ceil((queries.len() * n_kv_head).max(1));
-    let sub = group.div_ceil(want).clamp(1, kernels::MAX_ATTN_GROUP);
-    let n_sub = group.div_ceil(sub);
-    let items = queries.len() * n_kv_head * n_sub;
-    let masks: Vec<Option<&SlotMask>> = queries
-        .iter()
-        .map(|qr| match qr.mask {
-            None => Ok(None),
-            Some(i) => masks
-                .get(i as usize)
-                .map(Some)
-                .ok_or(crate::Error::BadBatch {
-                    reason: format!("attention mask {i} of {} does not exist", masks.len()),
-                }),
-        })
-        .collect::<crate::Result<_>>()?;
-    // Resolve every query's view up front so workers cannot fail.
-    let views = queries
-        .iter()
-        .map(|qr| kv.view(layer, qr.seq))
-        .collect::<crate::Result<Vec<_>>>()?;
-    let shared = SharedOut(out.as_mut_ptr());
-    // Items are handed out by an atomic counter, last first: in a causal prefill the later
-    // queries see the most keys, so the longest items start first and the short ones fill
-    // in behind them (a static split gave one thread 3/4 of a 4,096-token prompt's work).
-    let next = AtomicUsize::new(0);
-    pool.run(&|_, _| {
-        let shared = &shared;
-        let mut acc = vec![0f32; sub * head_dim];
-        // Per page: the visible slots and their scores, then softmax weights (slot-major,
-        // `gh` heads per slot).
-        let mut rows = [0u32; PAGE_SIZE];
-        let mut scores = [0f32; PAGE_SIZE * kernels::MAX_ATTN_GROUP];
-        loop {
-            let taken = next.fetch_add(1, Ordering::Relaxed);
-            if taken >= items {
-                break;
-            }
-            let item = items - 1 - taken;
-            let (qi, rest) = (item / (n_kv_head * n_sub), item % (n_kv_head * n_sub));
-            let (kvh, sg) = (rest / n_sub, rest % n_sub);
-            let h0 = kvh * group + sg * sub;
-            let gh = sub.min(group - sg * sub);
-            let (qr, view) = (queries[qi], &views[qi]);
-            let first_row = qi * n_head + h0;
-            let qv = &q[first_row * head_dim..(first_row + gh) * head_dim];
-            let acc = &mut acc[..gh * head_dim];
-            acc.fill(0.0);
-            let mut max = [f32::NEG_INFINITY; kernels::MAX_ATTN_GROUP];
-            let mut sum = [0f32; kernels::MAX_ATTN_GROUP];
-            let n_slots = view.positions.len();
-            // Whether a key at position `p` is inside the layer's window around this query.
-            let in_window = |p: u32| {
-                view.window
-                    .is_none_or(|w| (i64::from(qr.pos) - i64::from(p)).unsigned_abs() < w as u64)
-            };
-            for page in 0..n_slots.div_ceil(PAGE_SIZE) {
-                let Some((keys, values)) = view.page(page, kvh) else {
-                    continue; // released sliding-window page: nothing visible there
-                };
-                let first = page * PAGE_SIZE;
-                let in_page = PAGE_SIZE.min(n_slots - first);
-                // No mask, and every key causal and inside the window (the common case): the
-                // page's scores in one kernel call, without a check per key.
-                let whole_page = masks[qi].is_none()
-                    && view.positions[first..first + in_page]
-                        .iter()
-                        .all(|&p| p <= qr.pos && in_window(p));
-                let (mut n, mut checked) = (0, in_page);
-                if whole_page {
-                    let sc = &mut scores[..in_page * gh];
-                    kernels::dots_f32_f16_keys(qv, &keys[..in_page * head_dim], gh, sc);
-                    sc.iter_mut().for_each(|x| *x *= scale);
-                    for (s, r) in rows[..in_page].iter_mut().enumerate() {
-                        *r = s as u32;
-                    }
-                    (n, checked) = (in_page, 0);
-                }
-                for s in 0..checked {
-                    let p = view.positions[first + s];
-                    // Causal (or the token's own mask), and within the layer's window.
-                    let allowed = match masks[qi] {
-                        None => p <= qr.pos,
-                        Some(m) => m.allows(first + s),
-                    };
-                    let visible = allowed && in_window(p);
-                    if visible {
-                        let k = &keys[s * head_dim..(s + 1) * head_dim];
-                        let sc = &mut scores[n * gh..(n + 1) * gh];
-                        kernels::dots_f32_f16(qv, k, sc);
-                        sc.iter_mut().for_each(|x| *x *= scale);
-                        // A float mask's additive bias, the same for every head.
-                        if let Some(b) = masks[qi].and_then(SlotMask::bias) {
-                            let b = b.get(first + s).copied().unwrap_or(0.0);
-                            sc.iter_mut().for_each(|x| *x += b);
-                        }
-                        rows[n] = s as u32;
-                        n += 1;
-                    }
-                }
-                if n == 0 {
-                    continue;
-                }
-                // Online softmax, one page at a time: when a head's running max grows,
-                // rescale what it accumulated; then turn scores into weights.
-                for j in 0..gh {
-                    let page_max = (0..n).map(|i| scores[i * gh + j]).fold(f32::MIN, f32::max);
-                    if page_max > max[j] {
-                        let c = (max[j] - page_max).exp();
-                        sum[j] *= c;
-                        acc[j * head_dim..(j + 1) * head_dim]
-                            .iter_mut()
-                            .for_each(|a| *a *= c);
-                        max[j] = page_max;
-                    }
-                    for i in 0..n {
-                        let w = (scores[i * gh + j] - max[j]).exp();
-                        scores[i * gh + j] = w;
-                        sum[j] += w;
-                    }
-                }
-                kernels::attend_f16(acc, head_dim, &scores[..n * gh], values, &rows[..n]);
-            }
-            for j in 0..gh {
-                let inv = if sum[j] > 0.0 { 1.0 / sum[j] } else { 0.0 };
-                // SAFETY: see `SharedOut`; rows first_row..first_row + gh of `out` (each
-                // `head_dim` long, all below queries × n_head) belong to this item alone.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        shared.0.add((first_row + j) * head_dim),
-                        head_dim,
-                    )
-                };
-                for (d, &a) in dst.iter_mut().zip(&acc[j * head_dim..(j + 1) * head_dim]) {
-                    *d = a * inv;
-                }
-            }
-        }
-    });
-    Ok(())
-}
 
 #[cfg(test)]
 mod tests {

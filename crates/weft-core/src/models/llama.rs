@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use super::attention;
 use super::layers::{self, add_assign, rms_norm, silu_mul, Rope};
 use super::{
     buf, embedding_rows, input_rows, output_hidden, output_logits, BatchToken, Blocks, LayerPager,
@@ -19,7 +20,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::kv::{GroupSpec, KvCache, KvLayout};
+use crate::kv::{GroupSpec, KvCache, KvLayout, KvType};
 use crate::lora::AdapterSet;
 use crate::threadpool::ThreadPool;
 
@@ -69,7 +70,7 @@ impl Llama {
         let head_dim = l
             .opt_usize("attention.key_length")?
             .unwrap_or(n_embd / n_head);
-        if n_head % n_head_kv != 0 || head_dim > layers::MAX_HEAD_DIM || head_dim % 2 != 0 {
+        if n_head % n_head_kv != 0 || head_dim > attention::MAX_HEAD_DIM || head_dim % 2 != 0 {
             return Err(Error::BadModel {
                 reason: format!("{n_head} heads, {n_head_kv} KV heads, head size {head_dim}"),
             });
@@ -152,6 +153,7 @@ impl Model for Llama {
                 layers: (0..self.cfg.n_layers).collect(),
                 window: None,
             }],
+            kv_type: KvType::F16,
         }
     }
 
@@ -221,7 +223,7 @@ impl Model for Llama {
             b.wv.forward(&pass, h, v, mm)?;
             layers::rope_and_cache(kv, il, tokens, &self.rope, rope, hd, 1.0, (q, k, v))?;
             let scale = 1.0 / (hd as f32).sqrt();
-            layers::attention(pool, kv, il, tokens, masks, q, c.n_head, hd, scale, att)?;
+            attention::attention(pool, kv, il, tokens, masks, q, c.n_head, hd, scale, att)?;
             b.wo.forward(&pass, att, h, mm)?;
             add_assign(x, h);
             // Feed-forward (SwiGLU).

@@ -4,6 +4,7 @@
 //! may belong to many sequences, at any positions, whose KV slots were already appended to the
 //! cache, writes their keys and values into it and returns logits for the rows asked for.
 
+pub mod attention;
 pub mod bert;
 pub mod gemma3;
 pub mod layers;

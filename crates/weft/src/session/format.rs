@@ -10,6 +10,9 @@
 //!     56     …  body: a GGUF file (metadata `weft.session.*`, tensors `kv.<layer>.k|v`)
 //! ```
 //!
+//! The KV tensors are stored in the cache's own type: F16, or Q8_0 for a `--kv-type q8_0`
+//! cache (`weft.session.kv.type` names it; a file without the key is f16).
+//!
 //! The body is self-describing (any GGUF tool lists it) and read back with weft's hardened
 //! GGUF reader; the checksum catches any damage before a byte of it is trusted, so a flipped
 //! bit or a cut file gives a typed error, never a context with wrong keys. A reader accepts
@@ -17,7 +20,7 @@
 
 use sha2::{Digest, Sha256};
 use weft_core::gguf::{Array, GgmlType, GgufFile, GgufWriter, Value};
-use weft_core::kv::{GroupSpec, GroupState, KvLayout, SeqState, PAGE_SIZE};
+use weft_core::kv::{GroupSpec, GroupState, KvLayout, KvType, SeqState, PAGE_SIZE};
 
 use crate::error::{Error, Result};
 
@@ -53,6 +56,14 @@ fn corrupt(reason: impl Into<String>) -> Error {
 
 const KEY: &str = "weft.session";
 
+/// The GGUF tensor type of a KV cache type.
+fn ggml_type(kv: KvType) -> GgmlType {
+    match kv {
+        KvType::F16 => GgmlType::F16,
+        KvType::Q8_0 => GgmlType::Q8_0,
+    }
+}
+
 /// Serializes `s` (envelope and body).
 pub(crate) fn encode(s: &Saved) -> Vec<u8> {
     let mut w = GgufWriter::new();
@@ -71,6 +82,11 @@ pub(crate) fn encode(s: &Saved) -> Vec<u8> {
         Value::U32(s.layout.n_kv_heads as u32),
     );
     w.metadata(&key("kv.head_dim"), Value::U32(s.layout.head_dim as u32));
+    w.metadata(
+        &key("kv.type"),
+        Value::String(s.layout.kv_type.name().into()),
+    );
+    let dtype = ggml_type(s.layout.kv_type);
     w.metadata(
         &key("kv.n_groups"),
         Value::U32(s.layout.groups.len() as u32),
@@ -97,8 +113,7 @@ pub(crate) fn encode(s: &Saved) -> Vec<u8> {
         ];
         for (li, &l) in spec.layers.iter().enumerate() {
             for (name, data) in [("k", &gs.keys[li]), ("v", &gs.values[li])] {
-                let bytes = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-                w.tensor(&format!("kv.{l}.{name}"), GgmlType::F16, &shape, bytes);
+                w.tensor(&format!("kv.{l}.{name}"), dtype, &shape, data.clone());
             }
         }
     }
@@ -201,15 +216,24 @@ fn read_v1(body: &[u8]) -> Result<Saved> {
         number("kv.n_kv_heads")?,
         number("kv.head_dim")?,
     );
+    let kv_type: KvType = match file.get(&key("kv.type")) {
+        None => KvType::F16,
+        Some(_) => string("kv.type")?.parse().map_err(corrupt)?,
+    };
+    if !kv_type.fits(head_dim) {
+        return Err(corrupt(format!(
+            "a {kv_type} KV cache cannot hold heads of {head_dim}"
+        )));
+    }
     let n_groups = number("kv.n_groups")?;
     if n_groups > n_layers.max(1) {
         return Err(corrupt("more layer groups than layers"));
     }
     let positions = u32s("positions")?;
     let n_pages = positions.len().div_ceil(PAGE_SIZE);
-    let page_elems = PAGE_SIZE
+    let page_bytes = PAGE_SIZE
         .checked_mul(n_kv_heads)
-        .and_then(|n| n.checked_mul(head_dim))
+        .and_then(|n| n.checked_mul(kv_type.row_bytes(head_dim)))
         .ok_or_else(|| corrupt("KV shape overflows"))?;
     let mut groups = Vec::with_capacity(n_groups);
     let mut states = Vec::with_capacity(n_groups);
@@ -253,20 +277,16 @@ fn read_v1(body: &[u8]) -> Result<Saved> {
                 }
                 let tname = format!("kv.{l}.{name}");
                 let info = file.tensor(&tname).map_err(|e| corrupt(e.to_string()))?;
-                if info.dtype != GgmlType::F16 || info.shape != expected_shape {
+                if info.dtype != ggml_type(kv_type) || info.shape != expected_shape {
                     return Err(corrupt(format!(
                         "tensor {tname} has the wrong type or shape"
                     )));
                 }
                 let data = file.tensor_data(info);
-                if data.len() != held * page_elems * 2 {
+                if Some(data.len()) != held.checked_mul(page_bytes) {
                     return Err(corrupt(format!("tensor {tname} has the wrong size")));
                 }
-                out.push(
-                    data.chunks_exact(2)
-                        .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                        .collect(),
-                );
+                out.push(data.to_vec());
             }
         }
         groups.push(GroupSpec {
@@ -306,10 +326,12 @@ fn read_v1(body: &[u8]) -> Result<Saved> {
             n_kv_heads,
             head_dim,
             groups,
+            kv_type,
         },
         tokens,
         kv: SeqState {
             positions,
+            kv_type,
             groups: states,
         },
         pending: u32s("pending")?,
@@ -322,11 +344,11 @@ fn read_v1(body: &[u8]) -> Result<Saved> {
 mod tests {
     use super::*;
 
-    fn sample() -> Saved {
+    fn sample(kv_type: KvType) -> Saved {
         let layout = KvLayout {
             n_layers: 2,
             n_kv_heads: 1,
-            head_dim: 2,
+            head_dim: 32,
             groups: vec![
                 GroupSpec {
                     layers: vec![0],
@@ -337,9 +359,10 @@ mod tests {
                     window: Some(32),
                 },
             ],
+            kv_type,
         };
-        let n = layout.page_elems();
-        let page = |seed: u16| (0..n as u16).map(|i| i ^ seed).collect::<Vec<_>>();
+        let n = layout.page_bytes();
+        let page = |seed: u8| (0..n).map(|i| i as u8 ^ seed).collect::<Vec<_>>();
         Saved {
             fingerprint: "sha256:00ff".into(),
             arch: "llama".into(),
@@ -347,6 +370,7 @@ mod tests {
             tokens: (0..40).collect(),
             kv: SeqState {
                 positions: (0..40).collect(),
+                kv_type,
                 groups: vec![
                     GroupState {
                         present: vec![true, true],
@@ -368,13 +392,15 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let s = sample();
-        assert_eq!(decode(&encode(&s)).unwrap(), s);
+        for kv_type in [KvType::F16, KvType::Q8_0] {
+            let s = sample(kv_type);
+            assert_eq!(decode(&encode(&s)).unwrap(), s);
+        }
     }
 
     #[test]
     fn versions_and_damage_are_typed_errors() {
-        let bytes = encode(&sample());
+        let bytes = encode(&sample(KvType::F16));
         let mut newer = bytes.clone();
         newer[8..12].copy_from_slice(&2u32.to_le_bytes());
         assert!(matches!(

@@ -61,6 +61,15 @@ impl Engine {
                 model: format!("{} {}", self.info().arch, short(self.fingerprint())),
             });
         }
+        let ours = self.inner.kv_layout.kv_type;
+        if saved.layout.kv_type != ours {
+            return Err(Error::SnapshotCorrupt {
+                reason: format!(
+                    "its KV cache stores {}, this engine's {ours} (open the engine with the same KV type)",
+                    saved.layout.kv_type
+                ),
+            });
+        }
         if saved.layout != self.inner.kv_layout {
             return Err(Error::SnapshotCorrupt {
                 reason: "its KV cache layout differs from this model's".into(),

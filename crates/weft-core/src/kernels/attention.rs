@@ -1,0 +1,404 @@
+//! The kernels of attention over the KV cache: scores of a group of query heads against a page
+//! of keys, the online-softmax step of one head over a page, and the weighted sum of value rows.
+//!
+//! Keys and values are rows of `head_dim` elements stored as [`KvType`] says: f16 (llama.cpp's
+//! default cache) or Q8_0 (ggml's `block_q8_0`: per 32 values an f16 scale and 32 signed
+//! bytes, 34 bytes instead of 64), read as raw bytes. The AVX2 twins (`attention_avx2`) widen
+//! a key or value once for every head of the group; a query's result never depends on how many
+//! heads share the call, nor on how many keys (so a page's scores in one call equal its scores
+//! key by key, bit for bit).
+
+use std::str::FromStr;
+
+use half::f16;
+
+#[cfg(target_arch = "x86_64")]
+use super::attention_avx2;
+use super::use_avx2;
+
+/// Most query heads one call takes (the heads sharing a KV head in GQA, or a part of them).
+pub const MAX_GROUP: usize = 8;
+
+/// How the KV cache stores a key or value row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KvType {
+    /// IEEE half precision, 2 bytes a value (llama.cpp's default).
+    #[default]
+    F16,
+    /// ggml's Q8_0: blocks of 32 values as one f16 scale and 32 signed bytes (8.5 bits a
+    /// value). The row length must be a multiple of 32.
+    Q8_0,
+}
+
+impl KvType {
+    /// Bytes of one row of `d` values (for Q8_0, `d` a multiple of 32).
+    pub fn row_bytes(self, d: usize) -> usize {
+        match self {
+            KvType::F16 => 2 * d,
+            KvType::Q8_0 => d / 32 * Q8_BLOCK,
+        }
+    }
+
+    /// Whether rows of `d` values can be stored in this type.
+    pub fn fits(self, d: usize) -> bool {
+        match self {
+            KvType::F16 => true,
+            KvType::Q8_0 => d.is_multiple_of(32),
+        }
+    }
+
+    /// The name `--kv-type` takes and ggml uses: `f16` or `q8_0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<KvType, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Ok(KvType::F16),
+            "q8_0" | "q8" => Ok(KvType::Q8_0),
+            other => Err(format!(
+                "unknown KV cache type {other:?} (expected f16 or q8_0)"
+            )),
+        }
+    }
+}
+
+/// Bytes of one Q8_0 block: an f16 scale and 32 signed bytes.
+pub(crate) const Q8_BLOCK: usize = 34;
+
+/// Stores the row `x` as `kv` into `out` (`kv.row_bytes(x.len())` bytes). Q8_0 rounds as
+/// ggml's `quantize_row_q8_0_ref` does: scale `max|x| / 127`, values `round(x / scale)`.
+///
+/// # Panics
+/// If `out` has the wrong length or `kv` cannot hold `x.len()` values.
+pub fn quantize_row(kv: KvType, x: &[f32], out: &mut [u8]) {
+    assert!(
+        kv.fits(x.len()) && out.len() == kv.row_bytes(x.len()),
+        "quantize_row: shape mismatch"
+    );
+    match kv {
+        KvType::F16 => {
+            for (o, &v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&f16::from_f32(v).to_le_bytes());
+            }
+        }
+        KvType::Q8_0 => {
+            for (o, xb) in out.chunks_exact_mut(Q8_BLOCK).zip(x.chunks_exact(32)) {
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                o[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+                for (q, &v) in o[2..].iter_mut().zip(xb) {
+                    *q = (v * id).round() as i8 as u8;
+                }
+            }
+        }
+    }
+}
+
+/// Element `i` of a row stored as `kv`.
+#[inline]
+pub fn row_value(kv: KvType, row: &[u8], i: usize) -> f32 {
+    match kv {
+        KvType::F16 => f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32(),
+        KvType::Q8_0 => {
+            let b = &row[i / 32 * Q8_BLOCK..];
+            f16::from_le_bytes([b[0], b[1]]).to_f32() * f32::from(b[2 + i % 32] as i8)
+        }
+    }
+}
+
+/// `out[j·stride + i] = Σ_t qs[j·d + t] · key_i[t]`: the scores of `g` query heads (`qs`,
+/// `g × d`) against the consecutive keys in `keys` (rows of `d` values stored as `kv`).
+/// Every score has the bits it would have with the key alone and any `g`.
+///
+/// # Panics
+/// If `g` is not in `1..=MAX_GROUP`, `qs.len()` is not `g·d` with `d` storable as `kv`, `keys`
+/// is not a whole number of rows, or `out` is too short.
+pub fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32], stride: usize) {
+    let d = qs.len() / g.max(1);
+    let rb = kv.row_bytes(d);
+    assert!(
+        (1..=MAX_GROUP).contains(&g)
+            && d > 0
+            && qs.len() == g * d
+            && kv.fits(d)
+            && keys.len().is_multiple_of(rb),
+        "attention::dots: shape mismatch"
+    );
+    let n = keys.len() / rb;
+    assert!(
+        n == 0 || out.len() >= (g - 1) * stride + n,
+        "attention::dots: output too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
+        return unsafe { attention_avx2::dots(kv, qs, keys, g, out, stride) };
+    }
+    scalar::dots(kv, qs, keys, g, out, stride)
+}
+
+/// `acc[j·d..][..d] += Σ_i w[j·ws + i] · values[rows[i]]` for the `g = acc.len() / d` heads:
+/// attention's weighted sum of value rows (rows of `d` values stored as `kv`), with each
+/// head's weights in a row of its own (`ws` apart).
+///
+/// # Panics
+/// If `d` is 0 or not storable as `kv`, `acc.len()` is not `g·d` with `g` in range, `w` is too
+/// short, or a row is past the end of `values`.
+pub fn attend(
+    kv: KvType,
+    acc: &mut [f32],
+    d: usize,
+    w: &[f32],
+    ws: usize,
+    values: &[u8],
+    rows: &[u32],
+) {
+    let g = acc.len() / d.max(1);
+    assert!(
+        d > 0 && kv.fits(d) && acc.len() == g * d && (1..=MAX_GROUP).contains(&g),
+        "attention::attend: shape mismatch"
+    );
+    assert!(
+        rows.is_empty() || w.len() >= (g - 1) * ws + rows.len(),
+        "attention::attend: too few weights"
+    );
+    let rb = kv.row_bytes(d);
+    assert!(
+        rows.iter().all(|&r| (r as usize + 1) * rb <= values.len()),
+        "attention::attend: value row out of range"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
+        return unsafe { attention_avx2::attend(kv, acc, d, w, ws, values, rows) };
+    }
+    scalar::attend(kv, acc, d, w, ws, values, rows)
+}
+
+/// One page of one head's online softmax. With `m` the larger of `*max` and the page's
+/// largest score: each score becomes its weight `exp(score - m)`, `*sum` is rescaled to `m`
+/// and the weights added, `*max = m`. Returns `exp(old max - m)`, the factor the head's
+/// accumulated values must be multiplied by (exactly 1 when the max did not grow).
+pub fn softmax_page(scores: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected.
+        return unsafe { attention_avx2::softmax_page(scores, max, sum) };
+    }
+    scalar::softmax_page(scores, max, sum)
+}
+
+/// Constants of the `exp` both kernel sets use for softmax weights: `exp(x) = 2ⁿ · eʳ` with
+/// `n = round(x · log₂e)` and `r = x − n·ln 2` (ln 2 in two parts, Cody–Waite), `eʳ` by its
+/// degree-6 Taylor polynomial (|r| ≤ ln 2 / 2: relative error below 2·10⁻⁷). Below
+/// [`EXP_FLOOR`] the weight is 0: next to the page max's weight of 1 it could not count.
+pub(crate) mod exp_consts {
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    pub const LN2_HI: f32 = 0.693_359_4;
+    pub const LN2_LO: f32 = -2.121_944_4e-4;
+    /// 1/720, 1/120, 1/24, 1/6, 1/2, 1, 1 (highest power first).
+    pub const POLY: [f32; 7] = [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ];
+    pub const EXP_FLOOR: f32 = -87.0;
+    pub const EXP_CEIL: f32 = 88.0;
+}
+
+/// Scalar reference kernels (the oracle of the AVX2 ones, and the path of other CPUs).
+pub(crate) mod scalar {
+    use super::exp_consts::*;
+    use super::{row_value, KvType};
+
+    /// `exp(x)` computed as the vector kernels do (see [`super::exp_consts`]).
+    pub fn exp(x: f32) -> f32 {
+        if x.is_nan() || x < EXP_FLOOR {
+            return 0.0;
+        }
+        let x = x.min(EXP_CEIL);
+        let n = (x * LOG2E).round_ties_even();
+        let r = x - n * LN2_HI - n * LN2_LO;
+        let p = POLY.iter().fold(0.0f32, |p, &c| p * r + c);
+        p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    }
+
+    pub fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32], stride: usize) {
+        let d = qs.len() / g;
+        for (i, k) in keys.chunks_exact(kv.row_bytes(d)).enumerate() {
+            for (j, q) in qs.chunks_exact(d).enumerate() {
+                out[j * stride + i] = q
+                    .iter()
+                    .enumerate()
+                    .map(|(t, &x)| x * row_value(kv, k, t))
+                    .sum();
+            }
+        }
+    }
+
+    pub fn attend(
+        kv: KvType,
+        acc: &mut [f32],
+        d: usize,
+        w: &[f32],
+        ws: usize,
+        values: &[u8],
+        rows: &[u32],
+    ) {
+        let rb = kv.row_bytes(d);
+        for (i, &r) in rows.iter().enumerate() {
+            let v = &values[r as usize * rb..][..rb];
+            for (j, a) in acc.chunks_exact_mut(d).enumerate() {
+                for (t, a) in a.iter_mut().enumerate() {
+                    *a += w[j * ws + i] * row_value(kv, v, t);
+                }
+            }
+        }
+    }
+
+    pub fn softmax_page(scores: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
+        let page_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut c = 1.0;
+        if page_max > *max {
+            c = (*max - page_max).exp();
+            *sum *= c;
+            *max = page_max;
+        }
+        for s in scores.iter_mut() {
+            *s = exp(*s - *max);
+            *sum += *s;
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testutil::Rng;
+
+    fn close(a: f32, b: f32) {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+
+    fn rows_of(kv: KvType, x: &[f32], d: usize) -> Vec<u8> {
+        let mut out = vec![0u8; x.len() / d * kv.row_bytes(d)];
+        for (o, r) in out.chunks_exact_mut(kv.row_bytes(d)).zip(x.chunks_exact(d)) {
+            quantize_row(kv, r, o);
+        }
+        out
+    }
+
+    #[test]
+    fn q8_0_rows_are_ggml_blocks_within_half_a_step() {
+        let mut rng = Rng::new(9);
+        let x = rng.f32s(64, 3.0);
+        let row = rows_of(KvType::Q8_0, &x, 64);
+        assert_eq!(
+            row.len(),
+            68,
+            "two 34-byte blocks: half of f16's 128 bytes, plus scales"
+        );
+        let mut expect = [0f32; 32];
+        for (b, xb) in row.chunks_exact(Q8_BLOCK).zip(x.chunks_exact(32)) {
+            crate::quant::blocks::dequantize_block_q8_0(b.try_into().unwrap(), &mut expect);
+            let step = xb.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            for (t, (&e, &v)) in expect.iter().zip(xb).enumerate() {
+                assert!(
+                    (e - v).abs() <= 0.5 * step * 1.001 + 1e-3 * step,
+                    "{e} vs {v}"
+                );
+                assert_eq!(e, row_value(KvType::Q8_0, b, t));
+            }
+        }
+    }
+
+    #[test]
+    fn exp_is_accurate_and_zero_far_below() {
+        for i in -8700..=100 {
+            let x = i as f32 / 100.0;
+            let (a, b) = (scalar::exp(x), x.exp());
+            assert!((a - b).abs() <= 3e-7 * b, "exp({x}) = {a}, not {b}");
+        }
+        assert_eq!(scalar::exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(scalar::exp(-100.0), 0.0);
+    }
+
+    /// The AVX2 kernels against the scalar oracle, for both storage types, every group size
+    /// and strides, including the page-wide call against key-by-key calls (bit for bit).
+    #[test]
+    fn kernels_match_scalar_and_pages_match_keys() {
+        let mut rng = Rng::new(5);
+        for kv in [KvType::F16, KvType::Q8_0] {
+            for d in [32, 64, 96, 256] {
+                let n_keys = 11;
+                let keys = rows_of(kv, &rng.f32s(n_keys * d, 1.0), d);
+                let rb = kv.row_bytes(d);
+                let rows = [7u32, 0, 3, 9, 4, 10, 1, 2, 5];
+                for g in 1..=MAX_GROUP {
+                    let qs = rng.f32s(g * d, 1.0);
+                    let stride = 13;
+                    let (mut o1, mut o2) = (vec![0f32; g * stride], vec![0f32; g * stride]);
+                    scalar::dots(kv, &qs, &keys, g, &mut o1, stride);
+                    dots(kv, &qs, &keys, g, &mut o2, stride);
+                    o1.iter().zip(&o2).for_each(|(&a, &b)| close(b, a));
+                    for i in 0..n_keys {
+                        let mut one = vec![0f32; (g - 1) * stride + 1];
+                        dots(kv, &qs, &keys[i * rb..(i + 1) * rb], g, &mut one, stride);
+                        for j in 0..g {
+                            assert_eq!(one[j * stride].to_bits(), o2[j * stride + i].to_bits());
+                        }
+                    }
+                    let w = rng.f32s(g * 16, 1.0);
+                    let init = rng.f32s(g * d, 1.0);
+                    let (mut a1, mut a2) = (init.clone(), init);
+                    scalar::attend(kv, &mut a1, d, &w, 16, &keys, &rows);
+                    attend(kv, &mut a2, d, &w, 16, &keys, &rows);
+                    a1.iter().zip(&a2).for_each(|(&a, &b)| close(b, a));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_page_matches_scalar_and_exact_exp() {
+        let mut rng = Rng::new(8);
+        for n in [1, 5, 8, 13, 32] {
+            let s: Vec<f32> = rng.f32s(n, 6.0);
+            let (mut a, mut b) = (s.clone(), s.clone());
+            let (mut ma, mut sa) = (0.5f32, 2.0f32);
+            let (mut mb, mut sb) = (0.5f32, 2.0f32);
+            let ca = scalar::softmax_page(&mut a, &mut ma, &mut sa);
+            let cb = softmax_page(&mut b, &mut mb, &mut sb);
+            assert_eq!((ma, ca), (mb, cb));
+            close(sb, sa);
+            let m = s.iter().copied().fold(0.5f32, f32::max);
+            for ((&x, &wa), &wb) in s.iter().zip(&a).zip(&b) {
+                close(wa, (x - m).exp());
+                close(wb, wa);
+            }
+            close(
+                sa,
+                2.0 * (0.5 - m).exp() + s.iter().map(|&x| (x - m).exp()).sum::<f32>(),
+            );
+        }
+    }
+}

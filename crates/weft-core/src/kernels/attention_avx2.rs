@@ -1,0 +1,264 @@
+//! AVX2 + FMA + F16C twins of the attention kernels in `attention` (same contracts).
+//!
+//! A key or value row is read through [`Row`], which widens 8 or 16 of its values to `f32`:
+//! f16 with `vcvtph2ps`; Q8_0 by sign-extending 8 bytes to `i32`, converting and multiplying
+//! by the block's scale (the scale is folded in on load, so both types share one loop and a
+//! Q8_0 row costs a few more instructions but half the bytes). Every function is `unsafe` only
+//! because it needs AVX2, FMA and F16C: the safe wrappers check the shapes.
+
+use std::arch::x86_64::*;
+
+use super::attention::exp_consts::*;
+use super::attention::{scalar, KvType, Q8_BLOCK};
+use super::x86::hsum_ps;
+
+/// How a row type is widened.
+trait Row {
+    /// Values `i..i + 8` of the row at `p` (`i` a multiple of 8).
+    unsafe fn load8(p: *const u8, i: usize) -> __m256;
+}
+
+struct F16Row;
+struct Q8Row;
+
+impl Row for F16Row {
+    #[inline(always)]
+    unsafe fn load8(p: *const u8, i: usize) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i) as *const __m128i))
+    }
+}
+
+impl Row for Q8Row {
+    #[inline(always)]
+    unsafe fn load8(p: *const u8, i: usize) -> __m256 {
+        let b = p.add(i / 32 * Q8_BLOCK);
+        let d = _mm256_cvtph_ps(_mm_set1_epi16((b as *const i16).read_unaligned()));
+        let q = _mm_loadl_epi64(b.add(2 + i % 32) as *const __m128i);
+        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)))
+    }
+}
+
+/// Picks the row type and the const group size `G` (1 to 8) for a generic body.
+macro_rules! dispatch {
+    ($kv:expr, $g:expr, $f:ident ( $($arg:expr),* )) => {
+        match ($kv, $g) {
+            (KvType::F16, 1) => $f::<F16Row, 1>($($arg),*),
+            (KvType::F16, 2) => $f::<F16Row, 2>($($arg),*),
+            (KvType::F16, 3) => $f::<F16Row, 3>($($arg),*),
+            (KvType::F16, 4) => $f::<F16Row, 4>($($arg),*),
+            (KvType::F16, 5) => $f::<F16Row, 5>($($arg),*),
+            (KvType::F16, 6) => $f::<F16Row, 6>($($arg),*),
+            (KvType::F16, 7) => $f::<F16Row, 7>($($arg),*),
+            (KvType::F16, 8) => $f::<F16Row, 8>($($arg),*),
+            (KvType::Q8_0, 1) => $f::<Q8Row, 1>($($arg),*),
+            (KvType::Q8_0, 2) => $f::<Q8Row, 2>($($arg),*),
+            (KvType::Q8_0, 3) => $f::<Q8Row, 3>($($arg),*),
+            (KvType::Q8_0, 4) => $f::<Q8Row, 4>($($arg),*),
+            (KvType::Q8_0, 5) => $f::<Q8Row, 5>($($arg),*),
+            (KvType::Q8_0, 6) => $f::<Q8Row, 6>($($arg),*),
+            (KvType::Q8_0, 7) => $f::<Q8Row, 7>($($arg),*),
+            (KvType::Q8_0, 8) => $f::<Q8Row, 8>($($arg),*),
+            (_, g) => panic!("attention kernels take 1 to 8 heads, got {g}"),
+        }
+    };
+}
+
+/// AVX2 twin of [`super::attention::dots`].
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the shapes must be as the safe wrapper checks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32], stride: usize) {
+    let d = qs.len() / g;
+    let rb = kv.row_bytes(d);
+    for i in 0..keys.len() / rb {
+        let k = keys.as_ptr().add(i * rb);
+        let o = out.as_mut_ptr().add(i);
+        dispatch!(kv, g, dots_g(qs.as_ptr(), k, d, o, stride));
+    }
+}
+
+/// Scores of `G` query rows (`qp`, `G × d`) against the key row at `kp`, written to
+/// `op[j·stride]`. Two accumulators per row (even and odd 8-value slices) keep both FMA pipes
+/// busy; a row's sum never depends on `G`.
+// `j` indexes the query rows and both accumulator arrays at once.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn dots_g<R: Row, const G: usize>(
+    qp: *const f32,
+    kp: *const u8,
+    d: usize,
+    op: *mut f32,
+    stride: usize,
+) {
+    let mut acc = [[_mm256_setzero_ps(); G]; 2];
+    let mut i = 0;
+    while i + 16 <= d {
+        let (k0, k1) = (R::load8(kp, i), R::load8(kp, i + 8));
+        for j in 0..G {
+            acc[0][j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * d + i)), k0, acc[0][j]);
+            acc[1][j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * d + i + 8)), k1, acc[1][j]);
+        }
+        i += 16;
+    }
+    if i + 8 <= d {
+        let k0 = R::load8(kp, i);
+        for j in 0..G {
+            acc[0][j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * d + i)), k0, acc[0][j]);
+        }
+        i += 8;
+    }
+    for j in 0..G {
+        let mut s = hsum_ps(_mm256_add_ps(acc[0][j], acc[1][j]));
+        for t in i..d {
+            // Only f16 rows can have a tail (Q8_0 rows are whole blocks of 32).
+            let h = half::f16::from_bits((kp.add(2 * t) as *const u16).read_unaligned());
+            s += *qp.add(j * d + t) * h.to_f32();
+        }
+        *op.add(j * stride) = s;
+    }
+}
+
+/// AVX2 twin of [`super::attention::attend`].
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the shapes must be as the safe wrapper checks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn attend(
+    kv: KvType,
+    acc: &mut [f32],
+    d: usize,
+    w: &[f32],
+    ws: usize,
+    values: &[u8],
+    rows: &[u32],
+) {
+    if !d.is_multiple_of(8) {
+        // Only odd test shapes get here: the models' head sizes are multiples of 32.
+        return scalar::attend(kv, acc, d, w, ws, values, rows);
+    }
+    let g = acc.len() / d;
+    let (ap, vp, rb) = (acc.as_mut_ptr(), values.as_ptr(), kv.row_bytes(d));
+    dispatch!(kv, g, attend_g(ap, d, w.as_ptr(), ws, vp, rb, rows));
+}
+
+/// For each 8-wide slice of the head dimension (two at a time), the `G` heads' accumulators
+/// stay in registers while every listed value row is widened once and added to all of them
+/// with its per-head weight (`wp[j·ws + i]`).
+// `j` indexes the weights and both accumulator arrays at once.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn attend_g<R: Row, const G: usize>(
+    ap: *mut f32,
+    d: usize,
+    wp: *const f32,
+    ws: usize,
+    vp: *const u8,
+    rb: usize,
+    rows: &[u32],
+) {
+    let mut c = 0;
+    while c + 16 <= d {
+        let mut a: [[__m256; G]; 2] = std::array::from_fn(|h| {
+            std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c + 8 * h)))
+        });
+        for (i, &r) in rows.iter().enumerate() {
+            let row = vp.add(r as usize * rb);
+            let (v0, v1) = (R::load8(row, c), R::load8(row, c + 8));
+            for j in 0..G {
+                let wj = _mm256_broadcast_ss(&*wp.add(j * ws + i));
+                a[0][j] = _mm256_fmadd_ps(wj, v0, a[0][j]);
+                a[1][j] = _mm256_fmadd_ps(wj, v1, a[1][j]);
+            }
+        }
+        for (h, a) in a.iter().enumerate() {
+            for (j, a) in a.iter().enumerate() {
+                _mm256_storeu_ps(ap.add(j * d + c + 8 * h), *a);
+            }
+        }
+        c += 16;
+    }
+    if c + 8 <= d {
+        let mut a: [__m256; G] = std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c)));
+        for (i, &r) in rows.iter().enumerate() {
+            let v = R::load8(vp.add(r as usize * rb), c);
+            for (j, a) in a.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(_mm256_broadcast_ss(&*wp.add(j * ws + i)), v, *a);
+            }
+        }
+        for (j, a) in a.iter().enumerate() {
+            _mm256_storeu_ps(ap.add(j * d + c), *a);
+        }
+    }
+}
+
+/// `exp` of 8 lanes, as [`scalar::exp`] computes it lane by lane.
+#[inline(always)]
+unsafe fn exp8(x: __m256) -> __m256 {
+    // Lanes below the floor (and -inf, NaN) give 0.
+    let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(EXP_FLOOR));
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR)),
+        _mm256_set1_ps(EXP_CEIL),
+    );
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(LOG2E),
+    ));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+    let mut p = _mm256_setzero_ps();
+    for c in POLY {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let two_n = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)))
+}
+
+/// AVX2 twin of [`super::attention::softmax_page`]: the max and the weights 8 scores at a
+/// time (the tail through the scalar `exp`), the sum in 8 lanes then reduced.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn softmax_page(scores: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
+    let (n, p) = (scores.len(), scores.as_mut_ptr());
+    let mut vm = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut i = 0;
+    while i + 8 <= n {
+        vm = _mm256_max_ps(vm, _mm256_loadu_ps(p.add(i)));
+        i += 8;
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), vm);
+    let page_max = lanes
+        .iter()
+        .chain(&scores[i..])
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut c = 1.0;
+    if page_max > *max {
+        c = (*max - page_max).exp();
+        *sum *= c;
+        *max = page_max;
+    }
+    let vmax = _mm256_set1_ps(*max);
+    let mut vs = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        let w = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), vmax));
+        _mm256_storeu_ps(p.add(i), w);
+        vs = _mm256_add_ps(vs, w);
+        i += 8;
+    }
+    let mut tail = 0.0;
+    for s in &mut scores[i..] {
+        *s = scalar::exp(*s - *max);
+        tail += *s;
+    }
+    *sum += hsum_ps(vs) + tail;
+    c
+}

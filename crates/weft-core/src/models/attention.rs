@@ -1,0 +1,408 @@
+//! Attention over the paged KV cache, for every query of a batch at once.
+//!
+//! Each (query, KV head) pair walks its sequence's pages in *chunks* of [`CHUNK_PAGES`] pages.
+//! A chunk is scored with an online softmax of its own (flash-attention style: a running max,
+//! sum and weighted value sum per head), and the chunks' states are merged left to right.
+//! Because the chunking is fixed by the sequence alone, a query's output has the same bits
+//! whether one thread walks all its chunks (a prefill or a batch: many pairs, enough work for
+//! every thread) or each chunk is its own work item merged afterwards (one decode over a long
+//! context: the flash-decoding split, so both threads stream the KV once between them instead
+//! of one thread per KV head).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::layers::SharedOut;
+use super::{BatchToken, SlotMask};
+use crate::kernels::attention as attn;
+use crate::kv::{KvCache, SeqView, PAGE_SIZE};
+use crate::threadpool::ThreadPool;
+
+/// Largest head dimension attention supports.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Pages per chunk of one softmax state: 256 keys. Long enough that merging states costs
+/// nothing measurable, short enough that a 4,096-token decode splits into 16 items per KV head.
+pub const CHUNK_PAGES: usize = 8;
+
+const G: usize = attn::MAX_GROUP;
+
+/// The online-softmax state of up to [`G`] heads over some keys: each head's running max of
+/// the scores, the sum of `exp(score - max)`, and the value rows weighted by those (`acc`,
+/// `gh × head_dim`).
+struct State<'a> {
+    max: [f32; G],
+    sum: [f32; G],
+    acc: &'a mut [f32],
+}
+
+impl State<'_> {
+    fn reset(&mut self) {
+        self.max = [f32::NEG_INFINITY; G];
+        self.sum = [0.0; G];
+        self.acc.fill(0.0);
+    }
+
+    /// Folds the state of the keys that follow into this one. A head that saw no key in
+    /// `next` is left alone (merging two empty states would compute `exp(-inf + inf)`).
+    fn merge(&mut self, next: &State<'_>, gh: usize, d: usize) {
+        for j in 0..gh {
+            if next.max[j] == f32::NEG_INFINITY {
+                continue;
+            }
+            let m = self.max[j].max(next.max[j]);
+            let (c, cn) = ((self.max[j] - m).exp(), (next.max[j] - m).exp());
+            self.sum[j] = self.sum[j] * c + next.sum[j] * cn;
+            let (a, b) = (
+                &mut self.acc[j * d..(j + 1) * d],
+                &next.acc[j * d..(j + 1) * d],
+            );
+            for (a, &b) in a.iter_mut().zip(b) {
+                *a = *a * c + b * cn;
+            }
+            self.max[j] = m;
+        }
+    }
+}
+
+/// What one work item needs to know about its query.
+struct Query<'a> {
+    token: BatchToken,
+    mask: Option<&'a SlotMask>,
+    view: SeqView<'a>,
+    /// Its scaled query vectors, `gh × head_dim`.
+    q: &'a [f32],
+}
+
+/// Per-thread buffers for the keys of one page: the visible slots, and each head's scores of
+/// them (then its softmax weights) in a row of its own, `PAGE_SIZE` apart.
+struct PageScratch {
+    rows: [u32; PAGE_SIZE],
+    scores: [f32; PAGE_SIZE * G],
+}
+
+/// Scores the keys of pages `pages` of KV head `kvh` for `gh` heads and accumulates their
+/// values into `st` (which starts empty), page by page with an online softmax.
+#[allow(clippy::too_many_arguments)]
+fn attend_chunk(
+    qr: &Query<'_>,
+    kvh: usize,
+    gh: usize,
+    head_dim: usize,
+    scale: f32,
+    pages: std::ops::Range<usize>,
+    ps: &mut PageScratch,
+    st: &mut State<'_>,
+) {
+    let (view, pos) = (&qr.view, qr.token.pos);
+    let (kv_type, rb) = (view.kv_type, view.kv_type.row_bytes(head_dim));
+    let n_slots = view.positions.len();
+    // Whether a key at position `p` is inside the layer's window around this query.
+    let in_window = |p: u32| {
+        view.window
+            .is_none_or(|w| (i64::from(pos) - i64::from(p)).unsigned_abs() < w as u64)
+    };
+    let (rows, scores) = (&mut ps.rows, &mut ps.scores);
+    for page in pages {
+        let Some((keys, values)) = view.page(page, kvh) else {
+            continue; // released sliding-window page: nothing visible there
+        };
+        let first = page * PAGE_SIZE;
+        let in_page = PAGE_SIZE.min(n_slots - first);
+        // No mask, and every key causal and inside the window (the common case): the page's
+        // scores in one kernel call, without a check per key.
+        let whole_page = qr.mask.is_none()
+            && view.positions[first..first + in_page]
+                .iter()
+                .all(|&p| p <= pos && in_window(p));
+        let n = if whole_page {
+            attn::dots(
+                kv_type,
+                qr.q,
+                &keys[..in_page * rb],
+                gh,
+                &mut scores[..],
+                PAGE_SIZE,
+            );
+            for (s, r) in rows[..in_page].iter_mut().enumerate() {
+                *r = s as u32;
+            }
+            in_page
+        } else {
+            let mut n = 0;
+            for s in 0..in_page {
+                let p = view.positions[first + s];
+                // Causal (or the token's own mask), and within the layer's window.
+                let allowed = match qr.mask {
+                    None => p <= pos,
+                    Some(m) => m.allows(first + s),
+                };
+                if allowed && in_window(p) {
+                    let k = &keys[s * rb..(s + 1) * rb];
+                    attn::dots(kv_type, qr.q, k, gh, &mut scores[n..], PAGE_SIZE);
+                    rows[n] = s as u32;
+                    n += 1;
+                }
+            }
+            n
+        };
+        if n == 0 {
+            continue;
+        }
+        // Online softmax, one page at a time: each head's scores scaled (plus a float mask's
+        // additive bias), turned into weights against its running max; when that max grows,
+        // what the head accumulated so far is rescaled.
+        let bias = qr.mask.and_then(SlotMask::bias);
+        for j in 0..gh {
+            let sc = &mut scores[j * PAGE_SIZE..j * PAGE_SIZE + n];
+            sc.iter_mut().for_each(|x| *x *= scale);
+            if let Some(b) = bias {
+                for (x, &r) in sc.iter_mut().zip(&rows[..n]) {
+                    *x += b.get(first + r as usize).copied().unwrap_or(0.0);
+                }
+            }
+            let c = attn::softmax_page(sc, &mut st.max[j], &mut st.sum[j]);
+            if c != 1.0 {
+                st.acc[j * head_dim..(j + 1) * head_dim]
+                    .iter_mut()
+                    .for_each(|a| *a *= c);
+            }
+        }
+        attn::attend(
+            kv_type,
+            st.acc,
+            head_dim,
+            &scores[..],
+            PAGE_SIZE,
+            values,
+            &rows[..n],
+        );
+    }
+}
+
+/// Writes `st`'s weighted sums divided by their softmax sums: `gh` rows of `head_dim`.
+///
+/// # Safety
+/// Rows `first_row..first_row + gh` of `out` (each `head_dim` long) must exist and be written
+/// by no other thread meanwhile.
+unsafe fn finish(st: &State<'_>, gh: usize, head_dim: usize, out: SharedOut, first_row: usize) {
+    for j in 0..gh {
+        let inv = if st.sum[j] > 0.0 {
+            1.0 / st.sum[j]
+        } else {
+            0.0
+        };
+        // SAFETY: the caller's promise.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(out.0.add((first_row + j) * head_dim), head_dim)
+        };
+        for (d, &a) in dst
+            .iter_mut()
+            .zip(&st.acc[j * head_dim..(j + 1) * head_dim])
+        {
+            *d = a * inv;
+        }
+    }
+}
+
+/// Attention of every token's queries over its sequence's keys in `layer`.
+///
+/// `q` holds `queries.len() × n_head × head_dim` values (already scaled as the model wants;
+/// scores are multiplied by `scale`). A key at position `p` is visible to a query at position
+/// `t` when `p <= t` and, on a sliding-window layer, `t - p < window` — llama.cpp's rule. A
+/// query with a mask (`masks[mask]`) sees the slots its mask allows instead of `p <= t`, with
+/// the mask's additive bias (if any) added to its scores.
+/// Heads share KV heads in groups (GQA). Softmax is computed online (flash-attention style),
+/// so no score buffer is needed whatever the context length. A query's output does not depend
+/// on the rest of the batch, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    pool: &ThreadPool,
+    kv: &KvCache,
+    layer: usize,
+    queries: &[BatchToken],
+    masks: &[SlotMask],
+    q: &[f32],
+    n_head: usize,
+    head_dim: usize,
+    scale: f32,
+    out: &mut [f32],
+) -> crate::Result<()> {
+    let n_kv_head = kv.layout().n_kv_heads;
+    if n_kv_head == 0
+        || head_dim == 0
+        || !n_head.is_multiple_of(n_kv_head)
+        || head_dim > MAX_HEAD_DIM
+        || q.len() < queries.len() * n_head * head_dim
+        || out.len() < queries.len() * n_head * head_dim
+    {
+        return Err(crate::Error::BadBatch {
+            reason: format!("attention over {n_head} heads of {head_dim} with {n_kv_head} KV heads does not fit its buffers"),
+        });
+    }
+    let group = n_head / n_kv_head;
+    // Resolve every query's mask and view up front so workers cannot fail.
+    let mut resolved = Vec::with_capacity(queries.len());
+    for (i, &token) in queries.iter().enumerate() {
+        let mask = match token.mask {
+            None => None,
+            Some(m) => Some(masks.get(m as usize).ok_or(crate::Error::BadBatch {
+                reason: format!("attention mask {m} of {} does not exist", masks.len()),
+            })?),
+        };
+        let view = kv.view(layer, token.seq)?;
+        let q = &q[i * n_head * head_dim..(i + 1) * n_head * head_dim];
+        resolved.push(Query {
+            token,
+            mask,
+            view,
+            q,
+        });
+    }
+    let chunks_of = |qr: &Query<'_>| qr.view.positions.len().div_ceil(PAGE_SIZE * CHUNK_PAGES);
+    // Work units: (query, KV head) pairs, each walking all of its chunks — or, when there are
+    // too few pairs to keep every thread busy (decode), (query, KV head, chunk) triples whose
+    // states are merged once all are done. The heads sharing a KV head read each key and value
+    // once between them; they are split into sub-groups only when even the chunks are too few.
+    let nt = pool.n_threads();
+    let pairs = queries.len() * n_kv_head;
+    let split = pairs < 2 * nt;
+    let units: Vec<(u32, u32)> = if split {
+        resolved
+            .iter()
+            .enumerate()
+            .flat_map(|(i, qr)| (0..chunks_of(qr).max(1)).map(move |c| (i as u32, c as u32)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let per_head = if split { units.len() } else { queries.len() };
+    let want = (2 * nt).div_ceil((per_head * n_kv_head).max(1));
+    let sub = group.div_ceil(want).clamp(1, G);
+    let n_sub = group.div_ceil(sub);
+    let items = per_head * n_kv_head * n_sub;
+    // A split decode's chunk states: `sub × head_dim` sums, then `G` maxima and `G` sums.
+    let stride = sub * head_dim + 2 * G;
+    let mut partial = vec![0f32; if split { items * stride } else { 0 }];
+    let partial_out = SharedOut(partial.as_mut_ptr());
+    let shared = SharedOut(out.as_mut_ptr());
+    // Items are handed out by an atomic counter, last first: in a causal prefill the later
+    // queries see the most keys, so the longest items start first and the short ones fill in
+    // behind them (a static split gave one thread 3/4 of a 4,096-token prompt's work).
+    let next = AtomicUsize::new(0);
+    pool.run(&|_, _| {
+        let (shared, partial_out) = (&shared, &partial_out);
+        let mut bufs = vec![0f32; 2 * sub * head_dim];
+        let (acc_total, acc_chunk) = bufs.split_at_mut(sub * head_dim);
+        let mut ps = PageScratch {
+            rows: [0; PAGE_SIZE],
+            scores: [0.0; PAGE_SIZE * G],
+        };
+        loop {
+            let taken = next.fetch_add(1, Ordering::Relaxed);
+            if taken >= items {
+                break;
+            }
+            let item = items - 1 - taken;
+            let (unit, rest) = (item / (n_kv_head * n_sub), item % (n_kv_head * n_sub));
+            let (kvh, sg) = (rest / n_sub, rest % n_sub);
+            let (qi, chunk) = if split {
+                let (qi, c) = units[unit];
+                (qi as usize, Some(c as usize))
+            } else {
+                (unit, None)
+            };
+            let (h0, gh) = (kvh * group + sg * sub, sub.min(group - sg * sub));
+            let src = &resolved[qi];
+            let qr = Query {
+                q: &src.q[h0 * head_dim..(h0 + gh) * head_dim],
+                ..*src
+            };
+            let mut chunk_st = State {
+                max: [0.0; G],
+                sum: [0.0; G],
+                acc: &mut acc_chunk[..gh * head_dim],
+            };
+            let pages = |c: usize| {
+                let n_pages = qr.view.positions.len().div_ceil(PAGE_SIZE);
+                (c * CHUNK_PAGES).min(n_pages)..((c + 1) * CHUNK_PAGES).min(n_pages)
+            };
+            if let Some(c) = chunk {
+                chunk_st.reset();
+                attend_chunk(
+                    &qr,
+                    kvh,
+                    gh,
+                    head_dim,
+                    scale,
+                    pages(c),
+                    &mut ps,
+                    &mut chunk_st,
+                );
+                // SAFETY: see `SharedOut`; `stride` floats at `item` belong to this item alone.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(partial_out.0.add(item * stride), stride)
+                };
+                dst[..gh * head_dim].copy_from_slice(chunk_st.acc);
+                dst[sub * head_dim..sub * head_dim + G].copy_from_slice(&chunk_st.max);
+                dst[sub * head_dim + G..].copy_from_slice(&chunk_st.sum);
+                continue;
+            }
+            let mut st = State {
+                max: [0.0; G],
+                sum: [0.0; G],
+                acc: &mut acc_total[..gh * head_dim],
+            };
+            st.reset();
+            for c in 0..chunks_of(&qr) {
+                chunk_st.reset();
+                attend_chunk(
+                    &qr,
+                    kvh,
+                    gh,
+                    head_dim,
+                    scale,
+                    pages(c),
+                    &mut ps,
+                    &mut chunk_st,
+                );
+                st.merge(&chunk_st, gh, head_dim);
+            }
+            // SAFETY: rows qi·n_head + h0 .. + gh of `out` belong to this item alone.
+            unsafe { finish(&st, gh, head_dim, *shared, qi * n_head + h0) };
+        }
+    });
+    if split {
+        // Merge each (query, KV head, sub-group)'s chunk states in chunk order, as a single
+        // thread walking the chunks would have.
+        let mut total = vec![0f32; sub * head_dim];
+        let mut i = 0;
+        while i < units.len() {
+            let qi = units[i].0;
+            let n_chunks = units[i..].iter().take_while(|u| u.0 == qi).count();
+            for rest in 0..n_kv_head * n_sub {
+                let (kvh, sg) = (rest / n_sub, rest % n_sub);
+                let (h0, gh) = (kvh * group + sg * sub, sub.min(group - sg * sub));
+                let mut st = State {
+                    max: [0.0; G],
+                    sum: [0.0; G],
+                    acc: &mut total[..gh * head_dim],
+                };
+                st.reset();
+                for c in 0..n_chunks {
+                    let p = &mut partial[((i + c) * n_kv_head * n_sub + rest) * stride..][..stride];
+                    let (acc, stats) = p.split_at_mut(sub * head_dim);
+                    let chunk_st = State {
+                        max: stats[..G].try_into().unwrap_or([0.0; G]),
+                        sum: stats[G..].try_into().unwrap_or([0.0; G]),
+                        acc: &mut acc[..gh * head_dim],
+                    };
+                    st.merge(&chunk_st, gh, head_dim);
+                }
+                // SAFETY: the workers are done; rows qi·n_head + h0 .. + gh exist.
+                unsafe { finish(&st, gh, head_dim, shared, qi as usize * n_head + h0) };
+            }
+            i += n_chunks;
+        }
+    }
+    Ok(())
+}
