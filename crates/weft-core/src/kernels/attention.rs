@@ -189,6 +189,27 @@ pub fn attend(
     scalar::attend(kv, acc, d, w, ws, values, rows)
 }
 
+/// Asks the CPU to start loading `bytes` into its caches (a hint; no effect elsewhere).
+///
+/// Attention streams one KV head's rows page by page, and a page of one head is only a few
+/// KiB (4 KiB of f16 keys for 64-value heads), the next one `n_kv_heads` pages away: the
+/// hardware prefetchers stop at 4 KiB boundaries and never ramp up. Fetching the next page's
+/// keys and values while this page is scored lets decode at depth stream the cache.
+#[inline]
+pub fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch reads nothing architecturally and the address is in `bytes`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr() as *const i8
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 /// One page of one head's online softmax. With `m` the larger of `*max` and the page's
 /// largest score: each score becomes its weight `exp(score - m)`, `*sum` is rescaled to `m`
 /// and the weights added, `*max = m`. Returns `exp(old max - m)`, the factor the head's

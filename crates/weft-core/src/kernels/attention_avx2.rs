@@ -67,55 +67,93 @@ macro_rules! dispatch {
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the shapes must be as the safe wrapper checks.
+// `run!` with K = 1 spells `i + 1 <= n`, the same test as for the other K.
+#[allow(clippy::int_plus_one)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32], stride: usize) {
     let d = qs.len() / g;
     let rb = kv.row_bytes(d);
-    for i in 0..keys.len() / rb {
-        let k = keys.as_ptr().add(i * rb);
-        let o = out.as_mut_ptr().add(i);
-        dispatch!(kv, g, dots_g(qs.as_ptr(), k, d, o, stride));
+    let (n, qp, kp, op) = (
+        keys.len() / rb,
+        qs.as_ptr(),
+        keys.as_ptr(),
+        out.as_mut_ptr(),
+    );
+    // `K` keys at a time, as many as the registers allow beside the `G` query slices (16 ymm
+    // registers: G + K·G accumulators + 1), the rest one by one.
+    macro_rules! run {
+        ($r:ty, $g:literal, $k:literal) => {{
+            let mut i = 0;
+            while i + $k <= n {
+                dots_tile::<$r, $g, $k>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
+                i += $k;
+            }
+            while i < n {
+                dots_tile::<$r, $g, 1>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
+                i += 1;
+            }
+        }};
+    }
+    macro_rules! by_group {
+        ($r:ty) => {
+            match g {
+                1 => run!($r, 1, 4),
+                2 => run!($r, 2, 4),
+                3 => run!($r, 3, 4),
+                4 => run!($r, 4, 2),
+                5 => run!($r, 5, 2),
+                6 => run!($r, 6, 1),
+                7 => run!($r, 7, 1),
+                8 => run!($r, 8, 1),
+                g => panic!("attention kernels take 1 to 8 heads, got {g}"),
+            }
+        };
+    }
+    match kv {
+        KvType::F16 => by_group!(F16Row),
+        KvType::Q8_0 => by_group!(Q8Row),
     }
 }
 
-/// Scores of `G` query rows (`qp`, `G × d`) against the key row at `kp`, written to
-/// `op[j·stride]`. Two accumulators per row (even and odd 8-value slices) keep both FMA pipes
-/// busy; a row's sum never depends on `G`.
-// `j` indexes the query rows and both accumulator arrays at once.
+/// Scores of `G` query rows (`qp`, `G × d`) against the `K` key rows from `kp` (`rb` bytes
+/// apart), written to `op[j·stride + k]`. Each 8-value slice of the queries is loaded once for
+/// all `K` keys; each (key, row) pair has one accumulator, summed over the slices in order and
+/// reduced at the end — the same operations whatever `G` and `K`, so a score has the same bits
+/// in a page-wide call as in a call for its key alone. The `K·G` chains hide the FMA latency.
+// `j`, `k` index the query rows, the keys and the accumulators at once.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn dots_g<R: Row, const G: usize>(
+unsafe fn dots_tile<R: Row, const G: usize, const K: usize>(
     qp: *const f32,
     kp: *const u8,
+    rb: usize,
     d: usize,
     op: *mut f32,
     stride: usize,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); G]; 2];
+    let mut acc = [[_mm256_setzero_ps(); G]; K];
     let mut i = 0;
-    while i + 16 <= d {
-        let (k0, k1) = (R::load8(kp, i), R::load8(kp, i + 8));
-        for j in 0..G {
-            acc[0][j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * d + i)), k0, acc[0][j]);
-            acc[1][j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * d + i + 8)), k1, acc[1][j]);
-        }
-        i += 16;
-    }
-    if i + 8 <= d {
-        let k0 = R::load8(kp, i);
-        for j in 0..G {
-            acc[0][j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * d + i)), k0, acc[0][j]);
+    while i + 8 <= d {
+        let q: [__m256; G] = std::array::from_fn(|j| _mm256_loadu_ps(qp.add(j * d + i)));
+        for k in 0..K {
+            let kv = R::load8(kp.add(k * rb), i);
+            for j in 0..G {
+                acc[k][j] = _mm256_fmadd_ps(q[j], kv, acc[k][j]);
+            }
         }
         i += 8;
     }
-    for j in 0..G {
-        let mut s = hsum_ps(_mm256_add_ps(acc[0][j], acc[1][j]));
-        for t in i..d {
-            // Only f16 rows can have a tail (Q8_0 rows are whole blocks of 32).
-            let h = half::f16::from_bits((kp.add(2 * t) as *const u16).read_unaligned());
-            s += *qp.add(j * d + t) * h.to_f32();
+    for k in 0..K {
+        for j in 0..G {
+            let mut s = hsum_ps(acc[k][j]);
+            for t in i..d {
+                // Only f16 rows can have a tail (Q8_0 rows are whole blocks of 32).
+                let h =
+                    half::f16::from_bits((kp.add(k * rb + 2 * t) as *const u16).read_unaligned());
+                s += *qp.add(j * d + t) * h.to_f32();
+            }
+            *op.add(j * stride + k) = s;
         }
-        *op.add(j * stride) = s;
     }
 }
 

@@ -71,6 +71,9 @@ struct Query<'a> {
     view: SeqView<'a>,
     /// Its scaled query vectors, `gh × head_dim`.
     q: &'a [f32],
+    /// Prefetch each next page: its sequence's keys are read by this query alone (decode),
+    /// so they come from memory, not from a cache a neighbouring query just filled.
+    prefetch: bool,
 }
 
 /// Per-thread buffers for the keys of one page: the visible slots, and each head's scores of
@@ -106,6 +109,10 @@ fn attend_chunk(
         let Some((keys, values)) = view.page(page, kvh) else {
             continue; // released sliding-window page: nothing visible there
         };
+        if let Some((next_keys, next_values)) = view.page(page + 1, kvh).filter(|_| qr.prefetch) {
+            attn::prefetch(next_keys);
+            attn::prefetch(next_values);
+        }
         let first = page * PAGE_SIZE;
         let in_page = PAGE_SIZE.min(n_slots - first);
         // No mask, and every key causal and inside the window (the common case): the page's
@@ -256,8 +263,17 @@ pub fn attention(
             mask,
             view,
             q,
+            prefetch: false,
         });
     }
+    // Decode-like batches (about one query per sequence) stream their keys from memory; in a
+    // prefill the many queries of a sequence share its pages through the caches, and
+    // prefetching them only costs instructions (7% of pp512 at depth 4096).
+    let mut seqs: Vec<u32> = queries.iter().map(|t| t.seq.0).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    let streaming = queries.len() <= 2 * seqs.len();
+    resolved.iter_mut().for_each(|r| r.prefetch = streaming);
     let chunks_of = |qr: &Query<'_>| qr.view.positions.len().div_ceil(PAGE_SIZE * CHUNK_PAGES);
     // Work units: (query, KV head) pairs, each walking all of its chunks — or, when there are
     // too few pairs to keep every thread busy (decode), (query, KV head, chunk) triples whose
