@@ -83,11 +83,48 @@ struct PageScratch {
     scores: [f32; PAGE_SIZE * G],
 }
 
-/// Scores the keys of pages `pages` of KV head `kvh` for `gh` heads and accumulates their
-/// values into `st` (which starts empty), page by page with an online softmax.
+/// Turns rows `0..n_rows` of `scores` (the first `n` of each) into softmax weights for the
+/// state rows from `st_row`: scaled, plus the float mask's bias of each listed slot, then one
+/// online-softmax step per row (rescaling what the row accumulated when its max grows).
+#[allow(clippy::too_many_arguments)]
+fn softmax_rows(
+    ps: &mut PageScratch,
+    n_rows: usize,
+    n: usize,
+    scale: f32,
+    bias: Option<(&[f32], usize)>,
+    st: &mut State<'_>,
+    st_row: usize,
+    head_dim: usize,
+) {
+    for j in 0..n_rows {
+        let sc = &mut ps.scores[j * PAGE_SIZE..j * PAGE_SIZE + n];
+        sc.iter_mut().for_each(|x| *x *= scale);
+        if let Some((b, first)) = bias {
+            for (x, &r) in sc.iter_mut().zip(&ps.rows[..n]) {
+                *x += b.get(first + r as usize).copied().unwrap_or(0.0);
+            }
+        }
+        let r = st_row + j;
+        let c = attn::softmax_page(sc, &mut st.max[r], &mut st.sum[r]);
+        if c != 1.0 {
+            st.acc[r * head_dim..(r + 1) * head_dim]
+                .iter_mut()
+                .for_each(|a| *a *= c);
+        }
+    }
+}
+
+/// Scores the keys of pages `pages` of KV head `kvh` for a tile of consecutive queries of one
+/// sequence (`gh` heads each; their query rows `qs`, `tile.len() × gh × head_dim`) and
+/// accumulates their values into `st` (which starts empty, one row per query head), page by
+/// page with an online softmax. A page every query of the tile sees whole is scored for all
+/// of them in one kernel call, each key and value widened once for all their rows; other
+/// pages are scored query by query. A row's bits are the same either way.
 #[allow(clippy::too_many_arguments)]
 fn attend_chunk(
-    qr: &Query<'_>,
+    tile: &[Query<'_>],
+    qs: &[f32],
     kvh: usize,
     gh: usize,
     head_dim: usize,
@@ -96,105 +133,111 @@ fn attend_chunk(
     ps: &mut PageScratch,
     st: &mut State<'_>,
 ) {
-    let (view, pos) = (&qr.view, qr.token.pos);
+    let view = &tile[0].view;
     let (kv_type, rb) = (view.kv_type, view.kv_type.row_bytes(head_dim));
     let n_slots = view.positions.len();
-    // Whether a key at position `p` is inside the layer's window around this query.
-    let in_window = |p: u32| {
+    // Whether a key at position `p` is inside the layer's window around position `pos`.
+    let in_window = |pos: u32, p: u32| {
         view.window
             .is_none_or(|w| (i64::from(pos) - i64::from(p)).unsigned_abs() < w as u64)
     };
-    let (rows, scores) = (&mut ps.rows, &mut ps.scores);
+    let row = gh * head_dim;
     for page in pages {
         let Some((keys, values)) = view.page(page, kvh) else {
             continue; // released sliding-window page: nothing visible there
         };
-        if let Some((next_keys, next_values)) = view.page(page + 1, kvh).filter(|_| qr.prefetch) {
+        if let Some((next_keys, next_values)) =
+            view.page(page + 1, kvh).filter(|_| tile[0].prefetch)
+        {
             attn::prefetch(next_keys);
             attn::prefetch(next_values);
         }
         let first = page * PAGE_SIZE;
         let in_page = PAGE_SIZE.min(n_slots - first);
+        let slots = &view.positions[first..first + in_page];
         // No mask, and every key causal and inside the window (the common case): the page's
         // scores in one kernel call, without a check per key.
-        let whole_page = qr.mask.is_none()
-            && view.positions[first..first + in_page]
-                .iter()
-                .all(|&p| p <= pos && in_window(p));
-        let n = if whole_page {
-            attn::dots(
-                kv_type,
-                qr.q,
-                &keys[..in_page * rb],
-                gh,
-                &mut scores[..],
-                PAGE_SIZE,
-            );
-            for (s, r) in rows[..in_page].iter_mut().enumerate() {
-                *r = s as u32;
-            }
-            in_page
-        } else {
-            let mut n = 0;
-            for s in 0..in_page {
-                let p = view.positions[first + s];
-                // Causal (or the token's own mask), and within the layer's window.
-                let allowed = match qr.mask {
-                    None => p <= pos,
-                    Some(m) => m.allows(first + s),
-                };
-                if allowed && in_window(p) {
-                    let k = &keys[s * rb..(s + 1) * rb];
-                    attn::dots(kv_type, qr.q, k, gh, &mut scores[n..], PAGE_SIZE);
-                    rows[n] = s as u32;
-                    n += 1;
-                }
-            }
-            n
+        let whole = |qr: &Query<'_>| {
+            let pos = qr.token.pos;
+            qr.mask.is_none() && slots.iter().all(|&p| p <= pos && in_window(pos, p))
         };
-        if n == 0 {
+        for (s, r) in ps.rows[..in_page].iter_mut().enumerate() {
+            *r = s as u32;
+        }
+        if tile.len() > 1 && tile.iter().all(whole) {
+            let n_rows = tile.len() * gh;
+            let keys = &keys[..in_page * rb];
+            // Scores query by query (the kernel reuses each query slice for 4 keys at 3 rows
+            // or fewer, not at 6 or 8); the weighted sum for all rows at once.
+            for t in 0..tile.len() {
+                let (q, sc) = (
+                    &qs[t * row..(t + 1) * row],
+                    &mut ps.scores[t * gh * PAGE_SIZE..],
+                );
+                attn::dots(kv_type, q, keys, gh, sc, PAGE_SIZE);
+            }
+            softmax_rows(ps, n_rows, in_page, scale, None, st, 0, head_dim);
+            let rows = &ps.rows[..in_page];
+            attn::attend(
+                kv_type, st.acc, head_dim, &ps.scores, PAGE_SIZE, values, rows,
+            );
             continue;
         }
-        // Online softmax, one page at a time: each head's scores scaled (plus a float mask's
-        // additive bias), turned into weights against its running max; when that max grows,
-        // what the head accumulated so far is rescaled.
-        let bias = qr.mask.and_then(SlotMask::bias);
-        for j in 0..gh {
-            let sc = &mut scores[j * PAGE_SIZE..j * PAGE_SIZE + n];
-            sc.iter_mut().for_each(|x| *x *= scale);
-            if let Some(b) = bias {
-                for (x, &r) in sc.iter_mut().zip(&rows[..n]) {
-                    *x += b.get(first + r as usize).copied().unwrap_or(0.0);
+        for (t, qr) in tile.iter().enumerate() {
+            let q = &qs[t * row..(t + 1) * row];
+            let n = if whole(qr) {
+                let keys = &keys[..in_page * rb];
+                attn::dots(kv_type, q, keys, gh, &mut ps.scores, PAGE_SIZE);
+                for (s, r) in ps.rows[..in_page].iter_mut().enumerate() {
+                    *r = s as u32;
                 }
+                in_page
+            } else {
+                let mut n = 0;
+                for (s, &p) in slots.iter().enumerate() {
+                    // Causal (or the token's own mask), and within the layer's window.
+                    let allowed = match qr.mask {
+                        None => p <= qr.token.pos,
+                        Some(m) => m.allows(first + s),
+                    };
+                    if allowed && in_window(qr.token.pos, p) {
+                        let k = &keys[s * rb..(s + 1) * rb];
+                        attn::dots(kv_type, q, k, gh, &mut ps.scores[n..], PAGE_SIZE);
+                        ps.rows[n] = s as u32;
+                        n += 1;
+                    }
+                }
+                n
+            };
+            if n == 0 {
+                continue;
             }
-            let c = attn::softmax_page(sc, &mut st.max[j], &mut st.sum[j]);
-            if c != 1.0 {
-                st.acc[j * head_dim..(j + 1) * head_dim]
-                    .iter_mut()
-                    .for_each(|a| *a *= c);
-            }
+            let bias = qr.mask.and_then(SlotMask::bias).map(|b| (b, first));
+            softmax_rows(ps, gh, n, scale, bias, st, t * gh, head_dim);
+            let acc = &mut st.acc[t * row..(t + 1) * row];
+            let rows = &ps.rows[..n];
+            attn::attend(kv_type, acc, head_dim, &ps.scores, PAGE_SIZE, values, rows);
         }
-        attn::attend(
-            kv_type,
-            st.acc,
-            head_dim,
-            &scores[..],
-            PAGE_SIZE,
-            values,
-            &rows[..n],
-        );
     }
 }
 
-/// Writes `st`'s weighted sums divided by their softmax sums: `gh` rows of `head_dim`.
+/// Writes rows `st_row..st_row + gh` of `st` (weighted sums divided by their softmax sums) to
+/// rows `first_row..first_row + gh` of `out` (`head_dim` each).
 ///
 /// # Safety
-/// Rows `first_row..first_row + gh` of `out` (each `head_dim` long) must exist and be written
-/// by no other thread meanwhile.
-unsafe fn finish(st: &State<'_>, gh: usize, head_dim: usize, out: SharedOut, first_row: usize) {
+/// Those rows of `out` must exist and be written by no other thread meanwhile.
+unsafe fn finish(
+    st: &State<'_>,
+    st_row: usize,
+    gh: usize,
+    head_dim: usize,
+    out: SharedOut,
+    first_row: usize,
+) {
     for j in 0..gh {
-        let inv = if st.sum[j] > 0.0 {
-            1.0 / st.sum[j]
+        let r = st_row + j;
+        let inv = if st.sum[r] > 0.0 {
+            1.0 / st.sum[r]
         } else {
             0.0
         };
@@ -204,7 +247,7 @@ unsafe fn finish(st: &State<'_>, gh: usize, head_dim: usize, out: SharedOut, fir
         };
         for (d, &a) in dst
             .iter_mut()
-            .zip(&st.acc[j * head_dim..(j + 1) * head_dim])
+            .zip(&st.acc[r * head_dim..(r + 1) * head_dim])
         {
             *d = a * inv;
         }
@@ -275,13 +318,15 @@ pub fn attention(
     let streaming = queries.len() <= 2 * seqs.len();
     resolved.iter_mut().for_each(|r| r.prefetch = streaming);
     let chunks_of = |qr: &Query<'_>| qr.view.positions.len().div_ceil(PAGE_SIZE * CHUNK_PAGES);
-    // Work units: (query, KV head) pairs, each walking all of its chunks — or, when there are
-    // too few pairs to keep every thread busy (decode), (query, KV head, chunk) triples whose
-    // states are merged once all are done. The heads sharing a KV head read each key and value
-    // once between them; they are split into sub-groups only when even the chunks are too few.
+    // Work units: tiles of consecutive queries of one sequence (as many as fit `G` rows with
+    // their heads) × KV head, each walking all of its chunks — or, when there are too few
+    // (query, KV head) pairs to keep every thread busy (decode), (query, KV head, chunk)
+    // triples whose states are merged once all are done. The heads sharing a KV head read
+    // each key and value once between them; they are split into sub-groups only when even
+    // the chunks are too few.
     let nt = pool.n_threads();
-    let pairs = queries.len() * n_kv_head;
-    let split = pairs < 2 * nt;
+    let split = queries.len() * n_kv_head < 2 * nt;
+    let tile_max = (G / group).clamp(1, 4);
     let units: Vec<(u32, u32)> = if split {
         resolved
             .iter()
@@ -289,13 +334,22 @@ pub fn attention(
             .flat_map(|(i, qr)| (0..chunks_of(qr).max(1)).map(move |c| (i as u32, c as u32)))
             .collect()
     } else {
-        Vec::new()
+        // (first query, number of queries)
+        let mut tiles: Vec<(u32, u32)> = Vec::with_capacity(queries.len());
+        for (i, t) in queries.iter().enumerate() {
+            match tiles.last_mut() {
+                Some((a, n)) if (*n as usize) < tile_max && queries[*a as usize].seq == t.seq => {
+                    *n += 1
+                }
+                _ => tiles.push((i as u32, 1)),
+            }
+        }
+        tiles
     };
-    let per_head = if split { units.len() } else { queries.len() };
-    let want = (2 * nt).div_ceil((per_head * n_kv_head).max(1));
+    let want = (2 * nt).div_ceil((units.len() * n_kv_head).max(1));
     let sub = group.div_ceil(want).clamp(1, G);
     let n_sub = group.div_ceil(sub);
-    let items = per_head * n_kv_head * n_sub;
+    let items = units.len() * n_kv_head * n_sub;
     // A split decode's chunk states: `sub × head_dim` sums, then `G` maxima and `G` sums.
     let stride = sub * head_dim + 2 * G;
     let mut partial = vec![0f32; if split { items * stride } else { 0 }];
@@ -307,8 +361,10 @@ pub fn attention(
     let next = AtomicUsize::new(0);
     pool.run(&|_, _| {
         let (shared, partial_out) = (&shared, &partial_out);
-        let mut bufs = vec![0f32; 2 * sub * head_dim];
-        let (acc_total, acc_chunk) = bufs.split_at_mut(sub * head_dim);
+        // The tile's query rows side by side, its running state and one chunk's state.
+        let mut bufs = vec![0f32; 3 * G * head_dim];
+        let (qs, rest) = bufs.split_at_mut(G * head_dim);
+        let (acc_total, acc_chunk) = rest.split_at_mut(G * head_dim);
         let mut ps = PageScratch {
             rows: [0; PAGE_SIZE],
             scores: [0.0; PAGE_SIZE * G],
@@ -321,44 +377,37 @@ pub fn attention(
             let item = items - 1 - taken;
             let (unit, rest) = (item / (n_kv_head * n_sub), item % (n_kv_head * n_sub));
             let (kvh, sg) = (rest / n_sub, rest % n_sub);
-            let (qi, chunk) = if split {
-                let (qi, c) = units[unit];
-                (qi as usize, Some(c as usize))
-            } else {
-                (unit, None)
+            let (q0, nq, chunk) = match units[unit] {
+                (qi, c) if split => (qi as usize, 1, Some(c as usize)),
+                (q0, nq) => (q0 as usize, nq as usize, None),
             };
             let (h0, gh) = (kvh * group + sg * sub, sub.min(group - sg * sub));
-            let src = &resolved[qi];
-            let qr = Query {
-                q: &src.q[h0 * head_dim..(h0 + gh) * head_dim],
-                ..*src
-            };
+            let tile = &resolved[q0..q0 + nq];
+            let row = gh * head_dim;
+            for (t, qr) in tile.iter().enumerate() {
+                qs[t * row..(t + 1) * row]
+                    .copy_from_slice(&qr.q[h0 * head_dim..(h0 + gh) * head_dim]);
+            }
+            let qs = &qs[..nq * row];
             let mut chunk_st = State {
                 max: [0.0; G],
                 sum: [0.0; G],
-                acc: &mut acc_chunk[..gh * head_dim],
+                acc: &mut acc_chunk[..nq * row],
             };
-            let pages = |c: usize| {
-                let n_pages = qr.view.positions.len().div_ceil(PAGE_SIZE);
-                (c * CHUNK_PAGES).min(n_pages)..((c + 1) * CHUNK_PAGES).min(n_pages)
+            let n_pages = tile[0].view.positions.len().div_ceil(PAGE_SIZE);
+            let pages =
+                |c: usize| (c * CHUNK_PAGES).min(n_pages)..((c + 1) * CHUNK_PAGES).min(n_pages);
+            let walk = |c: usize, ps: &mut PageScratch, st: &mut State<'_>| {
+                st.reset();
+                attend_chunk(tile, qs, kvh, gh, head_dim, scale, pages(c), ps, st);
             };
             if let Some(c) = chunk {
-                chunk_st.reset();
-                attend_chunk(
-                    &qr,
-                    kvh,
-                    gh,
-                    head_dim,
-                    scale,
-                    pages(c),
-                    &mut ps,
-                    &mut chunk_st,
-                );
+                walk(c, &mut ps, &mut chunk_st);
                 // SAFETY: see `SharedOut`; `stride` floats at `item` belong to this item alone.
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(partial_out.0.add(item * stride), stride)
                 };
-                dst[..gh * head_dim].copy_from_slice(chunk_st.acc);
+                dst[..row].copy_from_slice(chunk_st.acc);
                 dst[sub * head_dim..sub * head_dim + G].copy_from_slice(&chunk_st.max);
                 dst[sub * head_dim + G..].copy_from_slice(&chunk_st.sum);
                 continue;
@@ -366,25 +415,17 @@ pub fn attention(
             let mut st = State {
                 max: [0.0; G],
                 sum: [0.0; G],
-                acc: &mut acc_total[..gh * head_dim],
+                acc: &mut acc_total[..nq * row],
             };
             st.reset();
-            for c in 0..chunks_of(&qr) {
-                chunk_st.reset();
-                attend_chunk(
-                    &qr,
-                    kvh,
-                    gh,
-                    head_dim,
-                    scale,
-                    pages(c),
-                    &mut ps,
-                    &mut chunk_st,
-                );
-                st.merge(&chunk_st, gh, head_dim);
+            for c in 0..chunks_of(&tile[0]) {
+                walk(c, &mut ps, &mut chunk_st);
+                st.merge(&chunk_st, nq * gh, head_dim);
             }
-            // SAFETY: rows qi·n_head + h0 .. + gh of `out` belong to this item alone.
-            unsafe { finish(&st, gh, head_dim, *shared, qi * n_head + h0) };
+            for t in 0..nq {
+                // SAFETY: rows (q0 + t)·n_head + h0 .. + gh of `out` belong to this item alone.
+                unsafe { finish(&st, t * gh, gh, head_dim, *shared, (q0 + t) * n_head + h0) };
+            }
         }
     });
     if split {
@@ -415,7 +456,7 @@ pub fn attention(
                     st.merge(&chunk_st, gh, head_dim);
                 }
                 // SAFETY: the workers are done; rows qi·n_head + h0 .. + gh exist.
-                unsafe { finish(&st, gh, head_dim, shared, qi as usize * n_head + h0) };
+                unsafe { finish(&st, 0, gh, head_dim, shared, qi as usize * n_head + h0) };
             }
             i += n_chunks;
         }
