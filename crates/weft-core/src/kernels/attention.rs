@@ -210,17 +210,18 @@ pub fn prefetch(bytes: &[u8]) {
     let _ = bytes;
 }
 
-/// One page of one head's online softmax. With `m` the larger of `*max` and the page's
-/// largest score: each score becomes its weight `exp(score - m)`, `*sum` is rescaled to `m`
+/// One page of one head's online softmax. Each score is first multiplied by `scale` (the
+/// attention scale; 1 when the caller scaled them). With `m` the larger of `*max` and the
+/// page's largest score: each score becomes its weight `exp(score - m)`, `*sum` is rescaled to `m`
 /// and the weights added, `*max = m`. Returns `exp(old max - m)`, the factor the head's
 /// accumulated values must be multiplied by (exactly 1 when the max did not grow).
-pub fn softmax_page(scores: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
+pub fn softmax_page(scores: &mut [f32], scale: f32, max: &mut f32, sum: &mut f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
         // SAFETY: AVX2/FMA/F16C were detected.
-        return unsafe { attention_avx2::softmax_page(scores, max, sum) };
+        return unsafe { attention_avx2::softmax_page(scores, scale, max, sum) };
     }
-    scalar::softmax_page(scores, max, sum)
+    scalar::softmax_page(scores, scale, max, sum)
 }
 
 /// Constants of the `exp` both kernel sets use for softmax weights: `exp(x) = 2ⁿ · eʳ` with
@@ -295,7 +296,8 @@ pub(crate) mod scalar {
         }
     }
 
-    pub fn softmax_page(scores: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
+    pub fn softmax_page(scores: &mut [f32], scale: f32, max: &mut f32, sum: &mut f32) -> f32 {
+        scores.iter_mut().for_each(|s| *s *= scale);
         let page_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut c = 1.0;
         if page_max > *max {
@@ -407,8 +409,8 @@ mod tests {
             let (mut a, mut b) = (s.clone(), s.clone());
             let (mut ma, mut sa) = (0.5f32, 2.0f32);
             let (mut mb, mut sb) = (0.5f32, 2.0f32);
-            let ca = scalar::softmax_page(&mut a, &mut ma, &mut sa);
-            let cb = softmax_page(&mut b, &mut mb, &mut sb);
+            let ca = scalar::softmax_page(&mut a, 1.0, &mut ma, &mut sa);
+            let cb = softmax_page(&mut b, 1.0, &mut mb, &mut sb);
             assert_eq!((ma, ca), (mb, cb));
             close(sb, sa);
             let m = s.iter().copied().fold(0.5f32, f32::max);
@@ -420,6 +422,12 @@ mod tests {
                 sa,
                 2.0 * (0.5 - m).exp() + s.iter().map(|&x| (x - m).exp()).sum::<f32>(),
             );
+            // The scale is applied first, as a separate multiply would.
+            let (mut c, mut d) = (s.clone(), s.iter().map(|&x| x * 0.125).collect::<Vec<_>>());
+            let (mut mc, mut sc, mut md, mut sd) = (0.5f32, 2.0f32, 0.5f32, 2.0f32);
+            softmax_page(&mut c, 0.125, &mut mc, &mut sc);
+            softmax_page(&mut d, 1.0, &mut md, &mut sd);
+            assert_eq!((c, mc, sc), (d, md, sd));
         }
     }
 }

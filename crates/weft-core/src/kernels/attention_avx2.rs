@@ -196,7 +196,9 @@ unsafe fn attend_g<R: Row, const G: usize>(
     rows: &[u32],
 ) {
     let mut c = 0;
-    while c + 16 <= d {
+    // Two slices need 2·G accumulators, two values and a weight in 16 registers: up to G = 6;
+    // above that one slice at a time (an element's operations are the same either way).
+    while G <= 6 && c + 16 <= d {
         let mut a: [[__m256; G]; 2] = std::array::from_fn(|h| {
             std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c + 8 * h)))
         });
@@ -216,7 +218,7 @@ unsafe fn attend_g<R: Row, const G: usize>(
         }
         c += 16;
     }
-    if c + 8 <= d {
+    while c + 8 <= d {
         let mut a: [__m256; G] = std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c)));
         for (i, &r) in rows.iter().enumerate() {
             let v = R::load8(vp.add(r as usize * rb), c);
@@ -227,6 +229,7 @@ unsafe fn attend_g<R: Row, const G: usize>(
         for (j, a) in a.iter().enumerate() {
             _mm256_storeu_ps(ap.add(j * d + c), *a);
         }
+        c += 8;
     }
 }
 
@@ -262,13 +265,19 @@ unsafe fn exp8(x: __m256) -> __m256 {
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn softmax_page(scores: &mut [f32], max: &mut f32, sum: &mut f32) -> f32 {
+pub unsafe fn softmax_page(scores: &mut [f32], scale: f32, max: &mut f32, sum: &mut f32) -> f32 {
     let (n, p) = (scores.len(), scores.as_mut_ptr());
+    let vscale = _mm256_set1_ps(scale);
     let mut vm = _mm256_set1_ps(f32::NEG_INFINITY);
     let mut i = 0;
     while i + 8 <= n {
-        vm = _mm256_max_ps(vm, _mm256_loadu_ps(p.add(i)));
+        let x = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), vscale);
+        _mm256_storeu_ps(p.add(i), x);
+        vm = _mm256_max_ps(vm, x);
         i += 8;
+    }
+    for s in &mut scores[i..] {
+        *s *= scale;
     }
     let mut lanes = [0f32; 8];
     _mm256_storeu_ps(lanes.as_mut_ptr(), vm);

@@ -99,14 +99,16 @@ fn softmax_rows(
 ) {
     for j in 0..n_rows {
         let sc = &mut ps.scores[j * PAGE_SIZE..j * PAGE_SIZE + n];
-        sc.iter_mut().for_each(|x| *x *= scale);
+        // The scale is applied by the softmax step, unless a bias must come after it.
+        let mut scale = scale;
         if let Some((b, first)) = bias {
             for (x, &r) in sc.iter_mut().zip(&ps.rows[..n]) {
-                *x += b.get(first + r as usize).copied().unwrap_or(0.0);
+                *x = *x * scale + b.get(first + r as usize).copied().unwrap_or(0.0);
             }
+            scale = 1.0;
         }
         let r = st_row + j;
-        let c = attn::softmax_page(sc, &mut st.max[r], &mut st.sum[r]);
+        let c = attn::softmax_page(sc, scale, &mut st.max[r], &mut st.sum[r]);
         if c != 1.0 {
             st.acc[r * head_dim..(r + 1) * head_dim]
                 .iter_mut()
