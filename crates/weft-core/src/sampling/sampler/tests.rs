@@ -62,6 +62,23 @@ fn argmax_breaks_ties_low_and_skips_nan() {
     assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
     assert_eq!(argmax(&[]), 0);
     assert_eq!(argmax(&[f32::NEG_INFINITY, -1e30]), 1);
+    // Long rows (the vectorized path): the first of the largest, wherever it falls.
+    let mut rng = Rng::new(11);
+    for n in [7, 8, 9, 64, 1001] {
+        let mut row: Vec<f32> = (0..n).map(|_| rng.next_f32() * 4.0 - 2.0).collect();
+        row[n / 3] = f32::NAN;
+        let naive = (0..n).fold(0, |b, i| {
+            if row[i] > row[b] || row[b].is_nan() {
+                i
+            } else {
+                b
+            }
+        });
+        assert_eq!(argmax(&row) as usize, naive, "n {n}");
+        row[n - 1] = 9.0;
+        row[n / 2] = 9.0;
+        assert_eq!(argmax(&row) as usize, n / 2, "n {n}: first of two maxima");
+    }
 }
 
 #[test]
