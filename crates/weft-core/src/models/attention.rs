@@ -8,6 +8,12 @@
 //! every thread) or each chunk is its own work item merged afterwards (one decode over a long
 //! context: the flash-decoding split, so both threads stream the KV once between them instead
 //! of one thread per KV head).
+//!
+//! In a prefill a work item takes a tile of consecutive queries of one sequence (as many as
+//! fit [`attn::MAX_GROUP`] rows with their heads), so each value row of a page they all see is
+//! widened once for all of them; a decode-like batch prefetches each next page, which the
+//! hardware prefetchers cannot see coming (a page of one head is a few KiB, the next one
+//! `n_kv_heads` pages away).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
