@@ -293,19 +293,24 @@ pub unsafe fn softmax_page(scores: &mut [f32], scale: f32, max: &mut f32, sum: &
         *max = page_max;
     }
     let vmax = _mm256_set1_ps(*max);
-    let mut vs = _mm256_setzero_ps();
     let mut i = 0;
     while i + 8 <= n {
         let w = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), vmax));
         _mm256_storeu_ps(p.add(i), w);
-        vs = _mm256_add_ps(vs, w);
         i += 8;
     }
-    let mut tail = 0.0;
-    for s in &mut scores[i..] {
-        *s = scalar::exp(*s - *max);
-        tail += *s;
+    if i < n {
+        // The tail through the same vector `exp`, so a weight's bits never depend on its lane.
+        let mut lanes = [f32::NEG_INFINITY; 8];
+        lanes[..n - i].copy_from_slice(&scores[i..]);
+        let w = exp8(_mm256_sub_ps(_mm256_loadu_ps(lanes.as_ptr()), vmax));
+        _mm256_storeu_ps(lanes.as_mut_ptr(), w);
+        scores[i..].copy_from_slice(&lanes[..n - i]);
     }
-    *sum += hsum_ps(vs) + tail;
+    // The sum in slot order, one add at a time: a key with weight 0 (a -1e30 bias) then
+    // changes nothing, so a bias that hides keys gives the bits of a mask that drops them.
+    for &w in scores.iter() {
+        *sum += w;
+    }
     c
 }
