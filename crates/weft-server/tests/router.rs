@@ -327,8 +327,8 @@ fn adapter_file() -> std::path::PathBuf {
     let bytes = |v: Vec<f32>| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
     for l in 0..30 {
         for (name, n_out) in [("attn_q", 576u64), ("attn_v", 192)] {
-            let a: Vec<f32> = (0..4 * 576).map(|_| next() * 0.05).collect();
-            let b: Vec<f32> = (0..n_out * 4).map(|_| next() * 0.05).collect();
+            let a: Vec<f32> = (0..4 * 576).map(|_| next() * 0.2).collect();
+            let b: Vec<f32> = (0..n_out * 4).map(|_| next() * 0.2).collect();
             w.tensor(
                 &format!("blk.{l}.{name}.weight.lora_a"),
                 GgmlType::F32,
