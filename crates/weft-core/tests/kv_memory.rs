@@ -21,19 +21,24 @@ fn rss_mib() -> f64 {
     kib / 1024.0
 }
 
+/// One full-attention group of `n_layers` layers, `n_kv_heads` heads of 128 values.
+fn layout(n_layers: usize, n_kv_heads: usize, kv_type: KvType) -> KvLayout {
+    KvLayout {
+        n_layers,
+        n_kv_heads,
+        head_dim: 128,
+        groups: vec![GroupSpec {
+            layers: (0..n_layers).collect(),
+            window: None,
+        }],
+        kv_type,
+    }
+}
+
 #[test]
 fn unused_kv_capacity_costs_no_resident_memory() {
     // 16 layers × 8 heads × 128 dims × 2 bytes × 2 (K, V) × 32768 tokens = 2 GiB of capacity.
-    let layout = KvLayout {
-        n_layers: 16,
-        n_kv_heads: 8,
-        head_dim: 128,
-        groups: vec![GroupSpec {
-            layers: (0..16).collect(),
-            window: None,
-        }],
-        kv_type: KvType::F16,
-    };
+    let layout = layout(16, 8, KvType::F16);
     let before = rss_mib();
     let mut kv = KvCache::new(layout, 32768).expect("allocate");
     let seq = kv.new_sequence();
@@ -47,16 +52,7 @@ fn unused_kv_capacity_costs_no_resident_memory() {
 /// Resident memory taken by `n` written tokens in a cache of `kv_type` (8 layers, 4 KV heads
 /// of 128 values).
 fn resident_for(kv_type: KvType, n: usize) -> f64 {
-    let layout = KvLayout {
-        n_layers: 8,
-        n_kv_heads: 4,
-        head_dim: 128,
-        groups: vec![GroupSpec {
-            layers: (0..8).collect(),
-            window: None,
-        }],
-        kv_type,
-    };
+    let layout = layout(8, 4, kv_type);
     let before = rss_mib();
     let mut kv = KvCache::new(layout, n).expect("allocate");
     let seq = kv.new_sequence();

@@ -76,10 +76,11 @@ impl FromStr for KvType {
 }
 
 /// Bytes of one Q8_0 block: an f16 scale and 32 signed bytes.
-pub(crate) const Q8_BLOCK: usize = 34;
+pub(crate) use crate::quant::blocks::Q8_0_BYTES as Q8_BLOCK;
 
-/// Stores the row `x` as `kv` into `out` (`kv.row_bytes(x.len())` bytes). Q8_0 rounds as
-/// ggml's `quantize_row_q8_0_ref` does: scale `max|x| / 127`, values `round(x / scale)`.
+/// Stores the row `x` as `kv` into `out` (`kv.row_bytes(x.len())` bytes). Q8_0 is the
+/// activation quantizer of matmul ([`super::quantize::quantize_row_q8_0`], ggml's x86
+/// rounding, as llama.cpp writes its own Q8_0 cache on x86) packed into `block_q8_0` bytes.
 ///
 /// # Panics
 /// If `out` has the wrong length or `kv` cannot hold `x.len()` values.
@@ -95,13 +96,13 @@ pub fn quantize_row(kv: KvType, x: &[f32], out: &mut [u8]) {
             }
         }
         KvType::Q8_0 => {
+            let (mut qs, mut d) = ([0i8; 32], [0f32; 1]);
             for (o, xb) in out.chunks_exact_mut(Q8_BLOCK).zip(x.chunks_exact(32)) {
-                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let d = amax / 127.0;
-                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                o[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-                for (q, &v) in o[2..].iter_mut().zip(xb) {
-                    *q = (v * id).round() as i8 as u8;
+                super::quantize::quantize_row_q8_0(xb, &mut qs, &mut d);
+                // `d` is already rounded to f16, so this conversion is exact.
+                o[..2].copy_from_slice(&f16::from_f32(d[0]).to_le_bytes());
+                for (b, &q) in o[2..].iter_mut().zip(&qs) {
+                    *b = q as u8;
                 }
             }
         }

@@ -123,6 +123,13 @@ fn softmax_rows(
     }
 }
 
+/// Lists every slot of a page as visible: `rows[s] = s`.
+fn fill_slots(rows: &mut [u32]) {
+    for (s, r) in rows.iter_mut().enumerate() {
+        *r = s as u32;
+    }
+}
+
 /// Scores the keys of pages `pages` of KV head `kvh` for a tile of consecutive queries of one
 /// sequence (`gh` heads each; their query rows `qs`, `tile.len() × gh × head_dim`) and
 /// accumulates their values into `st` (which starts empty, one row per query head), page by
@@ -169,9 +176,6 @@ fn attend_chunk(
             let pos = qr.token.pos;
             qr.mask.is_none() && slots.iter().all(|&p| p <= pos && in_window(pos, p))
         };
-        for (s, r) in ps.rows[..in_page].iter_mut().enumerate() {
-            *r = s as u32;
-        }
         if tile.len() > 1 && tile.iter().all(whole) {
             let n_rows = tile.len() * gh;
             let keys = &keys[..in_page * rb];
@@ -185,6 +189,7 @@ fn attend_chunk(
                 attn::dots(kv_type, q, keys, gh, sc, PAGE_SIZE);
             }
             softmax_rows(ps, n_rows, in_page, scale, None, st, 0, head_dim);
+            fill_slots(&mut ps.rows[..in_page]);
             let rows = &ps.rows[..in_page];
             attn::attend(
                 kv_type, st.acc, head_dim, &ps.scores, PAGE_SIZE, values, rows,
@@ -196,9 +201,7 @@ fn attend_chunk(
             let n = if whole(qr) {
                 let keys = &keys[..in_page * rb];
                 attn::dots(kv_type, q, keys, gh, &mut ps.scores, PAGE_SIZE);
-                for (s, r) in ps.rows[..in_page].iter_mut().enumerate() {
-                    *r = s as u32;
-                }
+                fill_slots(&mut ps.rows[..in_page]);
                 in_page
             } else {
                 let mut n = 0;
@@ -298,6 +301,13 @@ pub fn attention(
         });
     }
     let group = n_head / n_kv_head;
+    // Decode-like batches (about one query per sequence) stream their keys from memory; in a
+    // prefill the many queries of a sequence share its pages through the caches, and
+    // prefetching them only costs instructions (7% of pp512 at depth 4096).
+    let mut seqs: Vec<u32> = queries.iter().map(|t| t.seq.0).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    let prefetch = queries.len() <= 2 * seqs.len();
     // Resolve every query's mask and view up front so workers cannot fail.
     let mut resolved = Vec::with_capacity(queries.len());
     for (i, &token) in queries.iter().enumerate() {
@@ -314,17 +324,9 @@ pub fn attention(
             mask,
             view,
             q,
-            prefetch: false,
+            prefetch,
         });
     }
-    // Decode-like batches (about one query per sequence) stream their keys from memory; in a
-    // prefill the many queries of a sequence share its pages through the caches, and
-    // prefetching them only costs instructions (7% of pp512 at depth 4096).
-    let mut seqs: Vec<u32> = queries.iter().map(|t| t.seq.0).collect();
-    seqs.sort_unstable();
-    seqs.dedup();
-    let streaming = queries.len() <= 2 * seqs.len();
-    resolved.iter_mut().for_each(|r| r.prefetch = streaming);
     let chunks_of = |qr: &Query<'_>| qr.view.positions.len().div_ceil(PAGE_SIZE * CHUNK_PAGES);
     // Work units: tiles of consecutive queries of one sequence (as many as fit `G` rows with
     // their heads) × KV head, each walking all of its chunks — or, when there are too few
