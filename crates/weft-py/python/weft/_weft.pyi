@@ -1,0 +1,353 @@
+"""Type stubs of weft's native module (re-exported by the ``weft`` package)."""
+
+from typing import final, Generic, TypeVar, Any, AsyncIterator, Awaitable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, overload
+
+import numpy as np
+from typing_extensions import disjoint_base
+import numpy.typing as npt
+
+_T = TypeVar("_T")
+_F32 = npt.NDArray[np.float32]
+
+__version__: str
+__all__ = [
+    "Argmax",
+    "AttentionBias",
+    "BeamSearchError",
+    "Chain",
+    "ChatTemplateError",
+    "ConfigError",
+    "Context",
+    "ContextBusy",
+    "ContextTooLong",
+    "Distribution",
+    "Embedder",
+    "EmptyPass",
+    "Engine",
+    "EngineStopped",
+    "Entropy",
+    "Forward",
+    "ForwardOutput",
+    "Generation",
+    "GrammarError",
+    "Hidden",
+    "HubError",
+    "IndexOutOfRange",
+    "InputEmbeds",
+    "InvalidSampler",
+    "IoError",
+    "JsonError",
+    "KvCacheFull",
+    "Logits",
+    "Logprob",
+    "Logprobs",
+    "MaskLength",
+    "Metrics",
+    "MinP",
+    "ModelError",
+    "ModelFingerprintMismatch",
+    "NothingAllowed",
+    "PaddedBatch",
+    "PositionCount",
+    "PositionOutOfRange",
+    "Probe",
+    "ProbeHandle",
+    "Rollout",
+    "SampleHandle",
+    "Sampler",
+    "SnapshotCorrupt",
+    "SnapshotVersion",
+    "Temperature",
+    "TokenOutOfVocab",
+    "TopK",
+    "TopP",
+    "TruncateTooLong",
+    "WeftError",
+    "__version__",
+    "generate_batch",
+]
+
+# --- samplers -------------------------------------------------------------------------------
+
+@disjoint_base
+class Sampler:
+    """How a token is chosen from the next-token distribution. Use a subclass."""
+
+@final
+class Argmax(Sampler):
+    """Always the most likely token (greedy)."""
+    def __new__(cls) -> Argmax: ...
+
+@final
+class Temperature(Sampler):
+    """Plain sampling from the softmax at ``temperature`` (0 = greedy)."""
+    def __new__(cls, temperature: float) -> Temperature: ...
+
+@final
+class TopK(Sampler):
+    """Sampling among the ``k`` most likely tokens."""
+    def __new__(cls, k: int, temperature: float = 1.0) -> TopK: ...
+
+@final
+class TopP(Sampler):
+    """Nucleus sampling: the smallest set of most likely tokens with mass >= ``p``."""
+    def __new__(cls, p: float, temperature: float = 1.0) -> TopP: ...
+
+@final
+class MinP(Sampler):
+    """Sampling among the tokens at least ``p`` times as likely as the most likely one."""
+    def __new__(cls, p: float, temperature: float = 1.0) -> MinP: ...
+
+@final
+class Chain(Sampler):
+    """llama.cpp's default chain: top-k, then top-p, then min-p, then temperature."""
+    def __new__(cls, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, temperature: float = 0.8) -> Chain: ...
+
+# --- probes ---------------------------------------------------------------------------------
+
+@disjoint_base
+class Probe:
+    """Something a pass reports at a position besides the sampled token. Use a subclass."""
+
+@final
+class Logits(Probe):
+    """The raw next-token logits: a float32 array over the vocabulary."""
+    def __new__(cls) -> Logits: ...
+
+@final
+class Distribution(Probe):
+    """The softmax at ``temperature`` over the ``k`` most likely ids (``k = 0``: all): ``(ids, probs)``."""
+    def __new__(cls, temperature: float = 1.0, k: int = 0) -> Distribution: ...
+
+@final
+class Logprob(Probe):
+    """The log-probability (natural log, temperature 1) of one token id: a float."""
+    def __new__(cls, token_id: int) -> Logprob: ...
+
+@final
+class Logprobs(Probe):
+    """The log-probabilities of several token ids, in the order given: a float32 array."""
+    def __new__(cls, token_ids: Sequence[int]) -> Logprobs: ...
+
+@final
+class Entropy(Probe):
+    """The entropy (nats) of the next-token distribution at temperature 1: a float."""
+    def __new__(cls) -> Entropy: ...
+
+@final
+class Hidden(Probe):
+    """The hidden state after the final norm: a float32 array of ``n_embd`` values."""
+    def __new__(cls) -> Hidden: ...
+
+# --- engine ---------------------------------------------------------------------------------
+
+@final
+class Metrics:
+    """The scheduler's counters (``Engine.metrics()``)."""
+    steps: int
+    passes: int
+    mean_batch_passes: float
+    max_batch_passes: int
+    mean_batch_tokens: float
+    tokens_prefilled: int
+    tokens_decoded: int
+    kv_pages_used: int
+    kv_pages_free: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+
+@final
+class Engine:
+    """A loaded model with its scheduler thread; every context of one engine shares its model calls.
+
+    ``model`` is a known name (``"smollm2-135m"``, ``"gemma3-270m"``; fetched on first use) or a GGUF path.
+    """
+    def __new__(
+        cls,
+        model: str = "smollm2-135m",
+        threads: Optional[int] = None,
+        kv_tokens: Optional[int] = None,
+        n_ctx: Optional[int] = None,
+        kv_type: Optional[str] = None,
+    ) -> Engine: ...
+    def context(self) -> Context:
+        """A new, empty context on this engine."""
+    def tokenize(self, text: str, add_bos: bool = False) -> List[int]:
+        """The token ids of ``text`` (special tokens written in the text are parsed)."""
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (control tokens not rendered)."""
+    def metrics(self) -> Metrics:
+        """The scheduler's counters now."""
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def stop_tokens(self) -> List[int]: ...
+    @overload
+    def embed(self, texts: str, pooling: str = "mean", normalize: bool = True) -> npt.NDArray[np.float32]: ...
+    @overload
+    def embed(self, texts: Sequence[str], pooling: str = "mean", normalize: bool = True) -> npt.NDArray[np.float32]: ...
+
+@final
+class Embedder:
+    """A sentence-embedding encoder (e.g. ``"all-minilm-l6-v2"``) or a GGUF decoder used for embeddings."""
+    def __new__(cls, model: str = "all-minilm-l6-v2", threads: Optional[int] = None) -> Embedder: ...
+    @property
+    def dimensions(self) -> int: ...
+    @overload
+    def embed(self, texts: str, pooling: Optional[str] = None, normalize: bool = True) -> npt.NDArray[np.float32]: ...
+    @overload
+    def embed(self, texts: Sequence[str], pooling: Optional[str] = None, normalize: bool = True) -> npt.NDArray[np.float32]: ...
+
+# --- contexts and generation ----------------------------------------------------------------
+
+@final
+class Context:
+    """A sequence of tokens with its KV cache."""
+    def fill(self, text: str) -> None: ...
+    def fill_tokens(self, ids: Sequence[int]) -> None: ...
+    def fill_chat(self, messages: Sequence[Mapping[str, str]]) -> None: ...
+    def fork(self) -> Context: ...
+    def truncate(self, n: int) -> None: ...
+    def set_seed(self, seed: int) -> None: ...
+    @property
+    def tokens(self) -> List[int]:
+        """Tokens already run (in the KV cache)."""
+    @property
+    def pending(self) -> List[int]:
+        """Tokens filled but not run yet."""
+    def __len__(self) -> int: ...
+    def generate(
+        self,
+        sampler: Optional[Sampler] = None,
+        *,
+        max_tokens: Optional[int] = None,
+        min_tokens: Optional[int] = None,
+        stop: Optional[Sequence[str]] = None,
+        stop_token_ids: Optional[Sequence[int]] = None,
+        json_schema: Optional[Union[Dict[str, Any], str]] = None,
+        regex: Optional[str] = None,
+        grammar: Optional[str] = None,
+        gbnf: Optional[str] = None,
+        speculate: bool = False,
+        seed: Optional[int] = None,
+        ignore_eos: bool = False,
+        logit_bias: Optional[Mapping[int, float]] = None,
+    ) -> Generation: ...
+    def forward(self) -> Forward: ...
+
+@final
+class Generation(Iterator[str], AsyncIterator[str]):
+    """A running generation: a sync and async iterator of text deltas, with collectors."""
+    def __iter__(self) -> Generation: ...
+    def __next__(self) -> str: ...
+    def __aiter__(self) -> Generation: ...
+    def __anext__(self) -> Awaitable[str]: ...
+    def text(self) -> str: ...
+    def tokens(self) -> List[int]: ...
+    def json(self) -> Any: ...
+    def atext(self) -> Awaitable[str]: ...
+    def atokens(self) -> Awaitable[List[int]]: ...
+    def ajson(self) -> Awaitable[Any]: ...
+    def close(self) -> None: ...
+    @property
+    def stop_reason(self) -> Optional[str]: ...
+    @property
+    def text_so_far(self) -> str: ...
+
+# --- the pass builder -----------------------------------------------------------------------
+
+@final
+class SampleHandle:
+    """Reads the tokens a sampler chose from its pass's output."""
+
+@final
+class ProbeHandle(Generic[_T]):
+    """Reads a probe's value (of type ``_T``) from its pass's output."""
+
+@final
+class Forward:
+    """One pass: inputs, masks, samplers and probes; runs on ``execute()`` or ``run()``."""
+    def input(self, ids: Sequence[int]) -> None: ...
+    def input_at(self, ids: Sequence[int], positions: Sequence[int]) -> None: ...
+    def attention_mask(self, rows: Sequence[Sequence[bool]]) -> None: ...
+    def mask(self, allowed: Sequence[int]) -> None: ...
+    def logit_bias(self, bias: Mapping[int, float]) -> None: ...
+    def horizon(self, n: int) -> None: ...
+    def sample(self, indices: Sequence[int], sampler: Sampler) -> SampleHandle: ...
+    @overload
+    def probe(self, index: int, probe: Distribution) -> ProbeHandle[Tuple[npt.NDArray[np.uint32], _F32]]: ...
+    @overload
+    def probe(self, index: int, probe: Union[Entropy, Logprob]) -> ProbeHandle[float]: ...
+    @overload
+    def probe(self, index: int, probe: Union[Logits, Logprobs, Hidden]) -> ProbeHandle[_F32]: ...
+    def __len__(self) -> int: ...
+    def execute(self) -> Awaitable[ForwardOutput]: ...
+    def run(self) -> ForwardOutput: ...
+
+@final
+class ForwardOutput:
+    """A pass's outputs, read by handle."""
+    @overload
+    def __getitem__(self, handle: SampleHandle) -> List[int]: ...
+    @overload
+    def __getitem__(self, handle: ProbeHandle[_T]) -> _T: ...
+    def token(self, handle: SampleHandle) -> int: ...
+    def tokens(self, handle: SampleHandle) -> List[int]: ...
+
+# --- rollouts -------------------------------------------------------------------------------
+
+@final
+class Rollout:
+    """One generated sequence of a batch."""
+    prompt_tokens: List[int]
+    tokens: List[int]
+    text: str
+    stop_reason: Optional[str]
+    sequence: List[int]
+
+def generate_batch(
+    engine: Engine,
+    prompts: Union[Sequence[str], Sequence[Sequence[int]], npt.ArrayLike],
+    sampler: Optional[Sampler] = None,
+    *,
+    max_tokens: int = 128,
+    max_length: Optional[int] = None,
+    stop_sequences: Optional[Sequence[Sequence[int]]] = None,
+    seed: int = 0,
+    attention_mask: Optional[npt.ArrayLike] = None,
+    padded: bool = False,
+    pad_token_id: Optional[int] = None,
+) -> Union[List[Rollout], Tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint8]]]: ...
+
+# --- errors ---------------------------------------------------------------------------------
+
+class WeftError(Exception): ...
+class ModelError(WeftError): ...
+class KvCacheFull(ModelError): ...
+class HubError(WeftError): ...
+class ChatTemplateError(WeftError): ...
+class InvalidSampler(WeftError): ...
+class IndexOutOfRange(WeftError): ...
+class TokenOutOfVocab(WeftError): ...
+class PositionCount(WeftError): ...
+class PositionOutOfRange(WeftError): ...
+class MaskLength(WeftError): ...
+class InputEmbeds(WeftError): ...
+class AttentionBias(WeftError): ...
+class PaddedBatch(WeftError): ...
+class ContextTooLong(WeftError): ...
+class EmptyPass(WeftError): ...
+class NothingAllowed(WeftError): ...
+class TruncateTooLong(WeftError): ...
+class ConfigError(WeftError): ...
+class GrammarError(WeftError): ...
+class JsonError(WeftError): ...
+class SnapshotCorrupt(WeftError): ...
+class SnapshotVersion(WeftError): ...
+class ModelFingerprintMismatch(WeftError): ...
+class BeamSearchError(WeftError): ...
+class IoError(WeftError): ...
+class EngineStopped(WeftError): ...
+class ContextBusy(WeftError): ...

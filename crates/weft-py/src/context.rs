@@ -1,0 +1,204 @@
+//! `weft.Context`: one sequence's tokens and KV cache.
+//!
+//! A Rust `Generator` or `Forward` borrows its context mutably; Python has no borrows, so the
+//! context lives in a [`Slot`] and a running generation or pass takes it out for as long as
+//! it runs (a [`Lease`]) and puts it back when it ends or is dropped. Using the context
+//! meanwhile raises `weft.ContextBusy` — the error Rust's borrow checker gives at compile time.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{ContextBusy, IntoPyResult};
+use crate::forward::Forward;
+use crate::generation::{GenOptions, Generation};
+use crate::sampling::Sampler;
+
+/// Where a context waits while no generation or pass holds it.
+pub type Slot = Arc<Mutex<Option<weft::Context>>>;
+
+fn lock(slot: &Slot) -> MutexGuard<'_, Option<weft::Context>> {
+    slot.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn busy() -> PyErr {
+    ContextBusy::new_err(
+        "the context is in use by a generation or pass that has not finished (finish or close it first)",
+    )
+}
+
+/// The context taken out of its slot; put back when dropped.
+pub struct Lease {
+    slot: Slot,
+    ctx: Option<weft::Context>,
+}
+
+impl Lease {
+    pub fn take(slot: &Slot) -> PyResult<Lease> {
+        let ctx = lock(slot).take().ok_or_else(busy)?;
+        Ok(Lease {
+            slot: slot.clone(),
+            ctx: Some(ctx),
+        })
+    }
+
+    pub fn ctx(&mut self) -> &mut weft::Context {
+        self.ctx
+            .as_mut()
+            .expect("a lease holds its context until dropped")
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.ctx.take() {
+            *lock(&self.slot) = Some(ctx);
+        }
+    }
+}
+
+/// A sequence of tokens with its KV cache: fill it, fork it, generate from it, or run
+/// passes on it with `forward()`.
+#[pyclass(frozen, module = "weft")]
+pub struct Context {
+    slot: Slot,
+}
+
+impl Context {
+    pub fn new(ctx: weft::Context) -> Context {
+        Context {
+            slot: Arc::new(Mutex::new(Some(ctx))),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut weft::Context) -> PyResult<T>) -> PyResult<T> {
+        match lock(&self.slot).as_mut() {
+            Some(ctx) => f(ctx),
+            None => Err(busy()),
+        }
+    }
+}
+
+#[pymethods]
+impl Context {
+    /// Appends the tokens of `text` (not run until the next pass).
+    fn fill(&self, text: &str) -> PyResult<()> {
+        self.with(|c| c.fill(text).py())
+    }
+
+    /// Appends token ids.
+    fn fill_tokens(&self, ids: Vec<u32>) -> PyResult<()> {
+        self.with(|c| c.fill_tokens(&ids).py())
+    }
+
+    /// Appends `messages` (`[{"role": ..., "content": ...}]`) rendered by the model's chat
+    /// template, with the assistant's turn opened.
+    fn fill_chat(&self, messages: Vec<Bound<'_, PyDict>>) -> PyResult<()> {
+        let mut list = Vec::with_capacity(messages.len());
+        for m in &messages {
+            let field = |k: &str| -> PyResult<String> {
+                m.get_item(k)?
+                    .ok_or_else(|| {
+                        pyo3::exceptions::PyKeyError::new_err(format!("a message has no {k:?}"))
+                    })?
+                    .extract()
+            };
+            list.push(weft::Message::new(field("role")?, field("content")?));
+        }
+        self.with(|c| c.fill_chat(&list).py())
+    }
+
+    /// A copy sharing this context's KV pages (copy-on-write).
+    fn fork(&self) -> PyResult<Context> {
+        self.with(|c| Ok(Context::new(c.fork().py()?)))
+    }
+
+    /// Keeps the first `n` tokens.
+    fn truncate(&self, n: usize) -> PyResult<()> {
+        self.with(|c| c.truncate(n).py())
+    }
+
+    /// Sets the seed of this context's sampling.
+    fn set_seed(&self, seed: u64) -> PyResult<()> {
+        self.with(|c| {
+            c.set_seed(seed);
+            Ok(())
+        })
+    }
+
+    /// Tokens already run (in the KV cache); `len(ctx)` counts these.
+    #[getter]
+    fn tokens(&self) -> PyResult<Vec<u32>> {
+        self.with(|c| Ok(c.tokens().to_vec()))
+    }
+
+    /// Tokens filled but not run yet.
+    #[getter]
+    fn pending(&self) -> PyResult<Vec<u32>> {
+        self.with(|c| Ok(c.pending().to_vec()))
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        self.with(|c| Ok(c.len()))
+    }
+
+    /// Generates from the context: an iterator (sync and async) of text deltas, with the
+    /// collectors `text()`, `tokens()`, `json()` and their awaitable forms `atext()`, …
+    ///
+    /// `sampler`: a `weft.Sampler` (default: the engine's, greedy unless configured).
+    /// `stop`: stop strings; `stop_token_ids`: extra stop tokens. One of `json_schema` (a
+    /// dict), `regex`, `grammar` (Lark) or `gbnf` constrains the output. `speculate` drafts
+    /// with the n-gram drafter. `seed` seeds the sampling.
+    #[pyo3(signature = (
+        sampler = None, *, max_tokens = None, min_tokens = None, stop = None,
+        stop_token_ids = None, json_schema = None, regex = None, grammar = None, gbnf = None,
+        speculate = false, seed = None, ignore_eos = false, logit_bias = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &self,
+        sampler: Option<PyRef<'_, Sampler>>,
+        max_tokens: Option<usize>,
+        min_tokens: Option<usize>,
+        stop: Option<Vec<String>>,
+        stop_token_ids: Option<Vec<u32>>,
+        json_schema: Option<&Bound<'_, PyAny>>,
+        regex: Option<String>,
+        grammar: Option<String>,
+        gbnf: Option<String>,
+        speculate: bool,
+        seed: Option<u64>,
+        ignore_eos: bool,
+        logit_bias: Option<std::collections::HashMap<u32, f32>>,
+    ) -> PyResult<Generation> {
+        let opts = GenOptions {
+            sampler: sampler.map(|s| s.inner.clone()),
+            max_tokens,
+            min_tokens,
+            stop: stop.unwrap_or_default(),
+            stop_token_ids: stop_token_ids.unwrap_or_default(),
+            schema: GenOptions::schema(json_schema, regex, grammar, gbnf)?,
+            speculate,
+            seed,
+            ignore_eos,
+            logit_bias: logit_bias
+                .map(|b| b.into_iter().collect())
+                .unwrap_or_default(),
+        };
+        Generation::start(Lease::take(&self.slot)?, opts)
+    }
+
+    /// A pass builder over this context: its pending tokens are the pass's first inputs.
+    fn forward(&self) -> PyResult<Forward> {
+        let pending = self.with(|c| Ok(c.pending().len()))?;
+        Ok(Forward::new(self.slot.clone(), pending))
+    }
+
+    fn __repr__(&self) -> String {
+        match lock(&self.slot).as_ref() {
+            Some(c) => format!("weft.Context(len={})", c.len()),
+            None => "weft.Context(busy)".to_string(),
+        }
+    }
+}

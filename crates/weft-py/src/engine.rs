@@ -1,0 +1,250 @@
+//! `weft.Engine`, `weft.Embedder` and `weft.Metrics`: a loaded model and its counters.
+
+use std::sync::Arc;
+
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::prelude::*;
+
+use crate::context::Context;
+use crate::errors::{to_py, ConfigError, IntoPyResult};
+
+/// The model path for a known name or a file path, fetched into the cache on first use.
+fn resolve(model: &str) -> weft::Result<std::path::PathBuf> {
+    Ok(weft::Hub::from_env()?.resolve(model, &mut weft::NoProgress)?)
+}
+
+fn config(threads: Option<usize>, kv_tokens: Option<usize>) -> weft::EngineConfig {
+    let mut config = weft::EngineConfig::default();
+    if let Some(t) = threads {
+        config.n_threads = t.max(1);
+    }
+    if let Some(k) = kv_tokens {
+        config.kv_tokens = k;
+    }
+    config
+}
+
+/// A loaded model with its scheduler thread. Every context of one engine shares its model
+/// calls (continuous batching), whichever Python thread or asyncio task drives it.
+///
+/// `model` is a known name (`"smollm2-135m"`, `"gemma3-270m"`, fetched on first use) or a
+/// GGUF path.
+#[pyclass(frozen, module = "weft")]
+pub struct Engine {
+    pub inner: weft::Engine,
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (model = "smollm2-135m", threads = None, kv_tokens = None, n_ctx = None, kv_type = None))]
+    fn new(
+        py: Python<'_>,
+        model: &str,
+        threads: Option<usize>,
+        kv_tokens: Option<usize>,
+        n_ctx: Option<usize>,
+        kv_type: Option<&str>,
+    ) -> PyResult<Engine> {
+        let mut config = config(threads, kv_tokens);
+        config.n_ctx = n_ctx;
+        if let Some(t) = kv_type {
+            config.kv_type = t.parse().map_err(ConfigError::new_err)?;
+        }
+        let inner = py
+            .detach(|| resolve(model).and_then(|p| weft::Engine::open(&p, config)))
+            .py()?;
+        Ok(Engine { inner })
+    }
+
+    /// A new, empty context on this engine.
+    fn context(&self) -> Context {
+        Context::new(self.inner.context())
+    }
+
+    /// The token ids of `text` (special tokens written in the text are parsed). `add_bos`
+    /// starts them with the model's BOS token when the model wants one, as the first fill
+    /// of a context does.
+    #[pyo3(signature = (text, add_bos = false))]
+    fn tokenize(&self, text: &str, add_bos: bool) -> Vec<u32> {
+        self.inner.tokenizer().encode(text, add_bos, true)
+    }
+
+    /// The text of `ids` (control tokens not rendered).
+    fn detokenize(&self, ids: Vec<u32>) -> PyResult<String> {
+        self.inner.detokenize(&ids).py()
+    }
+
+    /// The scheduler's counters now.
+    fn metrics(&self) -> Metrics {
+        Metrics::from(self.inner.metrics())
+    }
+
+    /// Most tokens one context may hold.
+    #[getter]
+    fn n_ctx(&self) -> usize {
+        self.inner.n_ctx()
+    }
+
+    /// Number of token ids the model knows.
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.inner.info().vocab_size
+    }
+
+    /// The model's end-of-turn token ids.
+    #[getter]
+    fn stop_tokens(&self) -> Vec<u32> {
+        self.inner.stop_tokens().to_vec()
+    }
+
+    /// Embeddings of `texts` (pooled final-norm hidden states): a float32 array
+    /// `[len(texts), n_embd]`, or `[n_embd]` for one string. `pooling`: mean, max, last, cls.
+    #[pyo3(signature = (texts, pooling = "mean", normalize = true))]
+    fn embed<'py>(
+        &self,
+        py: Python<'py>,
+        texts: &Bound<'py, PyAny>,
+        pooling: &str,
+        normalize: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        embed(py, &self.inner, texts, Some(pooling), normalize)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("weft.Engine({:?})", self.inner)
+    }
+}
+
+/// A sentence-embedding encoder (a sentence-transformers folder, e.g. `"all-minilm-l6-v2"`)
+/// or a GGUF decoder used for embeddings.
+#[pyclass(frozen, module = "weft")]
+pub struct Embedder {
+    inner: Arc<dyn weft::EmbeddingModel>,
+}
+
+#[pymethods]
+impl Embedder {
+    #[new]
+    #[pyo3(signature = (model = "all-minilm-l6-v2", threads = None))]
+    fn new(py: Python<'_>, model: &str, threads: Option<usize>) -> PyResult<Embedder> {
+        let config = config(threads, None);
+        let inner = py
+            .detach(|| resolve(model).and_then(|p| weft::open_embedding_model(&p, config)))
+            .py()?;
+        Ok(Embedder { inner })
+    }
+
+    /// Embeddings of `texts` as `Engine.embed`; `pooling=None` uses the model's own.
+    #[pyo3(signature = (texts, pooling = None, normalize = true))]
+    fn embed<'py>(
+        &self,
+        py: Python<'py>,
+        texts: &Bound<'py, PyAny>,
+        pooling: Option<&str>,
+        normalize: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        embed(py, self.inner.as_ref(), texts, pooling, normalize)
+    }
+
+    /// Length of the vectors.
+    #[getter]
+    fn dimensions(&self) -> usize {
+        self.inner.dimensions()
+    }
+}
+
+/// One string → a 1-D array; a list of strings → a 2-D array (rows in order).
+fn embed<'py>(
+    py: Python<'py>,
+    model: &dyn weft::EmbeddingModel,
+    texts: &Bound<'py, PyAny>,
+    pooling: Option<&str>,
+    normalize: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let pooling = match pooling {
+        Some(p) => p.parse::<weft::Pooling>().map_err(to_py)?,
+        None => model.default_pooling(),
+    };
+    if pooling == weft::Pooling::None {
+        return Err(ConfigError::new_err(
+            "pooling \"none\" gives a vector per token; use Context.forward with weft.Hidden()",
+        ));
+    }
+    let single = texts.extract::<String>().ok();
+    let list: Vec<String> = match &single {
+        Some(s) => vec![s.clone()],
+        None => texts.extract()?,
+    };
+    let opts = weft::EmbedOptions { pooling, normalize };
+    let vectors = py
+        .detach(|| {
+            let refs: Vec<&str> = list.iter().map(String::as_str).collect();
+            model.embed_texts(&refs, opts)
+        })
+        .py()?;
+    if single.is_some() {
+        let v = vectors.into_iter().next().unwrap_or_default();
+        return Ok(PyArray1::from_vec(py, v).into_any());
+    }
+    let dim = model.dimensions();
+    let flat: Vec<f32> = vectors.into_iter().flatten().collect();
+    let rows = flat.len() / dim.max(1);
+    let array = PyArray1::from_vec(py, flat).reshape([rows, dim])?;
+    Ok(array.into_any())
+}
+
+/// The engine's counters (`Engine.metrics()`): model calls, passes, batch sizes, KV pages.
+#[pyclass(frozen, get_all, module = "weft")]
+#[derive(Clone)]
+pub struct Metrics {
+    /// Model calls made by the scheduler.
+    steps: u64,
+    /// Passes answered.
+    passes: u64,
+    /// Mean passes per model call.
+    mean_batch_passes: f64,
+    /// Largest number of passes in one model call.
+    max_batch_passes: u64,
+    /// Mean tokens per model call.
+    mean_batch_tokens: f64,
+    /// Tokens run in passes of more than one token.
+    tokens_prefilled: u64,
+    /// Tokens run in one-token passes (decode steps).
+    tokens_decoded: u64,
+    /// KV pages in use.
+    kv_pages_used: usize,
+    /// KV pages free.
+    kv_pages_free: usize,
+    /// Prompt tokens looked up in the prefix cache, and those found there.
+    prefix_queried_tokens: u64,
+    prefix_hit_tokens: u64,
+}
+
+impl From<weft::Metrics> for Metrics {
+    fn from(m: weft::Metrics) -> Metrics {
+        Metrics {
+            steps: m.steps,
+            passes: m.passes,
+            mean_batch_passes: m.mean_batch_passes,
+            max_batch_passes: m.max_batch_passes,
+            mean_batch_tokens: m.mean_batch_tokens,
+            tokens_prefilled: m.tokens_prefilled,
+            tokens_decoded: m.tokens_decoded,
+            kv_pages_used: m.kv_pages_used,
+            kv_pages_free: m.kv_pages_free,
+            prefix_queried_tokens: m.prefix_queried_tokens,
+            prefix_hit_tokens: m.prefix_hit_tokens,
+        }
+    }
+}
+
+#[pymethods]
+impl Metrics {
+    fn __repr__(&self) -> String {
+        format!(
+            "weft.Metrics(steps={}, passes={}, mean_batch_passes={:.2}, kv_pages_used={}, kv_pages_free={})",
+            self.steps, self.passes, self.mean_batch_passes, self.kv_pages_used, self.kv_pages_free
+        )
+    }
+}

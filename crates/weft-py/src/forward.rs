@@ -1,0 +1,364 @@
+//! `weft.Forward`: the pass builder. Python records the builder calls; `execute()` / `run()`
+//! takes the context, replays them on a Rust `Forward` and runs it. Handles read the
+//! `ForwardOutput`, whose arrays are NumPy arrays made from the pass's own buffers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use numpy::PyArray1;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::context::{Lease, Slot};
+use crate::errors::to_py;
+use crate::sampling::{Probe, ProbeKind, Sampler};
+
+/// Every pass builder gets its own id, so a handle cannot read another pass's output.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One recorded builder call.
+enum Op {
+    Input(Vec<u32>),
+    InputAt(Vec<u32>, Vec<u32>),
+    AttentionMask(Vec<Vec<bool>>),
+    Mask(Vec<u32>),
+    LogitBias(Vec<(u32, f32)>),
+    Horizon(usize),
+    Sample(Vec<usize>, weft::Sampler),
+    Probe(usize, ProbeKind),
+}
+
+/// Reads the tokens a sampler chose (`out[h]`: one id per index, `out.token(h)`: the first).
+#[pyclass(frozen, module = "weft")]
+pub struct SampleHandle {
+    pass: u64,
+    index: usize,
+}
+
+/// Reads a probe's value (`out[h]`).
+#[pyclass(frozen, module = "weft")]
+pub struct ProbeHandle {
+    pass: u64,
+    index: usize,
+}
+
+/// One pass over a context: inputs at positions, masks, samplers and probes at any index.
+/// Nothing runs until `execute()` (awaitable) or `run()` (blocking).
+#[pyclass(module = "weft")]
+pub struct Forward {
+    slot: Slot,
+    id: u64,
+    ops: Vec<Op>,
+    len: usize,
+    samples: usize,
+    probes: usize,
+    spent: bool,
+}
+
+impl Forward {
+    pub fn new(slot: Slot, pending: usize) -> Forward {
+        Forward {
+            slot,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ops: Vec::new(),
+            len: pending,
+            samples: 0,
+            probes: 0,
+            spent: false,
+        }
+    }
+
+    fn push(&mut self, op: Op) -> PyResult<()> {
+        if self.spent {
+            return Err(PyRuntimeError::new_err("this pass has already run"));
+        }
+        self.ops.push(op);
+        Ok(())
+    }
+
+    /// Takes the context and the recorded calls: the pass, ready to run without the GIL.
+    fn prepare(&mut self) -> PyResult<Prepared> {
+        if self.spent {
+            return Err(PyRuntimeError::new_err("this pass has already run"));
+        }
+        let lease = Lease::take(&self.slot)?;
+        self.spent = true;
+        Ok(Prepared {
+            lease,
+            ops: std::mem::take(&mut self.ops),
+            id: self.id,
+        })
+    }
+}
+
+/// A probe handle of the Rust API, by probe type.
+enum RustProbe {
+    Logits(weft::ProbeHandle<weft::Logits>),
+    Distribution(weft::ProbeHandle<weft::Distribution>),
+    Logprob(weft::ProbeHandle<weft::Logprob>),
+    Logprobs(weft::ProbeHandle<weft::Logprobs>),
+    Entropy(weft::ProbeHandle<weft::Entropy>),
+    Hidden(weft::ProbeHandle<weft::Hidden>),
+}
+
+/// A probe's value, owned.
+enum Value {
+    Floats(Vec<f32>),
+    Distribution(Vec<u32>, Vec<f32>),
+    Scalar(f32),
+}
+
+/// What a pass returns before it becomes a Python object.
+struct Outputs {
+    id: u64,
+    tokens: Vec<Vec<u32>>,
+    probes: Vec<Value>,
+}
+
+struct Prepared {
+    lease: Lease,
+    ops: Vec<Op>,
+    id: u64,
+}
+
+impl Prepared {
+    async fn run(mut self) -> weft::Result<Outputs> {
+        let ctx = self.lease.ctx();
+        let vocab = ctx.engine().info().vocab_size;
+        let mut f = ctx.forward();
+        let (mut samples, mut probes) = (Vec::new(), Vec::new());
+        for op in self.ops {
+            match op {
+                Op::Input(t) => {
+                    f.input(&t);
+                }
+                Op::InputAt(t, p) => {
+                    f.input_at(&t, &p);
+                }
+                Op::AttentionMask(rows) => {
+                    f.attention_mask(rows.iter().map(|r| weft::Brle::from_bools(r)).collect());
+                }
+                Op::Mask(ids) => {
+                    f.mask(weft::Brle::only(vocab, &ids));
+                }
+                Op::LogitBias(b) => {
+                    f.logit_bias(&b);
+                }
+                Op::Horizon(n) => {
+                    f.horizon(n);
+                }
+                Op::Sample(i, s) => samples.push(f.sample(&i, s)),
+                Op::Probe(i, kind) => probes.push(match kind {
+                    ProbeKind::Logits => RustProbe::Logits(f.probe(i, weft::Logits)),
+                    ProbeKind::Distribution { temperature, k } => {
+                        RustProbe::Distribution(f.probe(i, weft::Distribution { temperature, k }))
+                    }
+                    ProbeKind::Logprob(id) => RustProbe::Logprob(f.probe(i, weft::Logprob(id))),
+                    ProbeKind::Logprobs(ids) => {
+                        RustProbe::Logprobs(f.probe(i, weft::Logprobs(ids)))
+                    }
+                    ProbeKind::Entropy => RustProbe::Entropy(f.probe(i, weft::Entropy)),
+                    ProbeKind::Hidden => RustProbe::Hidden(f.probe(i, weft::Hidden)),
+                }),
+            }
+        }
+        let out = f.execute().await?;
+        let tokens = samples.into_iter().map(|h| out.get(h).to_vec()).collect();
+        let probes = probes
+            .into_iter()
+            .map(|p| match p {
+                RustProbe::Logits(h) => Value::Floats(out.get(h).to_vec()),
+                RustProbe::Distribution(h) => {
+                    let (ids, p) = out.get(h);
+                    Value::Distribution(ids.to_vec(), p.to_vec())
+                }
+                RustProbe::Logprob(h) => Value::Scalar(out.get(h)),
+                RustProbe::Logprobs(h) => Value::Floats(out.get(h).to_vec()),
+                RustProbe::Entropy(h) => Value::Scalar(out.get(h)),
+                RustProbe::Hidden(h) => Value::Floats(out.get(h).to_vec()),
+            })
+            .collect();
+        Ok(Outputs {
+            id: self.id,
+            tokens,
+            probes,
+        })
+    }
+}
+
+#[pymethods]
+impl Forward {
+    /// Appends input tokens at the next positions.
+    fn input(&mut self, ids: Vec<u32>) -> PyResult<()> {
+        self.len += ids.len();
+        self.push(Op::Input(ids))
+    }
+
+    /// Appends input tokens at explicit positions (one per token).
+    fn input_at(&mut self, ids: Vec<u32>, positions: Vec<u32>) -> PyResult<()> {
+        self.len += ids.len();
+        self.push(Op::InputAt(ids, positions))
+    }
+
+    /// One boolean row per input token: which context positions it may attend to.
+    fn attention_mask(&mut self, rows: Vec<Vec<bool>>) -> PyResult<()> {
+        self.push(Op::AttentionMask(rows))
+    }
+
+    /// Allows only these token ids for every sampler of the pass.
+    fn mask(&mut self, allowed: Vec<u32>) -> PyResult<()> {
+        self.push(Op::Mask(allowed))
+    }
+
+    /// Adds `bias[id]` to the logits before sampling.
+    fn logit_bias(&mut self, bias: std::collections::HashMap<u32, f32>) -> PyResult<()> {
+        self.push(Op::LogitBias(bias.into_iter().collect()))
+    }
+
+    /// Announces `n` more passes of this context (the scheduler may wait for them).
+    fn horizon(&mut self, n: usize) -> PyResult<()> {
+        self.push(Op::Horizon(n))
+    }
+
+    /// Samples a token with `sampler` after each of the input `indices`.
+    fn sample(
+        &mut self,
+        indices: Vec<usize>,
+        sampler: PyRef<'_, Sampler>,
+    ) -> PyResult<SampleHandle> {
+        self.push(Op::Sample(indices, sampler.inner.clone()))?;
+        self.samples += 1;
+        Ok(SampleHandle {
+            pass: self.id,
+            index: self.samples - 1,
+        })
+    }
+
+    /// Reports `probe` for the next-token distribution after the input at `index`.
+    fn probe(&mut self, index: usize, probe: PyRef<'_, Probe>) -> PyResult<ProbeHandle> {
+        self.push(Op::Probe(index, probe.kind.clone()))?;
+        self.probes += 1;
+        Ok(ProbeHandle {
+            pass: self.id,
+            index: self.probes - 1,
+        })
+    }
+
+    /// Inputs of the pass so far (the context's pending tokens included).
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// Runs the pass (awaitable); the context is busy until it ends.
+    fn execute<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let pass = self.prepare()?;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let out = pass.run().await.map_err(to_py)?;
+            Python::attach(|py| Py::new(py, ForwardOutput::from_outputs(py, out)))
+        })
+    }
+
+    /// Runs the pass, blocking (the GIL is released meanwhile).
+    fn run(&mut self, py: Python<'_>) -> PyResult<ForwardOutput> {
+        let pass = self.prepare()?;
+        let out = py.detach(|| weft::block_on(pass.run())).map_err(to_py)?;
+        Ok(ForwardOutput::from_outputs(py, out))
+    }
+}
+
+/// A pass's outputs, read by handle: `out[h]`.
+#[pyclass(frozen, module = "weft")]
+pub struct ForwardOutput {
+    id: u64,
+    tokens: Vec<Vec<u32>>,
+    probes: Vec<Py<PyAny>>,
+}
+
+impl ForwardOutput {
+    fn from_outputs(py: Python<'_>, out: Outputs) -> ForwardOutput {
+        let probes = out
+            .probes
+            .into_iter()
+            .map(|v| match v {
+                Value::Floats(v) => PyArray1::from_vec(py, v).into_any().unbind(),
+                Value::Distribution(ids, p) => {
+                    let ids = PyArray1::from_vec(py, ids).into_any();
+                    let p = PyArray1::from_vec(py, p).into_any();
+                    PyTuple::new(py, [ids, p])
+                        .map(|t| t.into_any().unbind())
+                        .unwrap_or_else(|_| py.None())
+                }
+                Value::Scalar(x) => x
+                    .into_pyobject(py)
+                    .map_or_else(|_| py.None(), |f| f.into_any().unbind()),
+            })
+            .collect();
+        ForwardOutput {
+            id: out.id,
+            tokens: out.tokens,
+            probes,
+        }
+    }
+
+    fn sampled(&self, h: &SampleHandle) -> PyResult<&Vec<u32>> {
+        if h.pass != self.id {
+            return Err(PyValueError::new_err("this handle belongs to another pass"));
+        }
+        self.tokens
+            .get(h.index)
+            .ok_or_else(|| PyValueError::new_err("no such sampler in this pass"))
+    }
+}
+
+#[pymethods]
+impl ForwardOutput {
+    /// The value behind a handle: a list of ids for a sampler; for probes a float32 array
+    /// (Logits, Logprobs, Hidden), a float (Entropy, Logprob) or `(ids, probs)` arrays
+    /// (Distribution).
+    fn __getitem__(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        if let Ok(h) = handle.cast::<SampleHandle>() {
+            return Ok(self
+                .sampled(h.get())?
+                .clone()
+                .into_pyobject(py)?
+                .into_any()
+                .unbind());
+        }
+        if let Ok(h) = handle.cast::<ProbeHandle>() {
+            let h = h.get();
+            if h.pass != self.id {
+                return Err(PyValueError::new_err("this handle belongs to another pass"));
+            }
+            return self
+                .probes
+                .get(h.index)
+                .map(|v| v.clone_ref(py))
+                .ok_or_else(|| PyValueError::new_err("no such probe in this pass"));
+        }
+        Err(PyTypeError::new_err(
+            "index a ForwardOutput with a handle from its pass",
+        ))
+    }
+
+    /// The first token a sampler chose.
+    fn token(&self, handle: &SampleHandle) -> PyResult<u32> {
+        self.sampled(handle)?
+            .first()
+            .copied()
+            .ok_or_else(|| PyValueError::new_err("the sampler chose no token"))
+    }
+
+    /// Every token a sampler chose (one per index it was given).
+    fn tokens(&self, handle: &SampleHandle) -> PyResult<Vec<u32>> {
+        Ok(self.sampled(handle)?.clone())
+    }
+}
+
+/// Adds the pass-builder classes to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Forward>()?;
+    m.add_class::<ForwardOutput>()?;
+    m.add_class::<SampleHandle>()?;
+    m.add_class::<ProbeHandle>()?;
+    Ok(())
+}

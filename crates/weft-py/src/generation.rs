@@ -1,0 +1,320 @@
+//! `weft.Generation`: a running `Generator` as a Python sync and async iterator of text
+//! deltas, with collectors.
+//!
+//! The generator borrows its context, so both live in one pinned stream (the context in a
+//! [`Lease`]): dropping the stream drops the generator, then puts the context back.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use futures_util::{Stream, StreamExt};
+use pyo3::exceptions::PyStopAsyncIteration;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::context::Lease;
+use crate::errors::{to_py, ConfigError, JsonError};
+
+/// Everything `Context.generate` takes besides the context.
+pub struct GenOptions {
+    pub sampler: Option<weft::Sampler>,
+    pub max_tokens: Option<usize>,
+    pub min_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub schema: Option<weft::Schema>,
+    pub speculate: bool,
+    pub seed: Option<u64>,
+    pub ignore_eos: bool,
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+impl GenOptions {
+    /// The one constraint given, if any; a JSON schema is a dict (or a JSON string).
+    pub fn schema(
+        json_schema: Option<&Bound<'_, PyAny>>,
+        regex: Option<String>,
+        grammar: Option<String>,
+        gbnf: Option<String>,
+    ) -> PyResult<Option<weft::Schema>> {
+        let mut given = Vec::new();
+        if let Some(s) = json_schema {
+            let text: String = if let Ok(t) = s.extract::<String>() {
+                t
+            } else if s.is_instance_of::<PyDict>() || s.hasattr("keys")? {
+                let json = s.py().import("json")?;
+                json.call_method1("dumps", (s,))?.extract()?
+            } else {
+                return Err(pyo3::exceptions::PyTypeError::new_err(
+                    "json_schema must be a dict or a JSON string",
+                ));
+            };
+            let value = serde_json::from_str(&text).map_err(|e| {
+                to_py(weft::Error::Grammar {
+                    kind: "JSON schema",
+                    message: e.to_string(),
+                })
+            })?;
+            given.push(weft::Schema::JsonSchema(value));
+        }
+        given.extend(regex.map(weft::Schema::Regex));
+        given.extend(grammar.map(weft::Schema::Lark));
+        given.extend(gbnf.map(weft::Schema::Gbnf));
+        if given.len() > 1 {
+            return Err(ConfigError::new_err(
+                "give at most one of json_schema, regex, grammar and gbnf",
+            ));
+        }
+        Ok(given.pop())
+    }
+
+    fn apply<'c>(self, ctx: &'c mut weft::Context) -> weft::Generator<'c> {
+        if let Some(seed) = self.seed {
+            ctx.set_seed(seed);
+        }
+        let mut g = ctx.generate(self.sampler);
+        if let Some(n) = self.max_tokens {
+            g = g.max_tokens(n);
+        }
+        if let Some(n) = self.min_tokens {
+            g = g.min_tokens(n);
+        }
+        for s in &self.stop {
+            g = g.stop_string(s);
+        }
+        if !self.stop_token_ids.is_empty() {
+            g = g.stop(&self.stop_token_ids);
+        }
+        if let Some(schema) = self.schema {
+            g = g.constrain_with(schema);
+        }
+        if self.speculate {
+            g = g.system_speculation();
+        }
+        if self.ignore_eos {
+            g = g.ignore_eos();
+        }
+        if !self.logit_bias.is_empty() {
+            g = g.logit_bias(&self.logit_bias);
+        }
+        g
+    }
+}
+
+/// What the generation produced so far, readable without the stream.
+#[derive(Default)]
+struct Progress {
+    tokens: Vec<u32>,
+    text: String,
+    stop_reason: Option<&'static str>,
+}
+
+type Deltas = Pin<Box<dyn Stream<Item = weft::Result<String>> + Send>>;
+
+/// The stream, `None` once it ended (the context is back in its slot then).
+type Shared = Arc<tokio::sync::Mutex<Option<Deltas>>>;
+
+fn reason_name(r: &weft::StopReason) -> &'static str {
+    match r {
+        weft::StopReason::MaxTokens => "max_tokens",
+        weft::StopReason::StopToken(_) => "stop_token",
+        weft::StopReason::StopSequence(_) => "stop_sequence",
+        weft::StopReason::StopString(_) => "stop_string",
+        weft::StopReason::Constraint => "constraint",
+        _ => "error",
+    }
+}
+
+/// A generation in progress: iterate it (`for delta in g`, `async for delta in g`) for text
+/// deltas, or collect it with `text()`, `tokens()`, `json()` (awaitable: `atext()`,
+/// `atokens()`, `ajson()`). The context is busy until it ends, is closed or is dropped.
+#[pyclass(frozen, module = "weft")]
+pub struct Generation {
+    stream: Shared,
+    progress: Arc<Mutex<Progress>>,
+}
+
+impl Generation {
+    pub fn start(lease: Lease, opts: GenOptions) -> PyResult<Generation> {
+        let progress = Arc::new(Mutex::new(Progress::default()));
+        let record = progress.clone();
+        let deltas = async_stream::stream! {
+            let mut lease = lease;
+            let mut gen = opts.apply(lease.ctx());
+            loop {
+                let next = gen.next_text().await;
+                {
+                    let mut p = record.lock().unwrap_or_else(|p| p.into_inner());
+                    let done = p.tokens.len();
+                    p.tokens.extend_from_slice(&gen.tokens()[done.min(gen.tokens().len())..]);
+                    if let Ok(Some(d)) = &next {
+                        p.text.push_str(d);
+                    }
+                    p.stop_reason = gen.stop_reason().map(reason_name);
+                }
+                match next {
+                    Ok(Some(d)) => yield Ok(d),
+                    Ok(None) => break,
+                    Err(e) => {
+                        yield Err(e);
+                        break;
+                    }
+                }
+            }
+        };
+        Ok(Generation {
+            stream: Arc::new(tokio::sync::Mutex::new(Some(Box::pin(deltas)))),
+            progress,
+        })
+    }
+
+    fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The next delta, `None` at the end. The stream is dropped (and the context freed) as soon
+/// as it ends or fails.
+async fn next_delta(stream: Shared) -> PyResult<Option<String>> {
+    let mut guard = stream.lock().await;
+    let Some(s) = guard.as_mut() else {
+        return Ok(None);
+    };
+    match s.next().await {
+        Some(Ok(d)) => Ok(Some(d)),
+        Some(Err(e)) => {
+            *guard = None;
+            Err(to_py(e))
+        }
+        None => {
+            *guard = None;
+            Ok(None)
+        }
+    }
+}
+
+async fn drain(stream: Shared) -> PyResult<()> {
+    while next_delta(stream.clone()).await?.is_some() {}
+    Ok(())
+}
+
+/// Parses the output as JSON, raising `weft.JsonError` (weft's message) when it is not.
+fn parse_json(py: Python<'_>, text: &str) -> PyResult<Py<PyAny>> {
+    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
+        return Err(JsonError::new_err(
+            weft::Error::Json {
+                message: e.to_string(),
+                output: text.to_string(),
+            }
+            .to_string(),
+        ));
+    }
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
+}
+
+#[pymethods]
+impl Generation {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        let stream = self.stream.clone();
+        py.detach(|| weft::block_on(next_delta(stream)))
+    }
+
+    fn __aiter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let stream = self.stream.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            match next_delta(stream).await? {
+                Some(d) => Ok(d),
+                None => Err(PyStopAsyncIteration::new_err(())),
+            }
+        })
+    }
+
+    /// Runs to the end; the whole output text (cut before a stop string).
+    fn text(&self, py: Python<'_>) -> PyResult<String> {
+        let stream = self.stream.clone();
+        py.detach(|| weft::block_on(drain(stream)))?;
+        Ok(self.progress().text.clone())
+    }
+
+    /// Runs to the end; every generated token id (a stop token excluded).
+    fn tokens(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        let stream = self.stream.clone();
+        py.detach(|| weft::block_on(drain(stream)))?;
+        Ok(self.progress().tokens.clone())
+    }
+
+    /// Runs to the end and parses the output as JSON (raises `weft.JsonError` if it is not).
+    fn json(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let text = self.text(py)?;
+        parse_json(py, &text)
+    }
+
+    /// `await g.atext()`: `text()` without blocking the event loop.
+    fn atext<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (stream, progress) = (self.stream.clone(), self.progress.clone());
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            drain(stream).await?;
+            let text = progress
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .text
+                .clone();
+            Ok(text)
+        })
+    }
+
+    /// `await g.atokens()`: `tokens()` without blocking the event loop.
+    fn atokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (stream, progress) = (self.stream.clone(), self.progress.clone());
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            drain(stream).await?;
+            let tokens = progress
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .tokens
+                .clone();
+            Ok(tokens)
+        })
+    }
+
+    /// `await g.ajson()`: `json()` without blocking the event loop.
+    fn ajson<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (stream, progress) = (self.stream.clone(), self.progress.clone());
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            drain(stream).await?;
+            let text = progress
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .text
+                .clone();
+            Python::attach(|py| parse_json(py, &text))
+        })
+    }
+
+    /// Stops the generation now and gives the context back (what was generated stays in it).
+    fn close(&self, py: Python<'_>) {
+        let stream = self.stream.clone();
+        py.detach(|| weft::block_on(async { *stream.lock().await = None }));
+    }
+
+    /// Why it stopped: "max_tokens", "stop_token", "stop_sequence", "stop_string",
+    /// "constraint", or None while it runs.
+    #[getter]
+    fn stop_reason(&self) -> Option<&'static str> {
+        self.progress().stop_reason
+    }
+
+    /// The text streamed so far.
+    #[getter]
+    fn text_so_far(&self) -> String {
+        self.progress().text.clone()
+    }
+}

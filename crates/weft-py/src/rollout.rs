@@ -1,0 +1,139 @@
+//! `weft.generate_batch`: batched rollouts (seed 003), as `weft::rollout` runs them.
+
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::prelude::*;
+
+use crate::engine::Engine;
+use crate::errors::{ConfigError, IntoPyResult};
+use crate::sampling::Sampler;
+
+/// One generated sequence of a batch.
+#[pyclass(frozen, get_all, module = "weft")]
+pub struct Rollout {
+    /// The prompt's token ids.
+    prompt_tokens: Vec<u32>,
+    /// The generated ids (a stop token excluded, a stop sequence included).
+    tokens: Vec<u32>,
+    /// The generated text.
+    text: String,
+    /// Why it stopped ("max_tokens", "stop_token", …).
+    stop_reason: Option<String>,
+    /// Prompt + generated ids + the stop token that ended it, if one did.
+    sequence: Vec<u32>,
+}
+
+#[pymethods]
+impl Rollout {
+    fn __repr__(&self) -> String {
+        format!(
+            "weft.Rollout(text={:?}, stop_reason={:?})",
+            self.text, self.stop_reason
+        )
+    }
+}
+
+fn stop_name(r: &Option<weft::StopReason>) -> Option<String> {
+    Some(
+        match r.as_ref()? {
+            weft::StopReason::MaxTokens => "max_tokens",
+            weft::StopReason::StopToken(_) => "stop_token",
+            weft::StopReason::StopSequence(_) => "stop_sequence",
+            weft::StopReason::StopString(_) => "stop_string",
+            weft::StopReason::Constraint => "constraint",
+            _ => "error",
+        }
+        .to_string(),
+    )
+}
+
+/// Python lists as they are; anything with `tolist()` (NumPy arrays) as its lists.
+fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if v.hasattr("tolist")? {
+        v.call_method0("tolist")
+    } else {
+        Ok(v.clone())
+    }
+}
+
+/// Generates for every prompt at once (one scheduler, shared model calls) and returns the
+/// rollouts in order — or, with `padded=True`, `(ids, attention_mask)` as `[batch,
+/// total_len]` NumPy arrays in ColossalAI's layout: prompts left-padded to the longest, then
+/// the generated ids (EOS kept), right-padded with `pad_token_id`.
+///
+/// `prompts`: strings, or lists of token ids; with `attention_mask`, a padded `[batch, len]`
+/// id matrix whose padding (mask 0) is dropped. Request `i` is seeded with `seed + i`.
+#[pyfunction]
+#[pyo3(signature = (
+    engine, prompts, sampler = None, *, max_tokens = 128, max_length = None,
+    stop_sequences = None, seed = 0, attention_mask = None, padded = false, pad_token_id = None
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn generate_batch<'py>(
+    py: Python<'py>,
+    engine: PyRef<'py, Engine>,
+    prompts: &Bound<'py, PyAny>,
+    sampler: Option<PyRef<'py, Sampler>>,
+    max_tokens: usize,
+    max_length: Option<usize>,
+    stop_sequences: Option<Vec<Vec<u32>>>,
+    seed: u64,
+    attention_mask: Option<&Bound<'py, PyAny>>,
+    padded: bool,
+    pad_token_id: Option<u32>,
+) -> PyResult<Bound<'py, PyAny>> {
+    use weft::rollout::{Prompt, RolloutRequest};
+    let sampler = sampler.map_or(weft::Sampler::Argmax, |s| s.inner.clone());
+    let mut requests: Vec<RolloutRequest> = match attention_mask {
+        Some(mask) => {
+            let ids: Vec<Vec<u32>> = listed(prompts)?.extract()?;
+            let mask: Vec<Vec<u8>> = listed(mask)?.extract()?;
+            RolloutRequest::from_padded(&ids, &mask, sampler).py()?
+        }
+        None => {
+            let list: Vec<Bound<'py, PyAny>> = prompts.extract()?;
+            let mut requests = Vec::with_capacity(list.len());
+            for p in list {
+                let prompt = match p.extract::<String>() {
+                    Ok(text) => Prompt::Text(text),
+                    Err(_) => Prompt::Tokens(listed(&p)?.extract()?),
+                };
+                requests.push(RolloutRequest::new(prompt, sampler.clone()));
+            }
+            requests
+        }
+    };
+    for (i, r) in requests.iter_mut().enumerate() {
+        r.max_tokens = max_tokens;
+        r.max_length = max_length;
+        r.stop_sequences = stop_sequences.clone().unwrap_or_default();
+        r.seed = seed.wrapping_add(i as u64);
+    }
+    let inner = engine.inner.clone();
+    let rollouts = py
+        .detach(|| weft::block_on(weft::rollout::generate_batch(&inner, &requests)))
+        .py()?;
+    if padded {
+        let pad = match pad_token_id {
+            Some(p) => p,
+            None => *engine.inner.stop_tokens().first().ok_or_else(|| {
+                ConfigError::new_err("the model names no EOS token: pass pad_token_id")
+            })?,
+        };
+        let b = weft::rollout::padded_left_prompts(&rollouts, pad);
+        let shape = [b.batch, b.total_len];
+        let ids = PyArray1::from_vec(py, b.ids).reshape(shape)?;
+        let mask = PyArray1::from_vec(py, b.attention_mask).reshape(shape)?;
+        return Ok((ids, mask).into_pyobject(py)?.into_any());
+    }
+    let list = rollouts
+        .into_iter()
+        .map(|r| Rollout {
+            sequence: r.sequence(),
+            stop_reason: stop_name(&r.stop),
+            prompt_tokens: r.prompt_tokens,
+            tokens: r.tokens,
+            text: r.text,
+        })
+        .collect::<Vec<_>>();
+    Ok(list.into_pyobject(py)?.into_any())
+}

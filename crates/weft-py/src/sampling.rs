@@ -1,0 +1,182 @@
+//! Samplers and probes as Python classes: `weft.Argmax()`, `weft.TopP(0.95, temperature=0.7)`,
+//! `weft.Entropy()`, … Each subclass only builds the Rust value its base class holds.
+
+use pyo3::prelude::*;
+
+/// How a token is chosen from the next-token distribution. Use a subclass.
+#[pyclass(subclass, frozen, module = "weft")]
+#[derive(Clone)]
+pub struct Sampler {
+    pub inner: weft::Sampler,
+}
+
+#[pymethods]
+impl Sampler {
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.inner)
+    }
+}
+
+/// Declares a sampler subclass: its constructor signature and the `weft::Sampler` it makes.
+macro_rules! sampler {
+    ($name:ident, $doc:literal, ($($arg:ident: $ty:ty),*), $sig:tt, $make:expr) => {
+        #[doc = $doc]
+        #[pyclass(extends = Sampler, frozen, module = "weft")]
+        pub struct $name;
+
+        #[pymethods]
+        impl $name {
+            #[new]
+            #[pyo3(signature = $sig)]
+            fn new($($arg: $ty),*) -> PyClassInitializer<Self> {
+                PyClassInitializer::from(Sampler { inner: $make }).add_subclass($name)
+            }
+        }
+    };
+}
+
+sampler!(
+    Argmax,
+    "Always the most likely token (greedy).",
+    (),
+    (),
+    weft::Sampler::Argmax
+);
+sampler!(
+    Temperature,
+    "Plain sampling from the softmax at `temperature` (0 = greedy).",
+    (temperature: f32),
+    (temperature),
+    weft::Sampler::Temperature { temperature }
+);
+sampler!(
+    TopK,
+    "Sampling among the `k` most likely tokens.",
+    (k: usize, temperature: f32),
+    (k, temperature = 1.0),
+    weft::Sampler::TopK { k, temperature }
+);
+sampler!(
+    TopP,
+    "Nucleus sampling: the smallest set of most likely tokens with mass >= `p`.",
+    (p: f32, temperature: f32),
+    (p, temperature = 1.0),
+    weft::Sampler::TopP { p, temperature }
+);
+sampler!(
+    MinP,
+    "Sampling among the tokens at least `p` times as likely as the most likely one.",
+    (p: f32, temperature: f32),
+    (p, temperature = 1.0),
+    weft::Sampler::MinP { p, temperature }
+);
+sampler!(
+    Chain,
+    "llama.cpp's default chain: top-k, then top-p, then min-p, then temperature.",
+    (top_k: usize, top_p: f32, min_p: f32, temperature: f32),
+    (top_k = 40, top_p = 0.95, min_p = 0.05, temperature = 0.8),
+    weft::Sampler::Chain { k: top_k, p: top_p, min_p, temperature }
+);
+
+/// What a probe reports, owned (the Rust probes are distinct types).
+#[derive(Clone, Debug)]
+pub enum ProbeKind {
+    Logits,
+    Distribution { temperature: f32, k: usize },
+    Logprob(u32),
+    Logprobs(Vec<u32>),
+    Entropy,
+    Hidden,
+}
+
+/// Something a pass reports at a position besides the sampled token. Use a subclass.
+#[pyclass(subclass, frozen, module = "weft")]
+pub struct Probe {
+    pub kind: ProbeKind,
+}
+
+#[pymethods]
+impl Probe {
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.kind)
+    }
+}
+
+macro_rules! probe {
+    ($name:ident, $doc:literal, ($($arg:ident: $ty:ty),*), $sig:tt, $make:expr) => {
+        #[doc = $doc]
+        #[pyclass(extends = Probe, frozen, module = "weft")]
+        pub struct $name;
+
+        #[pymethods]
+        impl $name {
+            #[new]
+            #[pyo3(signature = $sig)]
+            fn new($($arg: $ty),*) -> PyClassInitializer<Self> {
+                PyClassInitializer::from(Probe { kind: $make }).add_subclass($name)
+            }
+        }
+    };
+}
+
+probe!(
+    Logits,
+    "The raw next-token logits (a float32 array over the vocabulary).",
+    (),
+    (),
+    ProbeKind::Logits
+);
+probe!(
+    Distribution,
+    "The softmax at `temperature` over the `k` most likely ids (k = 0: all), as (ids, probs).",
+    (temperature: f32, k: usize),
+    (temperature = 1.0, k = 0),
+    ProbeKind::Distribution { temperature, k }
+);
+probe!(
+    Logprob,
+    "The log-probability (natural log, temperature 1) of one token id.",
+    (token_id: u32),
+    (token_id),
+    ProbeKind::Logprob(token_id)
+);
+probe!(
+    Logprobs,
+    "The log-probabilities of several token ids, in the order given (a float32 array).",
+    (token_ids: Vec<u32>),
+    (token_ids),
+    ProbeKind::Logprobs(token_ids)
+);
+probe!(
+    Entropy,
+    "The entropy (nats) of the next-token distribution at temperature 1.",
+    (),
+    (),
+    ProbeKind::Entropy
+);
+probe!(
+    Hidden,
+    "The hidden state after the final norm (a float32 array of n_embd values).",
+    (),
+    (),
+    ProbeKind::Hidden
+);
+
+/// Adds the sampler and probe classes to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Sampler>()?;
+    m.add_class::<Argmax>()?;
+    m.add_class::<Temperature>()?;
+    m.add_class::<TopK>()?;
+    m.add_class::<TopP>()?;
+    m.add_class::<MinP>()?;
+    m.add_class::<Chain>()?;
+    m.add_class::<Probe>()?;
+    m.add_class::<Logits>()?;
+    m.add_class::<Distribution>()?;
+    m.add_class::<Logprob>()?;
+    m.add_class::<Logprobs>()?;
+    m.add_class::<Entropy>()?;
+    m.add_class::<Hidden>()?;
+    Ok(())
+}
