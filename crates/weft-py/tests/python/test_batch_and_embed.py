@@ -1,0 +1,61 @@
+"""Rollouts (seed 003) and embeddings, as NumPy arrays."""
+
+import numpy as np
+
+import weft
+from test_concurrency import PROMPTS, greedy
+
+
+def test_generate_batch_equals_single_generations(smollm2):
+    rollouts = weft.generate_batch(smollm2, PROMPTS, weft.Argmax(), max_tokens=16)
+    assert [r.text for r in rollouts] == [greedy(smollm2, p, 16) for p in PROMPTS]
+    for r, p in zip(rollouts, PROMPTS):
+        assert r.prompt_tokens == smollm2.tokenize(p)
+        assert r.sequence[: len(r.prompt_tokens)] == r.prompt_tokens
+
+
+def test_generate_batch_padded_arrays(smollm2):
+    pad = 0
+    rows = [smollm2.tokenize(p) for p in PROMPTS]
+    width = max(map(len, rows))
+    ids = np.array([[pad] * (width - len(r)) + r for r in rows], dtype=np.int64)
+    mask = np.array([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=np.int64)
+    out_ids, out_mask = weft.generate_batch(
+        smollm2, ids, weft.Argmax(), attention_mask=mask, max_tokens=8, padded=True, pad_token_id=pad
+    )
+    assert out_ids.shape == out_mask.shape and out_ids.shape[0] == 4
+    rollouts = weft.generate_batch(smollm2, rows, weft.Argmax(), max_tokens=8)
+    for i, r in enumerate(rollouts):
+        # ColossalAI's layout: the prompt left-padded as given, then the generation.
+        seq = out_ids[i][out_mask[i] == 1].tolist()
+        assert seq == r.sequence
+        assert out_ids[i, width - len(rows[i]) : width].tolist() == rows[i]
+
+
+def cosine(a, b):
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_engine_embeddings_match_llama_cpp(smollm2, reference):
+    cases = [
+        c for c in reference("embeddings.json")["cases"]
+        if c["model"] == "smollm2" and c["pooling"] == "mean"
+    ]
+    # llama-embedding split its prompt at newlines: it embedded each text up to the first.
+    texts = [c["text"].split("\n")[0] for c in cases]
+    got = smollm2.embed(texts, pooling="mean")
+    assert got.shape == (len(texts), len(cases[0]["embedding"]))
+    for v, c in zip(got, cases):
+        assert cosine(v, np.array(c["embedding"])) > 0.99
+    one = smollm2.embed(texts[0])
+    assert one.shape == (got.shape[1],) and cosine(one, got[0]) > 0.99999
+
+
+def test_minilm_embeddings_match_the_reference(reference):
+    ref = reference("minilm.json")
+    cases = ref["cases"] if isinstance(ref, dict) else ref
+    embedder = weft.Embedder("all-minilm-l6-v2", threads=2)
+    got = embedder.embed([c["text"] for c in cases])
+    assert got.shape[1] == embedder.dimensions == 384
+    for v, c in zip(got, cases):
+        assert cosine(v, np.array(c["embedding"])) > 0.999

@@ -1,0 +1,86 @@
+"""Errors are weft exceptions with weft's messages, and leave the engine usable."""
+
+import pytest
+
+import weft
+
+
+def test_every_exception_is_a_weft_error():
+    names = [
+        "ModelError", "KvCacheFull", "HubError", "ChatTemplateError", "InvalidSampler",
+        "IndexOutOfRange", "TokenOutOfVocab", "PositionCount", "PositionOutOfRange", "MaskLength",
+        "InputEmbeds", "AttentionBias", "PaddedBatch", "ContextTooLong", "EmptyPass",
+        "NothingAllowed", "TruncateTooLong", "ConfigError", "GrammarError", "JsonError",
+        "SnapshotCorrupt", "SnapshotVersion", "ModelFingerprintMismatch", "BeamSearchError",
+        "IoError", "EngineStopped", "ContextBusy",
+    ]
+    for name in names:
+        assert issubclass(getattr(weft, name), weft.WeftError), name
+    assert issubclass(weft.KvCacheFull, weft.ModelError)
+    assert issubclass(weft.WeftError, Exception)
+
+
+def test_context_too_long():
+    engine = weft.Engine("smollm2-135m", threads=2, n_ctx=32)
+    ctx = engine.context()
+    with pytest.raises(weft.ContextTooLong, match="more than its limit of 32"):
+        ctx.fill("word " * 100)
+        ctx.generate(weft.Argmax(), max_tokens=4).text()
+    # Nothing leaked: a short prompt still runs, and all pages come back.
+    ctx = engine.context()
+    ctx.fill("Hi")
+    assert len(ctx.generate(weft.Argmax(), max_tokens=4, ignore_eos=True).tokens()) == 4
+    del ctx
+    assert engine.metrics().kv_pages_used == 0
+
+
+def test_invalid_sampler_grammar_and_tokens(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("Hello")
+    with pytest.raises(weft.InvalidSampler, match="top-p must be in"):
+        ctx.generate(weft.TopP(1.5), max_tokens=4).text()
+    with pytest.raises(weft.GrammarError):
+        ctx.generate(weft.Argmax(), regex="(unclosed").text()
+    with pytest.raises(weft.TokenOutOfVocab, match="not in the vocabulary"):
+        ctx.fill_tokens([10**9])
+        ctx.generate(weft.Argmax(), max_tokens=1).text()
+    with pytest.raises(weft.TruncateTooLong):
+        smollm2.context().truncate(5)
+
+
+def test_index_out_of_range_in_a_pass(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("Hello")
+    fwd = ctx.forward()
+    fwd.sample([99], weft.Argmax())
+    with pytest.raises(weft.IndexOutOfRange, match="at index 99"):
+        fwd.run()
+
+
+def test_a_busy_context_raises_until_the_generation_ends(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("Once upon a time")
+    g = ctx.generate(weft.Argmax(), max_tokens=50)
+    next(g)
+    with pytest.raises(weft.ContextBusy):
+        ctx.fill(" more")
+    with pytest.raises(weft.ContextBusy):
+        ctx.generate(weft.Argmax())
+    g.close()
+    ctx.fill(" more")  # free again
+
+
+def test_bad_model_files(tmp_path):
+    with pytest.raises(weft.WeftError):
+        weft.Engine(str(tmp_path / "missing.gguf"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    with pytest.raises(weft.ModelError):
+        weft.Engine(str(bad))
+
+
+def test_json_collector_on_unconstrained_text(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("The capital of France is")
+    with pytest.raises(weft.JsonError, match="not the requested JSON"):
+        ctx.generate(weft.Argmax(), max_tokens=4).json()

@@ -1,0 +1,72 @@
+"""The pass builder: samplers and probes read by handle, arrays as NumPy."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import weft
+
+
+def test_probes_and_samplers_against_llama_cpp(smollm2, reference):
+    case = next(c for c in reference("greedy.json")["cases"] if c["model"] == "smollm2")
+    ctx = smollm2.context()
+    ctx.fill_tokens(case["prompt_ids"])
+    fwd = ctx.forward()
+    last = len(fwd) - 1
+    assert last == len(case["prompt_ids"]) - 1
+    h = fwd.sample([last], weft.Argmax())
+    logits_h = fwd.probe(last, weft.Logits())
+    dist_h = fwd.probe(last, weft.Distribution(k=5))
+    ent_h = fwd.probe(last, weft.Entropy())
+    lp_h = fwd.probe(last, weft.Logprob(case["steps"][0]["id"]))
+    out = fwd.run()
+
+    top5 = case["steps"][0]["top5"]
+    assert out.token(h) == out[h][0] == top5[0][0]
+    logits = out[logits_h]
+    assert isinstance(logits, np.ndarray) and logits.dtype == np.float32
+    assert logits.shape == (smollm2.vocab_size,)
+    assert int(np.argmax(logits)) == top5[0][0]
+    for token, value in top5:
+        assert abs(float(logits[token]) - value) < 0.5
+    ids, probs = out[dist_h]
+    # llama.cpp's 4th and 5th are near-ties (13.40 / 13.36 and the ones below): compare the
+    # first three, which stand 0.3 or more apart.
+    assert ids.dtype == np.uint32 and list(ids[:3]) == [t for t, _ in top5[:3]]
+    assert np.all(np.diff(probs) <= 0) and 0 < probs.sum() <= 1.0 + 1e-5
+    # Entropy and log-probability agree with the logits' own softmax.
+    p = np.exp(logits.astype(np.float64) - logits.max())
+    p /= p.sum()
+    assert abs(out[ent_h] + float(np.sum(p[p > 0] * np.log(p[p > 0])))) < 1e-3
+    assert abs(out[lp_h] - float(np.log(p[top5[0][0]]))) < 1e-3
+
+
+def test_execute_is_awaitable_and_handles_belong_to_their_pass(smollm2):
+    async def main():
+        ctx = smollm2.context()
+        ctx.fill("The capital of France is")
+        fwd = ctx.forward()
+        h = fwd.sample([len(fwd) - 1], weft.Argmax())
+        out = await fwd.execute()
+        fwd2 = ctx.forward()
+        fwd2.input([out.token(h)])
+        h2 = fwd2.sample([0], weft.Argmax())
+        out2 = await fwd2.execute()
+        return out, h, out2, h2
+
+    out, h, out2, h2 = asyncio.run(main())
+    assert out.token(h) == 7042  # " Paris"
+    assert out2.token(h2) == 30  # "."
+    with pytest.raises(ValueError):
+        out2[h]
+
+
+def test_a_pass_runs_once(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("Hello")
+    fwd = ctx.forward()
+    fwd.sample([len(fwd) - 1], weft.Argmax())
+    fwd.run()
+    with pytest.raises(RuntimeError):
+        fwd.run()

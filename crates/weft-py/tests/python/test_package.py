@@ -1,0 +1,30 @@
+"""The package as a user meets it: the README's example runs, and the type stubs match the
+native module and type-check that example."""
+
+import pathlib
+import subprocess
+import sys
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+
+
+def run(*args):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_the_readme_example_runs():
+    r = run(str(EXAMPLE))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert any("'name'" in line and "'country'" in line for line in lines), r.stdout
+    assert any(line.startswith(" Paris entropy") for line in lines), r.stdout
+
+
+def test_stubs_match_the_native_module():
+    r = run("-m", "mypy.stubtest", "weft")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_example_type_checks_against_the_stubs():
+    r = run("-m", "mypy", "--strict", "--no-incremental", str(EXAMPLE))
+    assert r.returncode == 0, r.stdout + r.stderr
