@@ -114,7 +114,8 @@ type Deltas = Pin<Box<dyn Stream<Item = weft::Result<String>> + Send>>;
 /// The stream, `None` once it ended (the context is back in its slot then).
 type Shared = Arc<tokio::sync::Mutex<Option<Deltas>>>;
 
-fn reason_name(r: &weft::StopReason) -> &'static str {
+/// The Python name of a stop reason.
+pub fn reason_name(r: &weft::StopReason) -> &'static str {
     match r {
         weft::StopReason::MaxTokens => "max_tokens",
         weft::StopReason::StopToken(_) => "stop_token",
@@ -170,6 +171,23 @@ impl Generation {
 
     fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An awaitable that runs the generation to its end, then reads `read` of its progress.
+    fn drain_then<'py, T>(
+        &self,
+        py: Python<'py>,
+        read: impl FnOnce(&Progress) -> PyResult<T> + Send + 'static,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        T: for<'a> IntoPyObject<'a> + Send + 'static,
+    {
+        let (stream, progress) = (self.stream.clone(), self.progress.clone());
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            drain(stream).await?;
+            let p = progress.lock().unwrap_or_else(|p| p.into_inner());
+            read(&p)
+        })
     }
 }
 
@@ -259,44 +277,17 @@ impl Generation {
 
     /// `await g.atext()`: `text()` without blocking the event loop.
     fn atext<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (stream, progress) = (self.stream.clone(), self.progress.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            drain(stream).await?;
-            let text = progress
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .text
-                .clone();
-            Ok(text)
-        })
+        self.drain_then(py, |p| Ok(p.text.clone()))
     }
 
     /// `await g.atokens()`: `tokens()` without blocking the event loop.
     fn atokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (stream, progress) = (self.stream.clone(), self.progress.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            drain(stream).await?;
-            let tokens = progress
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .tokens
-                .clone();
-            Ok(tokens)
-        })
+        self.drain_then(py, |p| Ok(p.tokens.clone()))
     }
 
     /// `await g.ajson()`: `json()` without blocking the event loop.
     fn ajson<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (stream, progress) = (self.stream.clone(), self.progress.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            drain(stream).await?;
-            let text = progress
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .text
-                .clone();
-            Python::attach(|py| parse_json(py, &text))
-        })
+        self.drain_then(py, |p| Python::attach(|py| parse_json(py, &p.text)))
     }
 
     /// Stops the generation now and gives the context back (what was generated stays in it).

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 use crate::engine::Engine;
 use crate::errors::{ConfigError, IntoPyResult};
+use crate::generation::reason_name;
 use crate::sampling::Sampler;
 
 /// One generated sequence of a batch.
@@ -30,20 +31,6 @@ impl Rollout {
             self.text, self.stop_reason
         )
     }
-}
-
-fn stop_name(r: &Option<weft::StopReason>) -> Option<String> {
-    Some(
-        match r.as_ref()? {
-            weft::StopReason::MaxTokens => "max_tokens",
-            weft::StopReason::StopToken(_) => "stop_token",
-            weft::StopReason::StopSequence(_) => "stop_sequence",
-            weft::StopReason::StopString(_) => "stop_string",
-            weft::StopReason::Constraint => "constraint",
-            _ => "error",
-        }
-        .to_string(),
-    )
 }
 
 /// Python lists as they are; anything with `tolist()` (NumPy arrays) as its lists.
@@ -129,7 +116,7 @@ pub fn generate_batch<'py>(
         .into_iter()
         .map(|r| Rollout {
             sequence: r.sequence(),
-            stop_reason: stop_name(&r.stop),
+            stop_reason: r.stop.as_ref().map(|s| reason_name(s).to_string()),
             prompt_tokens: r.prompt_tokens,
             tokens: r.tokens,
             text: r.text,

@@ -17,11 +17,12 @@ impl Sampler {
     }
 }
 
-/// Declares a sampler subclass: its constructor signature and the `weft::Sampler` it makes.
-macro_rules! sampler {
-    ($name:ident, $doc:literal, ($($arg:ident: $ty:ty),*), $sig:tt, $make:expr) => {
+/// Declares a subclass of `$base` (Sampler or Probe): its constructor signature and the
+/// `$field` value of the base it makes.
+macro_rules! subclass {
+    ($base:ident { $field:ident }, $name:ident, $doc:literal, ($($arg:ident: $ty:ty),*), $sig:tt, $make:expr) => {
         #[doc = $doc]
-        #[pyclass(extends = Sampler, frozen, module = "weft")]
+        #[pyclass(extends = $base, frozen, module = "weft")]
         pub struct $name;
 
         #[pymethods]
@@ -29,10 +30,14 @@ macro_rules! sampler {
             #[new]
             #[pyo3(signature = $sig)]
             fn new($($arg: $ty),*) -> PyClassInitializer<Self> {
-                PyClassInitializer::from(Sampler { inner: $make }).add_subclass($name)
+                PyClassInitializer::from($base { $field: $make }).add_subclass($name)
             }
         }
     };
+}
+
+macro_rules! sampler {
+    ($($t:tt)*) => { subclass!(Sampler { inner }, $($t)*); };
 }
 
 sampler!(
@@ -103,20 +108,7 @@ impl Probe {
 }
 
 macro_rules! probe {
-    ($name:ident, $doc:literal, ($($arg:ident: $ty:ty),*), $sig:tt, $make:expr) => {
-        #[doc = $doc]
-        #[pyclass(extends = Probe, frozen, module = "weft")]
-        pub struct $name;
-
-        #[pymethods]
-        impl $name {
-            #[new]
-            #[pyo3(signature = $sig)]
-            fn new($($arg: $ty),*) -> PyClassInitializer<Self> {
-                PyClassInitializer::from(Probe { kind: $make }).add_subclass($name)
-            }
-        }
-    };
+    ($($t:tt)*) => { subclass!(Probe { kind }, $($t)*); };
 }
 
 probe!(
