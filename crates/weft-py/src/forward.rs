@@ -252,7 +252,9 @@ impl Forward {
     /// Runs the pass (awaitable); the context is busy until it ends.
     fn execute<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pass = self.prepare()?;
+        let in_flight = crate::InFlight::new();
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let _in_flight = in_flight;
             let out = pass.run().await.map_err(to_py)?;
             Python::attach(|py| Py::new(py, ForwardOutput::from_outputs(py, out)))
         })

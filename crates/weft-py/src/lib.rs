@@ -10,7 +10,50 @@ mod generation;
 mod rollout;
 mod sampling;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
 use pyo3::prelude::*;
+
+/// Awaitables handed to asyncio whose Rust side has not finished, and whether there ever were
+/// any. Their runtime threads take the GIL to deliver results; one still doing so when the
+/// interpreter finalizes aborts the process (PyO3/pyo3-async-runtimes#40).
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+static USED: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one awaitable in flight for as long as it lives.
+pub(crate) struct InFlight;
+
+impl InFlight {
+    pub(crate) fn new() -> InFlight {
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        USED.store(1, Ordering::SeqCst);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Run by `atexit` (see `weft/__init__.py`): with the GIL released, lets the runtime threads
+/// finish delivering results (at most 2 s), so none is inside Python when it finalizes.
+#[pyfunction]
+fn _quiesce(py: Python<'_>) {
+    if USED.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    py.detach(|| {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while IN_FLIGHT.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // A result's delivery ends a little after its future: let it leave Python.
+        std::thread::sleep(Duration::from_millis(50));
+    });
+}
 
 #[pymodule]
 fn _weft(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -22,6 +65,7 @@ fn _weft(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<generation::Generation>()?;
     m.add_class::<rollout::Rollout>()?;
     m.add_function(wrap_pyfunction!(rollout::generate_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(_quiesce, m)?)?;
     forward::register(m)?;
     sampling::register(m)?;
     errors::register(m)?;

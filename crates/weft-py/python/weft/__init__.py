@@ -14,3 +14,11 @@ model calls, whichever thread or asyncio task drives it::
 
 from ._weft import *  # noqa: F401,F403
 from ._weft import __all__, __version__  # noqa: F401
+
+import atexit as _atexit
+
+from ._weft import _quiesce
+
+# Let the async runtime's threads leave Python before the interpreter finalizes.
+_atexit.register(_quiesce)
+del _atexit

@@ -11,6 +11,7 @@ _F32 = npt.NDArray[np.float32]
 
 __version__: str
 __all__ = [
+    "_quiesce",
     "Argmax",
     "AttentionBias",
     "BeamSearchError",
@@ -351,3 +352,6 @@ class BeamSearchError(WeftError): ...
 class IoError(WeftError): ...
 class EngineStopped(WeftError): ...
 class ContextBusy(WeftError): ...
+
+def _quiesce() -> None:
+    """Run at exit: lets the async runtime's threads leave Python before finalization."""

@@ -28,3 +28,28 @@ def test_stubs_match_the_native_module():
 def test_the_example_type_checks_against_the_stubs():
     r = run("-m", "mypy", "--strict", "--no-incremental", str(EXAMPLE))
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+SCRIPT = """
+import asyncio, weft
+engine = weft.Engine("smollm2-135m", threads=2)
+
+async def one(i):
+    ctx = engine.context()
+    ctx.fill(f"Fact {i} about the sea:")
+    return "".join([d async for d in ctx.generate(weft.Argmax(), max_tokens=24)])
+
+async def main():
+    return await asyncio.gather(*(one(i) for i in range(16)))
+
+asyncio.run(main())
+print("done")
+"""
+
+
+def test_the_interpreter_exits_cleanly_after_async_use():
+    # The async runtime's threads deliver results holding the GIL; one still in Python when
+    # the interpreter finalizes would abort it (PyGILState_Release). Exit right after.
+    for _ in range(5):
+        r = run("-c", SCRIPT)
+        assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr[-2000:]
