@@ -252,11 +252,9 @@ impl Forward {
     /// Runs the pass (awaitable); the context is busy until it ends.
     fn execute<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pass = self.prepare()?;
-        let in_flight = crate::InFlight::new();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let _in_flight = in_flight;
+        crate::awaitable(py, async move {
             let out = pass.run().await.map_err(to_py)?;
-            Python::attach(|py| Py::new(py, ForwardOutput::from_outputs(py, out)))
+            Python::attach(|py| Py::new(py, ForwardOutput::from_outputs(py, out)?))
         })
     }
 
@@ -264,7 +262,7 @@ impl Forward {
     fn run(&mut self, py: Python<'_>) -> PyResult<ForwardOutput> {
         let pass = self.prepare()?;
         let out = py.detach(|| weft::block_on(pass.run())).map_err(to_py)?;
-        Ok(ForwardOutput::from_outputs(py, out))
+        ForwardOutput::from_outputs(py, out)
     }
 }
 
@@ -277,29 +275,27 @@ pub struct ForwardOutput {
 }
 
 impl ForwardOutput {
-    fn from_outputs(py: Python<'_>, out: Outputs) -> ForwardOutput {
+    fn from_outputs(py: Python<'_>, out: Outputs) -> PyResult<ForwardOutput> {
         let probes = out
             .probes
             .into_iter()
-            .map(|v| match v {
-                Value::Floats(v) => PyArray1::from_vec(py, v).into_any().unbind(),
-                Value::Distribution(ids, p) => {
-                    let ids = PyArray1::from_vec(py, ids).into_any();
-                    let p = PyArray1::from_vec(py, p).into_any();
-                    PyTuple::new(py, [ids, p])
-                        .map(|t| t.into_any().unbind())
-                        .unwrap_or_else(|_| py.None())
-                }
-                Value::Scalar(x) => x
-                    .into_pyobject(py)
-                    .map_or_else(|_| py.None(), |f| f.into_any().unbind()),
+            .map(|v| {
+                Ok(match v {
+                    Value::Floats(v) => PyArray1::from_vec(py, v).into_any().unbind(),
+                    Value::Distribution(ids, p) => {
+                        let ids = PyArray1::from_vec(py, ids).into_any();
+                        let p = PyArray1::from_vec(py, p).into_any();
+                        PyTuple::new(py, [ids, p])?.into_any().unbind()
+                    }
+                    Value::Scalar(x) => x.into_pyobject(py)?.into_any().unbind(),
+                })
             })
-            .collect();
-        ForwardOutput {
+            .collect::<PyResult<_>>()?;
+        Ok(ForwardOutput {
             id: out.id,
             tokens: out.tokens,
             probes,
-        }
+        })
     }
 
     fn sampled(&self, h: &SampleHandle) -> PyResult<&Vec<u32>> {

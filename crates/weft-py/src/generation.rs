@@ -183,9 +183,7 @@ impl Generation {
         T: for<'a> IntoPyObject<'a> + Send + 'static,
     {
         let (stream, progress) = (self.stream.clone(), self.progress.clone());
-        let in_flight = crate::InFlight::new();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let _in_flight = in_flight;
+        crate::awaitable(py, async move {
             drain(stream).await?;
             let p = progress.lock().unwrap_or_else(|p| p.into_inner());
             read(&p)
@@ -249,9 +247,7 @@ impl Generation {
 
     fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let stream = self.stream.clone();
-        let in_flight = crate::InFlight::new();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let _in_flight = in_flight;
+        crate::awaitable(py, async move {
             match next_delta(stream).await? {
                 Some(d) => Ok(d),
                 None => Err(PyStopAsyncIteration::new_err(())),

@@ -22,14 +22,28 @@ static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 static USED: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts one awaitable in flight for as long as it lives.
-pub(crate) struct InFlight;
+struct InFlight;
 
 impl InFlight {
-    pub(crate) fn new() -> InFlight {
+    fn new() -> InFlight {
         IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
         USED.store(1, Ordering::SeqCst);
         InFlight
     }
+}
+
+/// `fut` as a Python awaitable, counted in flight (see [`_quiesce`]) until it ends or is
+/// cancelled. Every awaitable of the package is made here.
+pub(crate) fn awaitable<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    let in_flight = InFlight::new();
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let _in_flight = in_flight;
+        fut.await
+    })
 }
 
 impl Drop for InFlight {
