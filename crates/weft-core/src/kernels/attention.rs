@@ -13,8 +13,8 @@ use std::str::FromStr;
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
-use super::attention_avx2;
-use super::use_avx2;
+use super::{attention_avx2, attention_avx512};
+use super::{use_avx2, use_avx512};
 
 /// Most query heads one call takes (the heads sharing a KV head in GQA, or a part of them).
 pub const MAX_GROUP: usize = 8;
@@ -145,6 +145,11 @@ pub fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32], stri
         "attention::dots: output too short"
     );
     #[cfg(target_arch = "x86_64")]
+    if use_avx512() {
+        // SAFETY: AVX-512 F (with AVX2/FMA/F16C) was detected; shapes are checked.
+        return unsafe { attention_avx512::dots(kv, qs, keys, g, out, stride) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if use_avx2() {
         // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
         return unsafe { attention_avx2::dots(kv, qs, keys, g, out, stride) };
@@ -182,6 +187,11 @@ pub fn attend(
         rows.iter().all(|&r| (r as usize + 1) * rb <= values.len()),
         "attention::attend: value row out of range"
     );
+    #[cfg(target_arch = "x86_64")]
+    if use_avx512() {
+        // SAFETY: AVX-512 F (with AVX2/FMA/F16C) was detected; shapes are checked.
+        return unsafe { attention_avx512::attend(kv, acc, d, w, ws, values, rows) };
+    }
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
         // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
@@ -366,13 +376,57 @@ mod tests {
         assert_eq!(scalar::exp(-100.0), 0.0);
     }
 
-    /// The AVX2 kernels against the scalar oracle, for both storage types, every group size
-    /// and strides, including the page-wide call against key-by-key calls (bit for bit).
+    type DotsFn = fn(KvType, &[f32], &[u8], usize, &mut [f32], usize);
+    type AttendFn = fn(KvType, &mut [f32], usize, &[f32], usize, &[u8], &[u32]);
+
+    /// The kernel sets this CPU can run, by name: the dispatching wrappers and each x86 twin.
+    fn kernel_sets() -> Vec<(&'static str, DotsFn, AttendFn)> {
+        #[allow(unused_mut)]
+        let mut sets: Vec<(&'static str, DotsFn, AttendFn)> = vec![("dispatch", dots, attend)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::SimdLevel;
+            if SimdLevel::Avx2.available() {
+                // SAFETY (both closures): AVX2/FMA/F16C are present; the shapes are valid.
+                sets.push((
+                    "avx2",
+                    |kv, q, k, g, o, s| unsafe { attention_avx2::dots(kv, q, k, g, o, s) },
+                    |kv, a, d, w, ws, v, r| unsafe {
+                        attention_avx2::attend(kv, a, d, w, ws, v, r)
+                    },
+                ));
+            }
+            if SimdLevel::Avx512.available() {
+                // SAFETY (both closures): AVX-512 F and AVX2 are present; the shapes are valid.
+                sets.push((
+                    "avx512",
+                    |kv, q, k, g, o, s| unsafe { attention_avx512::dots(kv, q, k, g, o, s) },
+                    |kv, a, d, w, ws, v, r| unsafe {
+                        attention_avx512::attend(kv, a, d, w, ws, v, r)
+                    },
+                ));
+            }
+        }
+        sets
+    }
+
+    /// Every kernel set against the scalar oracle, for both storage types, every group size
+    /// and strides, including the page-wide call against key-by-key calls (bit for bit). The
+    /// weighted sums of all sets have the same bits (one fused multiply-add per row and
+    /// element, in row order, whatever the vector width).
     #[test]
     fn kernels_match_scalar_and_pages_match_keys() {
+        let sets = kernel_sets();
+        eprintln!(
+            "attention kernel sets tested: {:?}",
+            sets.iter().map(|s| s.0).collect::<Vec<_>>()
+        );
         let mut rng = Rng::new(5);
         for kv in [KvType::F16, KvType::Q8_0] {
-            for d in [32, 64, 96, 256] {
+            for d in [32, 64, 96, 256, 40] {
+                if !kv.fits(d) {
+                    continue;
+                }
                 let n_keys = 11;
                 let keys = rows_of(kv, &rng.f32s(n_keys * d, 1.0), d);
                 let rb = kv.row_bytes(d);
@@ -380,23 +434,36 @@ mod tests {
                 for g in 1..=MAX_GROUP {
                     let qs = rng.f32s(g * d, 1.0);
                     let stride = 13;
-                    let (mut o1, mut o2) = (vec![0f32; g * stride], vec![0f32; g * stride]);
-                    scalar::dots(kv, &qs, &keys, g, &mut o1, stride);
-                    dots(kv, &qs, &keys, g, &mut o2, stride);
-                    o1.iter().zip(&o2).for_each(|(&a, &b)| close(b, a));
-                    for i in 0..n_keys {
-                        let mut one = vec![0f32; (g - 1) * stride + 1];
-                        dots(kv, &qs, &keys[i * rb..(i + 1) * rb], g, &mut one, stride);
-                        for j in 0..g {
-                            assert_eq!(one[j * stride].to_bits(), o2[j * stride + i].to_bits());
-                        }
-                    }
                     let w = rng.f32s(g * 16, 1.0);
                     let init = rng.f32s(g * d, 1.0);
-                    let (mut a1, mut a2) = (init.clone(), init);
-                    scalar::attend(kv, &mut a1, d, &w, 16, &keys, &rows);
-                    attend(kv, &mut a2, d, &w, 16, &keys, &rows);
-                    a1.iter().zip(&a2).for_each(|(&a, &b)| close(b, a));
+                    let mut sums = Vec::new();
+                    for &(name, dots, attend) in &sets {
+                        let (mut o1, mut o2) = (vec![0f32; g * stride], vec![0f32; g * stride]);
+                        scalar::dots(kv, &qs, &keys, g, &mut o1, stride);
+                        dots(kv, &qs, &keys, g, &mut o2, stride);
+                        o1.iter().zip(&o2).for_each(|(&a, &b)| close(b, a));
+                        for i in 0..n_keys {
+                            let mut one = vec![0f32; (g - 1) * stride + 1];
+                            dots(kv, &qs, &keys[i * rb..(i + 1) * rb], g, &mut one, stride);
+                            for j in 0..g {
+                                assert_eq!(
+                                    one[j * stride].to_bits(),
+                                    o2[j * stride + i].to_bits(),
+                                    "{name}: {kv} d {d} g {g} key {i}"
+                                );
+                            }
+                        }
+                        let (mut a1, mut a2) = (init.clone(), init.clone());
+                        scalar::attend(kv, &mut a1, d, &w, 16, &keys, &rows);
+                        attend(kv, &mut a2, d, &w, 16, &keys, &rows);
+                        a1.iter().zip(&a2).for_each(|(&a, &b)| close(b, a));
+                        sums.push(a2);
+                    }
+                    let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert!(
+                        sums.windows(2).all(|p| bits(&p[0]) == bits(&p[1])),
+                        "weighted sums differ between kernel sets: {kv} d {d} g {g}"
+                    );
                 }
             }
         }

@@ -49,6 +49,8 @@ pub mod quantize;
 #[cfg(target_arch = "x86_64")]
 mod attention_avx2;
 #[cfg(target_arch = "x86_64")]
+mod attention_avx512;
+#[cfg(target_arch = "x86_64")]
 mod float_avx2;
 #[cfg(target_arch = "x86_64")]
 mod interleaved_avx2;
@@ -78,12 +80,14 @@ pub use quantize::{Q8KRow, Q8_0Row, Q8_1Row};
 ///
 /// The integer tiles exist once per x86 set, stamped from one generic body with the set's
 /// u8 × i8 dot-product primitive (`x86::Isa`): AVX2's `maddubs` + `madd`, or VNNI's
-/// `vpdpbusd`. Integer sums are exact either way, so every x86 set gives the same bits; the
-/// float helpers of attention and normalization are AVX2 on all of them.
+/// `vpdpbusd`. Integer sums are exact either way, so every x86 set gives the same bits. The
+/// `avx512` level also runs attention's scores and weighted sums on 512-bit registers; the other
+/// float helpers are AVX2 on all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimdLevel {
     /// AVX-512 F/BW/VL/VNNI (Intel Ice Lake, Sapphire Rapids and later Xeons; AMD Zen 4 and
-    /// later): the tiles use the EVEX `vpdpbusd` on 256-bit registers.
+    /// later): the tiles use the EVEX `vpdpbusd` on 256-bit registers, and attention
+    /// 512-bit float kernels.
     Avx512,
     /// AVX-VNNI (Intel Alder Lake and later clients): the tiles use the VEX `vpdpbusd`.
     AvxVnni,
@@ -237,6 +241,14 @@ fn detect() -> SimdLevel {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn use_avx2() -> bool {
     simd_level().has_avx2()
+}
+
+/// Whether the AVX-512 float kernels (attention's scores and weighted sums) may run: the
+/// `avx512` level, which implies AVX-512 F besides AVX2, FMA and F16C.
+#[inline]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn use_avx512() -> bool {
+    simd_level() == SimdLevel::Avx512
 }
 
 /// A weight matrix: `rows` rows of `cols` elements (ggml `ne[0] = cols`, `ne[1] = rows`),

@@ -32,6 +32,10 @@ pub const CHUNK_PAGES: usize = 8;
 
 const G: usize = attn::MAX_GROUP;
 
+/// Tiles of queries one prefill work item takes: it walks the chunks in order, each for all of
+/// its tiles while the chunk's keys and values stay in the core's cache.
+const BLOCK_TILES: usize = 8;
+
 /// The online-softmax state of up to [`G`] heads over some keys: each head's running max of
 /// the scores, the sum of `exp(score - max)`, and the value rows weighted by those (`acc`,
 /// `gh × head_dim`).
@@ -328,8 +332,11 @@ pub fn attention(
         });
     }
     let chunks_of = |qr: &Query<'_>| qr.view.positions.len().div_ceil(PAGE_SIZE * CHUNK_PAGES);
-    // Work units: tiles of consecutive queries of one sequence (as many as fit `G` rows with
-    // their heads) × KV head, each walking all of its chunks — or, when there are too few
+    // Work units: blocks of up to `BLOCK_TILES` tiles of consecutive queries of one sequence
+    // (a tile: as many queries as fit `G` rows with their heads) × KV head, walking the chunks
+    // in order, each chunk for every tile of the block while its keys and values are in the
+    // core's cache (a 4,096-token head does not fit L2: walked tile by tile, every tile read it
+    // all from farther away) — or, when there are too few
     // (query, KV head) pairs to keep every thread busy (decode), (query, KV head, chunk)
     // triples whose states are merged once all are done. The heads sharing a KV head read
     // each key and value once between them; they are split into sub-groups only when even
@@ -344,17 +351,16 @@ pub fn attention(
             .flat_map(|(i, qr)| (0..chunks_of(qr).max(1)).map(move |c| (i as u32, c as u32)))
             .collect()
     } else {
-        // (first query, number of queries)
-        let mut tiles: Vec<(u32, u32)> = Vec::with_capacity(queries.len());
+        // (first query, number of queries): blocks of up to `BLOCK_TILES` tiles.
+        let block_max = (tile_max * BLOCK_TILES) as u32;
+        let mut blocks: Vec<(u32, u32)> = Vec::with_capacity(queries.len());
         for (i, t) in queries.iter().enumerate() {
-            match tiles.last_mut() {
-                Some((a, n)) if (*n as usize) < tile_max && queries[*a as usize].seq == t.seq => {
-                    *n += 1
-                }
-                _ => tiles.push((i as u32, 1)),
+            match blocks.last_mut() {
+                Some((a, n)) if *n < block_max && queries[*a as usize].seq == t.seq => *n += 1,
+                _ => blocks.push((i as u32, 1)),
             }
         }
-        tiles
+        blocks
     };
     let want = (2 * nt).div_ceil((units.len() * n_kv_head).max(1));
     let sub = group.div_ceil(want).clamp(1, G);
@@ -371,10 +377,19 @@ pub fn attention(
     let next = AtomicUsize::new(0);
     pool.run(&|_, _| {
         let (shared, partial_out) = (&shared, &partial_out);
-        // The tile's query rows side by side, its running state and one chunk's state.
-        let mut bufs = vec![0f32; 3 * G * head_dim];
-        let (qs, rest) = bufs.split_at_mut(G * head_dim);
-        let (acc_total, acc_chunk) = rest.split_at_mut(G * head_dim);
+        // Each tile's query rows side by side and its running state; one chunk's state.
+        let tile_len = G * head_dim;
+        let mut bufs = vec![0f32; (2 * BLOCK_TILES + 1) * tile_len];
+        let (qs_all, rest) = bufs.split_at_mut(BLOCK_TILES * tile_len);
+        let (acc_all, acc_chunk) = rest.split_at_mut(BLOCK_TILES * tile_len);
+        let mut states: Vec<State<'_>> = acc_all
+            .chunks_exact_mut(tile_len)
+            .map(|acc| State {
+                max: [0.0; G],
+                sum: [0.0; G],
+                acc,
+            })
+            .collect();
         let mut ps = PageScratch {
             rows: [0; PAGE_SIZE],
             scores: [0.0; PAGE_SIZE * G],
@@ -392,49 +407,63 @@ pub fn attention(
                 (q0, nq) => (q0 as usize, nq as usize, None),
             };
             let (h0, gh) = (kvh * group + sg * sub, sub.min(group - sg * sub));
-            let tile = &resolved[q0..q0 + nq];
+            let block = &resolved[q0..q0 + nq];
             let row = gh * head_dim;
-            for (t, qr) in tile.iter().enumerate() {
-                qs[t * row..(t + 1) * row]
+            // The block's tiles: `tile_max` queries each (the last may have fewer).
+            let tiles = nq.div_ceil(tile_max);
+            let tile_at = |t: usize| t * tile_max..((t + 1) * tile_max).min(nq);
+            for (i, qr) in block.iter().enumerate() {
+                let (t, k) = (i / tile_max, i % tile_max);
+                qs_all[t * tile_len + k * row..][..row]
                     .copy_from_slice(&qr.q[h0 * head_dim..(h0 + gh) * head_dim]);
             }
-            let qs = &qs[..nq * row];
-            let mut chunk_st = State {
-                max: [0.0; G],
-                sum: [0.0; G],
-                acc: &mut acc_chunk[..nq * row],
-            };
-            let n_pages = tile[0].view.positions.len().div_ceil(PAGE_SIZE);
+            let n_pages = block[0].view.positions.len().div_ceil(PAGE_SIZE);
             let pages =
                 |c: usize| (c * CHUNK_PAGES).min(n_pages)..((c + 1) * CHUNK_PAGES).min(n_pages);
-            let walk = |c: usize, ps: &mut PageScratch, st: &mut State<'_>| {
+            let walk = |t: usize, c: usize, ps: &mut PageScratch, acc: &mut [f32]| {
+                let tile = &block[tile_at(t)];
+                let mut st = State {
+                    max: [0.0; G],
+                    sum: [0.0; G],
+                    acc: &mut acc[..tile.len() * row],
+                };
                 st.reset();
-                attend_chunk(tile, qs, kvh, gh, head_dim, scale, pages(c), ps, st);
+                let qs = &qs_all[t * tile_len..][..tile.len() * row];
+                attend_chunk(tile, qs, kvh, gh, head_dim, scale, pages(c), ps, &mut st);
+                (st.max, st.sum)
             };
             if let Some(c) = chunk {
-                walk(c, &mut ps, &mut chunk_st);
+                let (max, sum) = walk(0, c, &mut ps, acc_chunk);
                 // SAFETY: see `SharedOut`; `stride` floats at `item` belong to this item alone.
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(partial_out.0.add(item * stride), stride)
                 };
-                dst[..row].copy_from_slice(chunk_st.acc);
-                dst[sub * head_dim..sub * head_dim + G].copy_from_slice(&chunk_st.max);
-                dst[sub * head_dim + G..].copy_from_slice(&chunk_st.sum);
+                dst[..row].copy_from_slice(&acc_chunk[..row]);
+                dst[sub * head_dim..sub * head_dim + G].copy_from_slice(&max);
+                dst[sub * head_dim + G..].copy_from_slice(&sum);
                 continue;
             }
-            let mut st = State {
-                max: [0.0; G],
-                sum: [0.0; G],
-                acc: &mut acc_total[..nq * row],
-            };
-            st.reset();
-            for c in 0..chunks_of(&tile[0]) {
-                walk(c, &mut ps, &mut chunk_st);
-                st.merge(&chunk_st, nq * gh, head_dim);
+            for st in &mut states[..tiles] {
+                st.reset();
             }
-            for t in 0..nq {
-                // SAFETY: rows (q0 + t)·n_head + h0 .. + gh of `out` belong to this item alone.
-                unsafe { finish(&st, t * gh, gh, head_dim, *shared, (q0 + t) * n_head + h0) };
+            for c in 0..chunks_of(&block[0]) {
+                for (t, st) in states[..tiles].iter_mut().enumerate() {
+                    let (max, sum) = walk(t, c, &mut ps, acc_chunk);
+                    let n = tile_at(t).len() * gh;
+                    let chunk_st = State {
+                        max,
+                        sum,
+                        acc: &mut acc_chunk[..n * head_dim],
+                    };
+                    st.merge(&chunk_st, n, head_dim);
+                }
+            }
+            for (t, st) in states[..tiles].iter().enumerate() {
+                for (k, qi) in tile_at(t).enumerate() {
+                    // SAFETY: rows (q0 + qi)·n_head + h0 .. + gh of `out` belong to this item
+                    // alone.
+                    unsafe { finish(st, k * gh, gh, head_dim, *shared, (q0 + qi) * n_head + h0) };
+                }
             }
         }
     });

@@ -1,0 +1,240 @@
+//! AVX-512 (F) twins of the score and weighted-sum kernels in `attention`, on 512-bit registers:
+//! 16 lanes a step and 32 registers, so twice the multiply-adds of the AVX2 twins per
+//! instruction (prefill attention is bound by them: it runs near the AVX2 FMA peak).
+//!
+//! A key or value row is widened 16 values at a time: f16 with `vcvtph2ps`, Q8_0 by
+//! sign-extending 16 bytes (half a block) and multiplying by the block's scale. Head sizes that
+//! are not a multiple of 16 (only odd test shapes) take the AVX2 twins.
+//!
+//! The weighted sum adds each value row to an element with the same fused multiply-add, in the
+//! same row order, as the AVX2 twin: its results have the same bits. The scores sum a dot
+//! product in 16 lanes instead of 8, so they differ from the AVX2 ones in the last bits; as
+//! there, a score never depends on how many heads or keys share the call.
+
+use std::arch::x86_64::*;
+
+use super::attention::{KvType, Q8_BLOCK};
+use super::attention_avx2;
+use super::x86::hsum_ps;
+
+/// How a row type is widened, 16 values at a time.
+trait Row16 {
+    /// Values `i..i + 16` of the row at `p` (`i` a multiple of 16).
+    unsafe fn load16(p: *const u8, i: usize) -> __m512;
+}
+
+struct F16Row;
+struct Q8Row;
+
+impl Row16 for F16Row {
+    #[inline(always)]
+    unsafe fn load16(p: *const u8, i: usize) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i) as *const __m256i))
+    }
+}
+
+impl Row16 for Q8Row {
+    #[inline(always)]
+    unsafe fn load16(p: *const u8, i: usize) -> __m512 {
+        let b = p.add(i / 32 * Q8_BLOCK);
+        let d = _mm512_cvtph_ps(_mm256_set1_epi16((b as *const i16).read_unaligned()));
+        let q = _mm_loadu_si128(b.add(2 + i % 32) as *const __m128i);
+        _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)))
+    }
+}
+
+/// The sum of the 16 lanes: the two halves added, then as [`hsum_ps`] (a fixed order).
+#[inline(always)]
+unsafe fn hsum512(v: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
+}
+
+/// AVX-512 twin of [`super::attention::dots`].
+///
+/// # Safety
+/// The CPU must support AVX-512 F and VL besides AVX2, FMA and F16C; the shapes must be as
+/// the safe wrapper checks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+pub unsafe fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32], stride: usize) {
+    let d = qs.len() / g;
+    if !d.is_multiple_of(16) {
+        return attention_avx2::dots(kv, qs, keys, g, out, stride);
+    }
+    let rb = kv.row_bytes(d);
+    let (n, qp, kp, op) = (
+        keys.len() / rb,
+        qs.as_ptr(),
+        keys.as_ptr(),
+        out.as_mut_ptr(),
+    );
+    // `K` keys at a time, as many as 32 registers allow beside a query slice (K·G
+    // accumulators + K keys + 1), the rest one by one.
+    macro_rules! run {
+        ($r:ty, $g:literal, $k:literal) => {{
+            let mut i = 0;
+            while i + $k <= n {
+                dots_tile::<$r, $g, $k>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
+                i += $k;
+            }
+            while i < n {
+                dots_tile::<$r, $g, 1>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
+                i += 1;
+            }
+        }};
+    }
+    macro_rules! by_group {
+        ($r:ty) => {
+            match g {
+                1 => run!($r, 1, 8),
+                2 => run!($r, 2, 8),
+                3 => run!($r, 3, 6),
+                4 => run!($r, 4, 4),
+                5 => run!($r, 5, 4),
+                6 => run!($r, 6, 3),
+                7 => run!($r, 7, 3),
+                8 => run!($r, 8, 2),
+                g => panic!("attention kernels take 1 to 8 heads, got {g}"),
+            }
+        };
+    }
+    match kv {
+        KvType::F16 => by_group!(F16Row),
+        KvType::Q8_0 => by_group!(Q8Row),
+    }
+}
+
+/// Scores of `G` query rows (`qp`, `G × d`) against the `K` key rows from `kp` (`rb` bytes
+/// apart), written to `op[j·stride + k]`. Each key slice is widened once for the `G` rows and
+/// each query slice loaded once for the `K` keys; each (key, row) pair has one accumulator,
+/// summed over the 16-value slices in order and reduced at the end — the same operations
+/// whatever `G` and `K`, so a score has the same bits in any call.
+// `j`, `k` index the query rows, the keys and the accumulators at once.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn dots_tile<R: Row16, const G: usize, const K: usize>(
+    qp: *const f32,
+    kp: *const u8,
+    rb: usize,
+    d: usize,
+    op: *mut f32,
+    stride: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); G]; K];
+    let mut i = 0;
+    while i < d {
+        let mut keys = [_mm512_setzero_ps(); K];
+        for k in 0..K {
+            keys[k] = R::load16(kp.add(k * rb), i);
+        }
+        for j in 0..G {
+            let q = _mm512_loadu_ps(qp.add(j * d + i));
+            for k in 0..K {
+                acc[k][j] = _mm512_fmadd_ps(q, keys[k], acc[k][j]);
+            }
+        }
+        i += 16;
+    }
+    for k in 0..K {
+        for j in 0..G {
+            *op.add(j * stride + k) = hsum512(acc[k][j]);
+        }
+    }
+}
+
+/// AVX-512 twin of [`super::attention::attend`] (bit for bit the AVX2 twin's results).
+///
+/// # Safety
+/// The CPU must support AVX-512 F and VL besides AVX2, FMA and F16C; the shapes must be as
+/// the safe wrapper checks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+pub unsafe fn attend(
+    kv: KvType,
+    acc: &mut [f32],
+    d: usize,
+    w: &[f32],
+    ws: usize,
+    values: &[u8],
+    rows: &[u32],
+) {
+    if !d.is_multiple_of(16) {
+        return attention_avx2::attend(kv, acc, d, w, ws, values, rows);
+    }
+    let g = acc.len() / d;
+    let (ap, vp, wp, rb) = (
+        acc.as_mut_ptr(),
+        values.as_ptr(),
+        w.as_ptr(),
+        kv.row_bytes(d),
+    );
+    macro_rules! by_group {
+        ($r:ty) => {
+            match g {
+                1 => attend_g::<$r, 1>(ap, d, wp, ws, vp, rb, rows),
+                2 => attend_g::<$r, 2>(ap, d, wp, ws, vp, rb, rows),
+                3 => attend_g::<$r, 3>(ap, d, wp, ws, vp, rb, rows),
+                4 => attend_g::<$r, 4>(ap, d, wp, ws, vp, rb, rows),
+                5 => attend_g::<$r, 5>(ap, d, wp, ws, vp, rb, rows),
+                6 => attend_g::<$r, 6>(ap, d, wp, ws, vp, rb, rows),
+                7 => attend_g::<$r, 7>(ap, d, wp, ws, vp, rb, rows),
+                8 => attend_g::<$r, 8>(ap, d, wp, ws, vp, rb, rows),
+                g => panic!("attention kernels take 1 to 8 heads, got {g}"),
+            }
+        };
+    }
+    match kv {
+        KvType::F16 => by_group!(F16Row),
+        KvType::Q8_0 => by_group!(Q8Row),
+    }
+}
+
+/// For each 16-wide slice of the head dimension (two at a time, 2·G accumulators of 32
+/// registers), the `G` heads' accumulators stay in registers while every listed value row is
+/// widened once and added to all of them with its per-head weight (`wp[j·ws + i]`).
+// `j` indexes the weights and both accumulator arrays at once.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn attend_g<R: Row16, const G: usize>(
+    ap: *mut f32,
+    d: usize,
+    wp: *const f32,
+    ws: usize,
+    vp: *const u8,
+    rb: usize,
+    rows: &[u32],
+) {
+    let mut c = 0;
+    while c + 32 <= d {
+        let mut a: [[__m512; G]; 2] = std::array::from_fn(|h| {
+            std::array::from_fn(|j| _mm512_loadu_ps(ap.add(j * d + c + 16 * h)))
+        });
+        for (i, &r) in rows.iter().enumerate() {
+            let row = vp.add(r as usize * rb);
+            let (v0, v1) = (R::load16(row, c), R::load16(row, c + 16));
+            for j in 0..G {
+                let wj = _mm512_set1_ps(*wp.add(j * ws + i));
+                a[0][j] = _mm512_fmadd_ps(wj, v0, a[0][j]);
+                a[1][j] = _mm512_fmadd_ps(wj, v1, a[1][j]);
+            }
+        }
+        for (h, a) in a.iter().enumerate() {
+            for (j, a) in a.iter().enumerate() {
+                _mm512_storeu_ps(ap.add(j * d + c + 16 * h), *a);
+            }
+        }
+        c += 32;
+    }
+    if c < d {
+        // One 16-wide slice left (d is a multiple of 16).
+        let mut a: [__m512; G] = std::array::from_fn(|j| _mm512_loadu_ps(ap.add(j * d + c)));
+        for (i, &r) in rows.iter().enumerate() {
+            let v = R::load16(vp.add(r as usize * rb), c);
+            for (j, a) in a.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_set1_ps(*wp.add(j * ws + i)), v, *a);
+            }
+        }
+        for (j, a) in a.iter().enumerate() {
+            _mm512_storeu_ps(ap.add(j * d + c), *a);
+        }
+    }
+}
