@@ -15,7 +15,7 @@ use crate::threadpool::ThreadPool;
 use super::interleaved::{self, GROUP_ROWS};
 use super::quantize::{ActFormat, Q8Batch, Q8KRow};
 #[cfg(target_arch = "x86_64")]
-use super::{interleaved_avx2, kquants_avx2, legacy_avx2};
+use super::{interleaved_avx2, interleaved_avx512, kquants_avx2, legacy_avx2};
 use super::{kquants, legacy, Layout, Matrix, SimdLevel};
 
 /// The `(dot, dots)` pair of one kernel: for an x86 `$level`, the twins from `$simd_mod`'s
@@ -334,6 +334,10 @@ fn split(
 /// `out[i][r]`.
 type GroupFn<'a> = dyn Fn(&[u8], usize, &mut [[f32; GROUP_ROWS]]) + Sync + 'a;
 
+/// Two neighbouring groups (their bytes) · the tokens `t0..t0 + out.len()`, into `out[i][r]`
+/// (rows of the first group, then of the second).
+type PairFn<'a> = dyn Fn(&[u8], &[u8], usize, &mut [[f32; 2 * GROUP_ROWS]]) + Sync + 'a;
+
 /// [`matmul_with`] for an interleaved matrix: the activations quantized for its type (with the
 /// block sums the Q4_0 / Q5_0 kernels need), then [`run_interleaved`] with its group kernel.
 fn matmul_interleaved(
@@ -379,7 +383,7 @@ fn matmul_interleaved(
                 interleaved::tile_k4(wg, &ys, out)
             }
         };
-        run_interleaved(pool, w, n_tokens, y, &kernel);
+        run_interleaved(pool, w, n_tokens, y, &kernel, None);
         return;
     }
     // Q4_1 / Q5_1 take Q8_1 activations (with `s_y`); Q4_0 / Q5_0 take Q8_0 and block sums.
@@ -410,9 +414,9 @@ fn matmul_interleaved(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let simd: Option<(Tile, TileQ8)> = None;
-    let kernel = |wg: &[u8], t0: usize, out: &mut [[f32; 8]]| {
-        let n = out.len();
-        let ys = if min {
+    // The activations of tokens `t0..t0 + n` as the tiles take them.
+    let legacy_acts = |t0: usize, n: usize| {
+        if min {
             let y = acts.q8_1_rows(t0, n);
             interleaved::LegacyActs {
                 qs: y.qs,
@@ -426,7 +430,10 @@ fn matmul_interleaved(
                 d: y.d,
                 sums: &sums[t0 * nb..(t0 + n) * nb],
             }
-        };
+        }
+    };
+    let kernel = |wg: &[u8], t0: usize, out: &mut [[f32; 8]]| {
+        let ys = legacy_acts(t0, out.len());
         if let Some((tile, tile_q8)) = simd {
             // SAFETY: `matmul_with` checked that the CPU runs `level`.
             return unsafe {
@@ -443,28 +450,62 @@ fn matmul_interleaved(
             interleaved::tile(dtype, wg, &ys, out)
         }
     };
-    run_interleaved(pool, w, n_tokens, y, &kernel);
+    // AVX-512: two groups per call on 512-bit registers (the same bits as two calls).
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512 && !q8 {
+        let pair = |wa: &[u8], wb: &[u8], t0: usize, out: &mut [[f32; 2 * GROUP_ROWS]]| {
+            let ys = legacy_acts(t0, out.len());
+            // SAFETY: `matmul_with` checked that the CPU runs `level`.
+            unsafe { interleaved_avx512::tile_pair(dtype, wa, wb, &ys, out) }
+        };
+        run_interleaved(pool, w, n_tokens, y, &kernel, Some(&pair));
+        return;
+    }
+    run_interleaved(pool, w, n_tokens, y, &kernel, None);
 }
 
 /// [`run`] for an interleaved matrix: chunks of 8-row groups, each group · up to 4 tokens per
-/// kernel call, in the same loop order (token blocks in L2, a group's weights in L1).
+/// kernel call, in the same loop order (token blocks in L2, a group's weights in L1). With a
+/// `pair` kernel, two neighbouring groups of a chunk share each call.
 fn run_interleaved(
     pool: &ThreadPool,
     w: &Matrix,
     n_tokens: usize,
     y: &mut [f32],
     kernel: &GroupFn,
+    pair: Option<&PairFn>,
 ) {
     let rows = w.rows;
     let n_groups = rows / GROUP_ROWS;
     let group_bytes = interleaved::group_bytes(w.dtype, w.cols);
     let token_block = token_block(w.cols);
     let out = OutPtr(y.as_mut_ptr());
-    split(pool, w, n_tokens, n_groups, 1, &|g0, g1| {
+    let granule = if pair.is_some() { 2 } else { 1 };
+    split(pool, w, n_tokens, n_groups, granule, &|g0, g1| {
         for tb0 in (0..n_tokens).step_by(token_block) {
             let tb1 = (tb0 + token_block).min(n_tokens);
-            for g in g0..g1 {
+            let mut g = g0;
+            while g < g1 {
                 let wg = &w.data[g * group_bytes..][..group_bytes];
+                if let Some(pair) = pair.filter(|_| g + 1 < g1) {
+                    let wg2 = &w.data[(g + 1) * group_bytes..][..group_bytes];
+                    for t0 in (tb0..tb1).step_by(TILE_TOKENS) {
+                        let nt = TILE_TOKENS.min(tb1 - t0);
+                        let mut tile = [[0f32; 2 * GROUP_ROWS]; TILE_TOKENS];
+                        pair(wg, wg2, t0, &mut tile[..nt]);
+                        for (i, vals) in tile[..nt].iter().enumerate() {
+                            let (halves, _) = vals.as_chunks::<GROUP_ROWS>();
+                            // SAFETY: t0 + i < n_tokens and (g + 1) · 8 + 8 ≤ rows, so the 16
+                            // indices are below y.len(); groups g, g + 1 belong to this chunk.
+                            unsafe {
+                                out.write8((t0 + i) * rows + g * GROUP_ROWS, &halves[0]);
+                                out.write8((t0 + i) * rows + (g + 1) * GROUP_ROWS, &halves[1]);
+                            }
+                        }
+                    }
+                    g += 2;
+                    continue;
+                }
                 for t0 in (tb0..tb1).step_by(TILE_TOKENS) {
                     let nt = TILE_TOKENS.min(tb1 - t0);
                     let mut tile = [[0f32; GROUP_ROWS]; TILE_TOKENS];
@@ -475,6 +516,7 @@ fn run_interleaved(
                         unsafe { out.write8((t0 + i) * rows + g * GROUP_ROWS, vals) };
                     }
                 }
+                g += 1;
             }
         }
     });

@@ -55,6 +55,8 @@ mod float_avx2;
 #[cfg(target_arch = "x86_64")]
 mod interleaved_avx2;
 #[cfg(target_arch = "x86_64")]
+mod interleaved_avx512;
+#[cfg(target_arch = "x86_64")]
 mod kquants_avx2;
 #[cfg(target_arch = "x86_64")]
 mod legacy_avx2;
@@ -81,13 +83,13 @@ pub use quantize::{Q8KRow, Q8_0Row, Q8_1Row};
 /// The integer tiles exist once per x86 set, stamped from one generic body with the set's
 /// u8 × i8 dot-product primitive (`x86::Isa`): AVX2's `maddubs` + `madd`, or VNNI's
 /// `vpdpbusd`. Integer sums are exact either way, so every x86 set gives the same bits. The
-/// `avx512` level also runs attention's scores and weighted sums on 512-bit registers; the other
-/// float helpers are AVX2 on all.
+/// `avx512` level also runs attention's scores and weighted sums on 512-bit registers, and the
+/// 32-element types' tiles two row groups at a time; the other float helpers are AVX2 on all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimdLevel {
     /// AVX-512 F/BW/VL/VNNI (Intel Ice Lake, Sapphire Rapids and later Xeons; AMD Zen 4 and
-    /// later): the tiles use the EVEX `vpdpbusd` on 256-bit registers, and attention
-    /// 512-bit float kernels.
+    /// later): the tiles use the EVEX `vpdpbusd` (the 32-element types' on 512-bit registers,
+    /// the others on 256-bit ones), and attention 512-bit float kernels.
     Avx512,
     /// AVX-VNNI (Intel Alder Lake and later clients): the tiles use the VEX `vpdpbusd`.
     AvxVnni,
