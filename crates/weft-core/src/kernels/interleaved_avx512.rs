@@ -1,17 +1,17 @@
-//! The AVX-512 pair tile of the 32-element types (Q4_0, Q4_1, Q5_0, Q5_1): two groups of 8
-//! interleaved rows · 1 to 4 tokens on 512-bit registers, group `a` in the low 256 bits and
-//! group `b` in the high ones.
+//! The AVX-512 pair tiles of the interleaved types but Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+//! Q6_K): two groups of 8 interleaved rows · 1 to 4 tokens on 512-bit registers, group `a` in
+//! the low 256 bits and group `b` in the high ones.
 //!
 //! The activation bytes a token's 16 rows meet are the same, so every broadcast, and every
 //! unpacking and `vpdpbusd` of the weights, serves 16 rows instead of 8: half the instructions
-//! of two calls of the 256-bit tile (`interleaved_avx2::avx512::tile`). Each lane takes the same
-//! operations as in that tile (exact integer sums, then the same float multiply and FMAs), so
-//! the results have the same bits.
+//! of two calls of the 256-bit tiles (`interleaved_avx2::avx512`). Each lane takes the same
+//! operations as in those tiles (exact integer sums, then the same float multiplies and FMAs),
+//! so the results have the same bits.
 
 use std::arch::x86_64::*;
 
-use super::interleaved::{Legacy, LegacyActs};
-use super::quantize::QK8;
+use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES, K6_GROUP_BYTES};
+use super::quantize::{Q8KRow, QK8, QK_K};
 use super::x86::PREFETCH_BYTES;
 use crate::gguf::GgmlType;
 
@@ -25,10 +25,25 @@ unsafe fn load2(pa: *const u8, pb: *const u8) -> __m512i {
 /// The 8 f16 at `pa` (group `a`'s rows) and the 8 at `pb` (group `b`'s), widened.
 #[inline(always)]
 unsafe fn f16x16(pa: *const u8, pb: *const u8) -> __m512 {
-    _mm512_cvtph_ps(_mm256_set_m128i(
+    _mm512_cvtph_ps(bytes16x2(pa, pb))
+}
+
+/// The 8 bytes at `pa` (group `a`) and the 8 at `pb` (group `b`), in the low 128 bits.
+#[inline(always)]
+unsafe fn bytes8x2(pa: *const u8, pb: *const u8) -> __m128i {
+    _mm_unpacklo_epi64(
+        _mm_loadl_epi64(pa as *const __m128i),
+        _mm_loadl_epi64(pb as *const __m128i),
+    )
+}
+
+/// The 16 bytes at `pa` (group `a`) and the 16 at `pb` (group `b`).
+#[inline(always)]
+unsafe fn bytes16x2(pa: *const u8, pb: *const u8) -> __m256i {
+    _mm256_set_m128i(
         _mm_loadu_si128(pb as *const __m128i),
         _mm_loadu_si128(pa as *const __m128i),
-    ))
+    )
 }
 
 /// The 4 activation bytes `y[i..i + 4]` in every 32-bit lane.
@@ -176,5 +191,209 @@ pub unsafe fn tile_pair(
         (false, true) => by_tokens!(false, true),
         (true, false) => by_tokens!(true, false),
         (true, true) => by_tokens!(true, true),
+    }
+}
+
+/// Two Q4_K groups · `T` tokens: `tile_k4_t` of `interleaved_avx2` (its VNNI form) on 16 rows.
+#[inline(always)]
+unsafe fn tile_k4_pair_t<const T: usize>(wa: &[u8], wb: &[u8], ys: &Q8KRow, out: &mut [[f32; 16]]) {
+    let nb = wa.len() / K4_GROUP_BYTES;
+    assert!(wa.len() == nb * K4_GROUP_BYTES && wb.len() == wa.len() && out.len() == T);
+    assert!(ys.qs.len() == T * nb * QK_K && ys.d.len() == T * nb);
+    assert!(ys.bsums.len() == T * nb * 16);
+    let yq: [*const i8; T] = std::array::from_fn(|t| ys.qs.as_ptr().add(t * nb * QK_K));
+    let yd: [*const f32; T] = std::array::from_fn(|t| ys.d.as_ptr().add(t * nb));
+    let ybs: [*const i16; T] = std::array::from_fn(|t| ys.bsums.as_ptr().add(t * nb * 16));
+    let m4 = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let (pa, pb) = (
+            wa.as_ptr().add(b * K4_GROUP_BYTES),
+            wb.as_ptr().add(b * K4_GROUP_BYTES),
+        );
+        let d = f16x16(pa, pb);
+        let dmin = f16x16(pa.add(16), pb.add(16));
+        let mut isum = [_mm512_setzero_si512(); T];
+        for s in 0..8 {
+            let (qa, qb) = (pa.add(160 + 128 * s), pb.add(160 + 128 * s));
+            _mm_prefetch::<_MM_HINT_T0>(qa.wrapping_add(PREFETCH_BYTES) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PREFETCH_BYTES) as *const i8);
+            // The 16 rows' scales of sub-block s, one per lane.
+            let sc = _mm512_cvtepu8_epi32(bytes8x2(pa.add(32 + 8 * s), pb.add(32 + 8 * s)));
+            // Chunk c: low nibbles (elements 4c..) and high nibbles (16 + 4c..) of 16 rows.
+            let mut w8 = [_mm512_setzero_si512(); 8];
+            for c in 0..4 {
+                let v = load2(qa.add(32 * c), qb.add(32 * c));
+                w8[2 * c] = _mm512_and_si512(v, m4);
+                w8[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+            }
+            for t in 0..T {
+                let y = yq[t].add(b * QK_K + 32 * s);
+                let zero = _mm512_setzero_si512();
+                let (mut even, mut odd) = (zero, zero);
+                for k in 0..4 {
+                    // Pair k: chunk k's low nibbles · y[4k..], its high nibbles · y[16 + 4k..].
+                    even = _mm512_dpbusd_epi32(even, w8[2 * k], bcast4(y, 4 * k));
+                    odd = _mm512_dpbusd_epi32(odd, w8[2 * k + 1], bcast4(y, 16 + 4 * k));
+                }
+                let v = _mm512_mullo_epi32(_mm512_add_epi32(even, odd), sc);
+                isum[t] = _mm512_add_epi32(isum[t], v);
+            }
+        }
+        for t in 0..T {
+            // Sums of the 8 groups of 32 activations, as 4 pairs of i16 (one pair per i32).
+            let bs = _mm256_loadu_si256(ybs[t].add(16 * b) as *const __m256i);
+            let pairs = _mm_hadd_epi16(
+                _mm256_castsi256_si128(bs),
+                _mm256_extracti128_si256::<1>(bs),
+            );
+            let mut msum = _mm512_setzero_si512();
+            for (i, pair) in [
+                _mm_shuffle_epi32::<0x00>(pairs),
+                _mm_shuffle_epi32::<0x55>(pairs),
+                _mm_shuffle_epi32::<0xAA>(pairs),
+                _mm_shuffle_epi32::<0xFF>(pairs),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let mins =
+                    _mm512_cvtepu8_epi16(bytes16x2(pa.add(96 + 16 * i), pb.add(96 + 16 * i)));
+                let ysum = _mm512_broadcast_i32x4(pair);
+                msum = _mm512_add_epi32(msum, _mm512_madd_epi16(mins, ysum));
+            }
+            let dy = _mm512_set1_ps(*yd[t].add(b));
+            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[t]), d);
+            acc[t] = _mm512_fmadd_ps(v, dy, acc[t]);
+            let m = _mm512_mul_ps(_mm512_cvtepi32_ps(msum), dmin);
+            acc[t] = _mm512_fnmadd_ps(m, dy, acc[t]);
+        }
+    }
+    for t in 0..T {
+        _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
+}
+
+/// `Σ maddubs(u_k, s_k)` over two pairs, widened and scaled by `scale` (per i32 lane, in both
+/// i16 halves): `dots_scaled` of `x86` for two products, on 512-bit registers.
+#[inline(always)]
+unsafe fn scaled2(u: [__m512i; 2], s: [__m512i; 2], scale: __m512i) -> __m512i {
+    let p = _mm512_add_epi16(
+        _mm512_maddubs_epi16(u[0], s[0]),
+        _mm512_maddubs_epi16(u[1], s[1]),
+    );
+    _mm512_madd_epi16(p, scale)
+}
+
+/// Two Q6_K groups · `T` tokens: `tile_k6_t` of `interleaved_avx2` on 16 rows.
+#[inline(always)]
+unsafe fn tile_k6_pair_t<const T: usize>(wa: &[u8], wb: &[u8], ys: &Q8KRow, out: &mut [[f32; 16]]) {
+    let nb = wa.len() / K6_GROUP_BYTES;
+    assert!(wa.len() == nb * K6_GROUP_BYTES && wb.len() == wa.len() && out.len() == T);
+    assert!(ys.qs.len() == T * nb * QK_K && ys.d.len() == T * nb);
+    assert!(ys.bsums.len() == T * nb * 16);
+    let yq: [*const i8; T] = std::array::from_fn(|t| ys.qs.as_ptr().add(t * nb * QK_K));
+    let yd: [*const f32; T] = std::array::from_fn(|t| ys.d.as_ptr().add(t * nb));
+    let ybs: [*const i16; T] = std::array::from_fn(|t| ys.bsums.as_ptr().add(t * nb * 16));
+    let (m4, m6) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    // Within each row's lane (sc[2s], sc[2s + 1]) → (sc[2s], sc[2s]) and (sc[2s+1], sc[2s+1]);
+    // `vpshufb` works within each 128-bit lane, so one pattern serves all four.
+    #[rustfmt::skip]
+    let (even, odd) = (
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13)),
+        _mm512_broadcast_i32x4(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15)),
+    );
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let (pa, pb) = (
+            wa.as_ptr().add(b * K6_GROUP_BYTES),
+            wb.as_ptr().add(b * K6_GROUP_BYTES),
+        );
+        let d = f16x16(pa, pb);
+        let mut isum = [_mm512_setzero_si512(); T];
+        for s in 0..8 {
+            let (qa, qb) = (pa.add(144 + 192 * s), pb.add(144 + 192 * s));
+            _mm_prefetch::<_MM_HINT_T0>(qa.wrapping_add(PREFETCH_BYTES) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PREFETCH_BYTES) as *const i8);
+            let pair = _mm512_cvtepi8_epi16(bytes16x2(pa.add(16 + 16 * s), pb.add(16 + 16 * s)));
+            let (sc_lo, sc_hi) = (
+                _mm512_shuffle_epi8(pair, even),
+                _mm512_shuffle_epi8(pair, odd),
+            );
+            let pair32 = _mm512_slli_epi16::<5>(pair);
+            let (ha, hb) = (
+                load2(qa.add(128), qb.add(128)),
+                load2(qa.add(160), qb.add(160)),
+            );
+            // Chunk c: low nibbles | high bits 2c..2c+2 of `ha` (elements 4c..), and high
+            // nibbles | those of `hb` (elements 16 + 4c..), the bits moved to 4–5 by $shift.
+            macro_rules! chunk {
+                ($c:literal, $shift:expr) => {{
+                    let v = load2(qa.add(32 * $c), qb.add(32 * $c));
+                    let lo = _mm512_and_si512(v, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                    let sh = |x: __m512i| _mm512_and_si512($shift(x), m6);
+                    (_mm512_or_si512(lo, sh(ha)), _mm512_or_si512(hi, sh(hb)))
+                }};
+            }
+            // One token's products with chunks `l`, `h` of pair i (`y[i..]`, `y[16 + i..]`).
+            let chunk_pair = |y: *const i8, i: usize, w: [__m512i; 4]| {
+                let a = scaled2([w[0], w[1]], [bcast4(y, i), bcast4(y, i + 4)], sc_lo);
+                let c = scaled2([w[2], w[3]], [bcast4(y, 16 + i), bcast4(y, 20 + i)], sc_hi);
+                _mm512_add_epi32(a, c)
+            };
+            let (l0, h0) = chunk!(0, |x| _mm512_slli_epi16::<4>(x));
+            let (l1, h1) = chunk!(1, |x| _mm512_slli_epi16::<2>(x));
+            for t in 0..T {
+                let y = yq[t].add(b * QK_K + 32 * s);
+                isum[t] = _mm512_add_epi32(isum[t], chunk_pair(y, 0, [l0, l1, h0, h1]));
+            }
+            let (l2, h2) = chunk!(2, |x| x);
+            let (l3, h3) = chunk!(3, |x| _mm512_srli_epi16::<2>(x));
+            for t in 0..T {
+                let y = yq[t].add(b * QK_K + 32 * s);
+                let v = chunk_pair(y, 8, [l2, l3, h2, h3]);
+                // 32 · (sc[2s] · Σy[2s] + sc[2s+1] · Σy[2s+1]): the offset of both groups.
+                let sums = (ybs[t].add(16 * b + 2 * s) as *const i32).read_unaligned();
+                let off = _mm512_madd_epi16(pair32, _mm512_set1_epi32(sums));
+                isum[t] = _mm512_sub_epi32(_mm512_add_epi32(isum[t], v), off);
+            }
+        }
+        for t in 0..T {
+            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[t]), d);
+            acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(*yd[t].add(b)), acc[t]);
+        }
+    }
+    for t in 0..T {
+        _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
+}
+
+/// Two groups of Q4_K (`k6` false) or Q6_K (`wa`, `wb`: [`super::interleaved::tile_k4`]'s or
+/// `tile_k6`'s `w` each) · `out.len()` of 1 to 4 tokens, as [`tile_pair`] lays them out.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW, VL and VNNI (with AVX2, FMA and F16C).
+///
+/// # Panics
+/// As the reference, if the groups differ in size, or for more than 4 tokens.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn tile_k_pair(k6: bool, wa: &[u8], wb: &[u8], ys: &Q8KRow, out: &mut [[f32; 16]]) {
+    macro_rules! by_tokens {
+        ($f:ident) => {
+            match out.len() {
+                0 => {}
+                1 => $f::<1>(wa, wb, ys, out),
+                2 => $f::<2>(wa, wb, ys, out),
+                3 => $f::<3>(wa, wb, ys, out),
+                4 => $f::<4>(wa, wb, ys, out),
+                n => panic!("a tile takes at most 4 rows, got {n}"),
+            }
+        };
+    }
+    if k6 {
+        by_tokens!(tile_k6_pair_t)
+    } else {
+        by_tokens!(tile_k4_pair_t)
     }
 }

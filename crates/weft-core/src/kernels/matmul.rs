@@ -383,6 +383,16 @@ fn matmul_interleaved(
                 interleaved::tile_k4(wg, &ys, out)
             }
         };
+        #[cfg(target_arch = "x86_64")]
+        if level == SimdLevel::Avx512 {
+            let pair = |wa: &[u8], wb: &[u8], t0: usize, out: &mut [[f32; 2 * GROUP_ROWS]]| {
+                let ys = acts.q8_k_rows(t0, out.len());
+                // SAFETY: `matmul_with` checked that the CPU runs `level`.
+                unsafe { interleaved_avx512::tile_k_pair(k6, wa, wb, &ys, out) }
+            };
+            run_interleaved(pool, w, n_tokens, y, &kernel, Some(&pair));
+            return;
+        }
         run_interleaved(pool, w, n_tokens, y, &kernel, None);
         return;
     }
