@@ -1,5 +1,5 @@
-//! The AVX-512 pair tiles of the interleaved types but Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-//! Q6_K): two groups of 8 interleaved rows · 1 to 4 tokens on 512-bit registers, group `a` in
+//! The AVX-512 pair tiles of the interleaved types (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K,
+//! Q8_0): two groups of 8 interleaved rows · 1 to 4 tokens on 512-bit registers, group `a` in
 //! the low 256 bits and group `b` in the high ones.
 //!
 //! The activation bytes a token's 16 rows meet are the same, so every broadcast, and every
@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES, K6_GROUP_BYTES};
+use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES, K6_GROUP_BYTES, Q8_BLOCK_BYTES};
 use super::quantize::{Q8KRow, QK8, QK_K};
 use super::x86::PREFETCH_BYTES;
 use crate::gguf::GgmlType;
@@ -395,5 +395,70 @@ pub unsafe fn tile_k_pair(k6: bool, wa: &[u8], wb: &[u8], ys: &Q8KRow, out: &mut
         by_tokens!(tile_k6_pair_t)
     } else {
         by_tokens!(tile_k4_pair_t)
+    }
+}
+
+/// Two Q8_0 groups · `T` tokens: the VNNI form of `tile_q8_t` of `interleaved_avx2` on 16 rows
+/// (the quants' top bit flipped, `q + 128` unsigned, then `128 · Σ y` subtracted: `ys.sums`).
+#[inline(always)]
+unsafe fn tile_q8_pair_t<const T: usize>(
+    wa: &[u8],
+    wb: &[u8],
+    ys: &LegacyActs,
+    out: &mut [[f32; 16]],
+) {
+    let nb = wa.len() / Q8_BLOCK_BYTES;
+    assert!(wa.len() == nb * Q8_BLOCK_BYTES && wb.len() == wa.len() && out.len() == T);
+    assert!(ys.qs.len() == T * nb * QK8 && ys.d.len() == T * nb && ys.sums.len() == T * nb);
+    let yq: [*const i8; T] = std::array::from_fn(|t| ys.qs.as_ptr().add(t * nb * QK8));
+    let yd: [*const f32; T] = std::array::from_fn(|t| ys.d.as_ptr().add(t * nb));
+    let ysum: [*const i32; T] = std::array::from_fn(|t| ys.sums.as_ptr().add(t * nb));
+    let flip = _mm512_set1_epi8(0x80u8 as i8);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let (pa, pb) = (
+            wa.as_ptr().add(b * Q8_BLOCK_BYTES),
+            wb.as_ptr().add(b * Q8_BLOCK_BYTES),
+        );
+        for line in (0..Q8_BLOCK_BYTES).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(line + PREFETCH_BYTES) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(pb.wrapping_add(line + PREFETCH_BYTES) as *const i8);
+        }
+        let dx = f16x16(pa, pb);
+        let mut s = [_mm512_setzero_si512(); T];
+        for c in 0..8 {
+            let u = _mm512_xor_si512(load2(pa.add(16 + 32 * c), pb.add(16 + 32 * c)), flip);
+            for t in 0..T {
+                s[t] = _mm512_dpbusd_epi32(s[t], u, bcast4(yq[t].add(b * QK8), 4 * c));
+            }
+        }
+        for t in 0..T {
+            let s = _mm512_sub_epi32(s[t], _mm512_set1_epi32(*ysum[t].add(b)));
+            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(s), dx);
+            acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(*yd[t].add(b)), acc[t]);
+        }
+    }
+    for t in 0..T {
+        _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    }
+}
+
+/// Two interleaved Q8_0 groups (`wa`, `wb`) · `out.len()` of 1 to 4 tokens, as [`tile_pair`]
+/// lays them out (`ys.sums`: the block sums with offset 128).
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW, VL and VNNI (with AVX2, FMA and F16C).
+///
+/// # Panics
+/// As the reference, if the groups differ in size, or for more than 4 tokens.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn tile_q8_0_pair(wa: &[u8], wb: &[u8], ys: &LegacyActs, out: &mut [[f32; 16]]) {
+    match out.len() {
+        0 => {}
+        1 => tile_q8_pair_t::<1>(wa, wb, ys, out),
+        2 => tile_q8_pair_t::<2>(wa, wb, ys, out),
+        3 => tile_q8_pair_t::<3>(wa, wb, ys, out),
+        4 => tile_q8_pair_t::<4>(wa, wb, ys, out),
+        n => panic!("a tile takes at most 4 rows, got {n}"),
     }
 }

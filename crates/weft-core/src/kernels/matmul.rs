@@ -462,11 +462,17 @@ fn matmul_interleaved(
     };
     // AVX-512: two groups per call on 512-bit registers (the same bits as two calls).
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512 && !q8 {
+    if level == SimdLevel::Avx512 {
         let pair = |wa: &[u8], wb: &[u8], t0: usize, out: &mut [[f32; 2 * GROUP_ROWS]]| {
             let ys = legacy_acts(t0, out.len());
             // SAFETY: `matmul_with` checked that the CPU runs `level`.
-            unsafe { interleaved_avx512::tile_pair(dtype, wa, wb, &ys, out) }
+            unsafe {
+                if q8 {
+                    interleaved_avx512::tile_q8_0_pair(wa, wb, &ys, out)
+                } else {
+                    interleaved_avx512::tile_pair(dtype, wa, wb, &ys, out)
+                }
+            }
         };
         run_interleaved(pool, w, n_tokens, y, &kernel, Some(&pair));
         return;
