@@ -84,12 +84,13 @@ pub use quantize::{Q8KRow, Q8_0Row, Q8_1Row};
 /// u8 × i8 dot-product primitive (`x86::Isa`): AVX2's `maddubs` + `madd`, or VNNI's
 /// `vpdpbusd`. Integer sums are exact either way, so every x86 set gives the same bits. The
 /// `avx512` level also runs attention's scores and weighted sums on 512-bit registers, and the
-/// 32-element types' tiles two row groups at a time; the other float helpers are AVX2 on all.
+/// interleaved tiles two row groups at a time (`interleaved_avx512`); the other float helpers
+/// are AVX2 on all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimdLevel {
     /// AVX-512 F/BW/VL/VNNI (Intel Ice Lake, Sapphire Rapids and later Xeons; AMD Zen 4 and
-    /// later): the tiles use the EVEX `vpdpbusd` (the 32-element types' on 512-bit registers,
-    /// the others on 256-bit ones), and attention 512-bit float kernels.
+    /// later): the tiles use the EVEX `vpdpbusd` (the interleaved ones on 512-bit registers,
+    /// two row groups at a time), and attention 512-bit float kernels.
     Avx512,
     /// AVX-VNNI (Intel Alder Lake and later clients): the tiles use the VEX `vpdpbusd`.
     AvxVnni,

@@ -29,7 +29,8 @@ pub trait Isa {
 pub struct Avx2;
 /// AVX2 with AVX-VNNI's VEX-encoded `vpdpbusd`.
 pub struct AvxVnni;
-/// AVX-512 F/BW/VL/VNNI: the EVEX `vpdpbusd` on 256-bit registers.
+/// AVX-512 F/BW/VL/VNNI: the EVEX `vpdpbusd` on 256-bit registers (the 512-bit pair tiles
+/// of `interleaved_avx512` use the instruction directly).
 pub struct Avx512;
 
 impl Isa for Avx2 {
