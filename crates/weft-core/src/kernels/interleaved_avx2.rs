@@ -23,6 +23,7 @@ macro_rules! by_tokens {
         }
     };
 }
+pub(super) use by_tokens;
 
 /// The 4 activation bytes `y[i..i + 4]` in every 32-bit lane.
 #[inline(always)]

@@ -11,6 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES, K6_GROUP_BYTES, Q8_BLOCK_BYTES};
+use super::interleaved_avx2::by_tokens;
 use super::quantize::{Q8KRow, QK8, QK_K};
 use super::x86::PREFETCH_BYTES;
 use crate::gguf::GgmlType;
@@ -173,24 +174,12 @@ pub unsafe fn tile_pair(
     ys: &LegacyActs,
     out: &mut [[f32; 16]],
 ) {
-    let kind = Legacy::of(dtype).expect("a 32-element type");
-    macro_rules! by_tokens {
-        ($h:literal, $m:literal) => {
-            match out.len() {
-                0 => {}
-                1 => tile_pair_t::<$h, $m, 1>(wa, wb, ys, out),
-                2 => tile_pair_t::<$h, $m, 2>(wa, wb, ys, out),
-                3 => tile_pair_t::<$h, $m, 3>(wa, wb, ys, out),
-                4 => tile_pair_t::<$h, $m, 4>(wa, wb, ys, out),
-                n => panic!("a tile takes at most 4 rows, got {n}"),
-            }
-        };
-    }
+    let (kind, n) = (Legacy::of(dtype).expect("a 32-element type"), out.len());
     match (kind.high, kind.min) {
-        (false, false) => by_tokens!(false, false),
-        (false, true) => by_tokens!(false, true),
-        (true, false) => by_tokens!(true, false),
-        (true, true) => by_tokens!(true, true),
+        (false, false) => by_tokens!(n, tile_pair_t::<false, false>(wa, wb, ys, out)),
+        (false, true) => by_tokens!(n, tile_pair_t::<false, true>(wa, wb, ys, out)),
+        (true, false) => by_tokens!(n, tile_pair_t::<true, false>(wa, wb, ys, out)),
+        (true, true) => by_tokens!(n, tile_pair_t::<true, true>(wa, wb, ys, out)),
     }
 }
 
@@ -379,22 +368,10 @@ unsafe fn tile_k6_pair_t<const T: usize>(wa: &[u8], wb: &[u8], ys: &Q8KRow, out:
 /// As the reference, if the groups differ in size, or for more than 4 tokens.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn tile_k_pair(k6: bool, wa: &[u8], wb: &[u8], ys: &Q8KRow, out: &mut [[f32; 16]]) {
-    macro_rules! by_tokens {
-        ($f:ident) => {
-            match out.len() {
-                0 => {}
-                1 => $f::<1>(wa, wb, ys, out),
-                2 => $f::<2>(wa, wb, ys, out),
-                3 => $f::<3>(wa, wb, ys, out),
-                4 => $f::<4>(wa, wb, ys, out),
-                n => panic!("a tile takes at most 4 rows, got {n}"),
-            }
-        };
-    }
     if k6 {
-        by_tokens!(tile_k6_pair_t)
+        by_tokens!(out.len(), tile_k6_pair_t(wa, wb, ys, out))
     } else {
-        by_tokens!(tile_k4_pair_t)
+        by_tokens!(out.len(), tile_k4_pair_t(wa, wb, ys, out))
     }
 }
 
@@ -453,12 +430,5 @@ unsafe fn tile_q8_pair_t<const T: usize>(
 /// As the reference, if the groups differ in size, or for more than 4 tokens.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn tile_q8_0_pair(wa: &[u8], wb: &[u8], ys: &LegacyActs, out: &mut [[f32; 16]]) {
-    match out.len() {
-        0 => {}
-        1 => tile_q8_pair_t::<1>(wa, wb, ys, out),
-        2 => tile_q8_pair_t::<2>(wa, wb, ys, out),
-        3 => tile_q8_pair_t::<3>(wa, wb, ys, out),
-        4 => tile_q8_pair_t::<4>(wa, wb, ys, out),
-        n => panic!("a tile takes at most 4 rows, got {n}"),
-    }
+    by_tokens!(out.len(), tile_q8_pair_t(wa, wb, ys, out))
 }
