@@ -9,6 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use weft_testkit::{pinned_venv, run, target_dir, workspace_root};
+
 /// The suite's Python packages, pinned.
 const PACKAGES: [&str; 5] = [
     "maturin==1.16.0",
@@ -18,70 +20,11 @@ const PACKAGES: [&str; 5] = [
     "mypy==1.19.1",
 ];
 
-/// Written into the virtualenv once the packages are installed; names them.
-const MARKER: &str = "weft-py-packages.txt";
-
-fn workspace_root() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    root.canonicalize().unwrap_or(root)
-}
-
-/// `$CARGO_TARGET_DIR` (relative to the workspace root) or `<workspace>/target`.
-fn target_dir(root: &Path) -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if !dir.is_empty() => root.join(dir),
-        _ => root.join("target"),
-    }
-}
-
 fn reference_dir(root: &Path) -> PathBuf {
     match std::env::var_os("WEFT_REFERENCE_DIR") {
         Some(dir) => dir.into(),
         None => root.join("../shared/reference"),
     }
-}
-
-/// Runs `cmd` with inherited output and fails the test, naming `what`, unless it succeeds.
-fn run(cmd: &mut Command, what: &str) {
-    let status = cmd
-        .status()
-        .unwrap_or_else(|e| panic!("{what}: cannot start {:?}: {e}", cmd.get_program()));
-    assert!(
-        status.success(),
-        "{what} failed ({status}); see its output above"
-    );
-}
-
-/// The virtualenv's Python with the suite's packages: made and filled on the first run,
-/// reused while its marker names the same packages.
-fn venv_python(target: &Path) -> PathBuf {
-    let venv = target.join("py-venv");
-    let python = venv.join("bin").join("python");
-    let marker = venv.join(MARKER);
-    let wanted = PACKAGES.join("\n") + "\n";
-    let works = Command::new(&python)
-        .args(["-c", "import sys"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if works && std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
-        return python;
-    }
-    if venv.exists() {
-        std::fs::remove_dir_all(&venv)
-            .unwrap_or_else(|e| panic!("cannot remove {}: {e}", venv.display()));
-    }
-    run(
-        Command::new("python3").args(["-m", "venv"]).arg(&venv),
-        "`python3 -m venv` (the Python suite needs CPython 3.9+ with venv and pip)",
-    );
-    run(
-        Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet"])
-            .args(PACKAGES),
-        "installing the suite's packages",
-    );
-    std::fs::write(&marker, wanted).expect("cannot write the virtualenv's marker");
-    python
 }
 
 /// The Rust API's greedy ids for every case of llama.cpp's greedy.json: the same calls the
@@ -129,14 +72,14 @@ fn rust_greedy(reference: &Path) -> serde_json::Value {
 #[test]
 fn python_package_suite() {
     let root = workspace_root();
-    let target = target_dir(&root);
+    let target = target_dir();
     let reference = reference_dir(&root);
     let work = target.join("py-suite");
     std::fs::create_dir_all(&work).expect("cannot make target/py-suite");
     let greedy = work.join("rust_greedy.json");
     std::fs::write(&greedy, rust_greedy(&reference).to_string()).expect("write greedy ids");
 
-    let python = venv_python(&target);
+    let python = pinned_venv("py-venv", &PACKAGES, "CPython 3.9+");
     let wheels = target.join("py-wheels");
     let _ = std::fs::remove_dir_all(&wheels);
     let manifest = root.join("crates/weft-py/Cargo.toml");

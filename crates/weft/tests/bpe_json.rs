@@ -18,10 +18,10 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use weft::tokenizer::PreTokenizer;
 use weft::{block_on, Engine, EngineConfig, Sampler, Tokenizer};
+use weft_testkit::{pinned_venv, run, target_dir, workspace_root};
 
 /// The Python packages that make the files, pinned: the sha256s depend on them.
 const PACKAGES: [&str; 3] = ["transformers==5.23.0", "tokenizers==0.23.3", "gguf==0.19.0"];
-const MARKER: &str = "weft-bpe-packages.txt";
 const NAMES: [&str; 3] = ["smollm2-135m", "smollm2-135m-digits", "gemma3-270m"];
 
 fn fixture() -> &'static Value {
@@ -33,74 +33,9 @@ fn fixture() -> &'static Value {
     })
 }
 
-fn workspace_root() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    root.canonicalize().unwrap_or(root)
-}
-
-/// `$CARGO_TARGET_DIR` (relative to the workspace root) or `<workspace>/target`.
-fn target_dir() -> PathBuf {
-    let root = workspace_root();
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if !dir.is_empty() => root.join(dir),
-        _ => root.join("target"),
-    }
-}
-
-fn run(cmd: &mut Command, what: &str) {
-    let status = cmd
-        .status()
-        .unwrap_or_else(|e| panic!("{what}: cannot start {:?}: {e}", cmd.get_program()));
-    assert!(
-        status.success(),
-        "{what} failed ({status}); see its output above"
-    );
-}
-
 fn sha256(path: &Path) -> Option<String> {
     let bytes = std::fs::read(path).ok()?;
     Some(format!("{:x}", Sha256::digest(&bytes)))
-}
-
-/// The virtualenv's Python with the pinned packages, made on first use.
-fn python() -> PathBuf {
-    let venv = target_dir().join("bpe-venv");
-    let python = venv.join(if cfg!(windows) {
-        "Scripts/python.exe"
-    } else {
-        "bin/python"
-    });
-    let wanted = PACKAGES.join("\n") + "\n";
-    let works = Command::new(&python)
-        .args(["-c", "import sys"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if works && std::fs::read_to_string(venv.join(MARKER)).is_ok_and(|m| m == wanted) {
-        return python;
-    }
-    if !works {
-        if venv.exists() {
-            std::fs::remove_dir_all(&venv).expect("remove the broken virtualenv");
-        }
-        run(
-            Command::new("python3").args(["-m", "venv"]).arg(&venv),
-            "`python3 -m venv` (this test needs Python 3.10+ with venv and pip)",
-        );
-    }
-    run(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .args(PACKAGES),
-        &format!("pip install {}", PACKAGES.join(" ")),
-    );
-    std::fs::write(venv.join(MARKER), wanted).expect("write the virtualenv marker");
-    python
 }
 
 /// The path of tokenizer.json `name`, made first if missing or not the fixture's file.
@@ -119,7 +54,7 @@ fn tokenizer_path(name: &str) -> PathBuf {
             common::model_path("gemma3-270m"),
         );
         run(
-            Command::new(python())
+            Command::new(pinned_venv("bpe-venv", &PACKAGES, "Python 3.10+"))
                 .arg(workspace_root().join("scripts/bpe_tokenize_reference.py"))
                 .arg("make")
                 .args([&smollm2, &gemma3, &dir])

@@ -1,0 +1,85 @@
+//! Test support shared by the suites that drive Python (the OpenAI-client suite, the Python
+//! package's suite, the BPE tokenizer files): where the workspace and its target directory
+//! are, a command that must succeed, and a virtualenv of pinned packages under the target
+//! directory, made on the first run and reused after.
+//!
+//! Only tests use it (a dev-dependency); it panics, naming what failed, where a test would.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The workspace's root directory.
+pub fn workspace_root() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.canonicalize().unwrap_or(root)
+}
+
+/// `$CARGO_TARGET_DIR` (relative to the workspace root) or `<workspace>/target`.
+pub fn target_dir() -> PathBuf {
+    let root = workspace_root();
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => root.join(dir),
+        _ => root.join("target"),
+    }
+}
+
+/// Runs `cmd` with inherited output and fails the test, naming `what`, unless it succeeds.
+pub fn run(cmd: &mut Command, what: &str) {
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("{what}: cannot start {:?}: {e}", cmd.get_program()));
+    assert!(
+        status.success(),
+        "{what} failed ({status}); see its output above"
+    );
+}
+
+/// Written into a virtualenv once its packages are installed; names them.
+const MARKER: &str = "weft-packages.txt";
+
+/// The Python of the virtualenv `target/<dir>` with `packages` (pinned `name==version`
+/// specifiers) installed: made on the first run (`needs` says what Python the suite needs, for
+/// the message if `python3 -m venv` fails), reused while its marker names the same packages,
+/// and the packages reinstalled when they change.
+pub fn pinned_venv(dir: &str, packages: &[&str], needs: &str) -> PathBuf {
+    let venv = target_dir().join(dir);
+    let python = if cfg!(windows) {
+        venv.join("Scripts").join("python.exe")
+    } else {
+        venv.join("bin").join("python")
+    };
+    let marker = venv.join(MARKER);
+    let wanted = packages.join("\n") + "\n";
+    let works = Command::new(&python)
+        .args(["-c", "import sys"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if works && std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
+        return python;
+    }
+    if !works {
+        if venv.exists() {
+            std::fs::remove_dir_all(&venv)
+                .unwrap_or_else(|e| panic!("cannot remove the broken {}: {e}", venv.display()));
+        }
+        run(
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+            &format!("`python3 -m venv` (this suite needs {needs} with venv and pip)"),
+        );
+    }
+    run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(packages),
+        &format!("pip install {}", packages.join(" ")),
+    );
+    std::fs::write(&marker, wanted)
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", marker.display()));
+    python
+}
