@@ -121,6 +121,60 @@ pub fn matmul(
     matmul_with(super::simd_level(), pool, w, x, n_tokens, y, scratch)
 }
 
+/// Most outputs [`matmul_split`] writes to.
+pub const MAX_SPLITS: usize = 4;
+
+/// [`matmul`] of a matrix whose rows are several projections stacked (fused QKV, gate-up):
+/// the first `ys[0].len() / n_tokens` rows go to `ys[0]` (row-major `n_tokens × rows_0`), the
+/// next to `ys[1]`, and so on, written there directly by the kernels. The bits are those of
+/// [`matmul`] on each block of rows.
+///
+/// # Panics
+/// If `x.len() != n_tokens * w.cols`, if the outputs' rows do not add up to `w.rows`, or if
+/// there are several outputs (at most [`MAX_SPLITS`]) and `w` is not interleaved or a block's
+/// rows are not a multiple of 8.
+pub fn matmul_split(
+    pool: &ThreadPool,
+    w: &Matrix,
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+    scratch: &mut MatmulScratch,
+) {
+    let level = super::simd_level();
+    if let [y] = ys {
+        return matmul_with(level, pool, w, x, n_tokens, y, scratch);
+    }
+    assert_eq!(x.len(), n_tokens * w.cols, "x must be n_tokens × cols");
+    assert!(level.available());
+    assert!(
+        w.layout == Layout::Interleaved8 && ys.len() <= MAX_SPLITS,
+        "matmul_split: several outputs need an interleaved matrix, at most {MAX_SPLITS}"
+    );
+    if n_tokens == 0 || w.rows == 0 {
+        return;
+    }
+    let mut outs = Outs {
+        parts: [(OutPtr(std::ptr::null_mut()), 0, 0); MAX_SPLITS],
+        n: ys.len(),
+    };
+    let mut first = 0;
+    for (part, y) in outs.parts.iter_mut().zip(ys.iter_mut()) {
+        let rows = y.len() / n_tokens;
+        assert!(
+            y.len() == n_tokens * rows && rows.is_multiple_of(GROUP_ROWS),
+            "matmul_split: each output must be n_tokens × (a multiple of 8) rows"
+        );
+        *part = (OutPtr(y.as_mut_ptr()), first, rows);
+        first += rows;
+    }
+    assert_eq!(
+        first, w.rows,
+        "matmul_split: the outputs' rows must add up to the matrix's"
+    );
+    matmul_interleaved(level, pool, w, x, n_tokens, &outs, scratch);
+}
+
 /// [`matmul`] with the kernel set `level` (the tests compare every set the CPU has in one
 /// process).
 ///
@@ -150,7 +204,8 @@ pub(crate) fn matmul_with(
     use GgmlType::*;
     let acts = &mut scratch.acts;
     if w.layout == Layout::Interleaved8 {
-        matmul_interleaved(level, pool, w, x, n_tokens, y, scratch);
+        let outs = Outs::one(y, w.rows);
+        matmul_interleaved(level, pool, w, x, n_tokens, &outs, scratch);
         return;
     }
     match w.dtype {
@@ -231,6 +286,38 @@ impl OutPtr {
     #[inline]
     unsafe fn write8(self, i: usize, v: &[f32; 8]) {
         std::ptr::copy_nonoverlapping(v.as_ptr(), self.0.add(i), 8)
+    }
+}
+
+/// The outputs of an interleaved matmul: part `i` is `(pointer, first row, rows)`, a row-major
+/// `n_tokens × rows` block that receives rows `first..first + rows` of the matrix.
+#[derive(Clone, Copy)]
+struct Outs {
+    parts: [(OutPtr, usize, usize); MAX_SPLITS],
+    n: usize,
+}
+
+impl Outs {
+    /// The single output `y` of a matrix with `rows` rows.
+    fn one(y: &mut [f32], rows: usize) -> Outs {
+        let mut parts = [(OutPtr(std::ptr::null_mut()), 0, 0); MAX_SPLITS];
+        parts[0] = (OutPtr(y.as_mut_ptr()), 0, rows);
+        Outs { parts, n: 1 }
+    }
+
+    /// Writes the 8 values of rows `r..r + 8` (one group, never across two parts) for token
+    /// `t`.
+    ///
+    /// # Safety
+    /// `t < n_tokens`, `r + 8 ≤` the matrix's rows, and no other thread writes these rows.
+    #[inline]
+    unsafe fn write8(&self, t: usize, r: usize, v: &[f32; GROUP_ROWS]) {
+        let mut i = 0;
+        while i + 1 < self.n && r >= self.parts[i + 1].1 {
+            i += 1;
+        }
+        let (out, first, rows) = self.parts[i];
+        out.write8(t * rows + r - first, v)
     }
 }
 
@@ -346,7 +433,7 @@ fn matmul_interleaved(
     w: &Matrix,
     x: &[f32],
     n_tokens: usize,
-    y: &mut [f32],
+    y: &Outs,
     scratch: &mut MatmulScratch,
 ) {
     let (acts, sums) = (&mut scratch.acts, &mut scratch.sums);
@@ -487,15 +574,13 @@ fn run_interleaved(
     pool: &ThreadPool,
     w: &Matrix,
     n_tokens: usize,
-    y: &mut [f32],
+    out: &Outs,
     kernel: &GroupFn,
     pair: Option<&PairFn>,
 ) {
-    let rows = w.rows;
-    let n_groups = rows / GROUP_ROWS;
+    let n_groups = w.rows / GROUP_ROWS;
     let group_bytes = interleaved::group_bytes(w.dtype, w.cols);
     let token_block = token_block(w.cols);
-    let out = OutPtr(y.as_mut_ptr());
     let granule = if pair.is_some() { 2 } else { 1 };
     split(pool, w, n_tokens, n_groups, granule, &|g0, g1| {
         for tb0 in (0..n_tokens).step_by(token_block) {
@@ -511,11 +596,11 @@ fn run_interleaved(
                         pair(wg, wg2, t0, &mut tile[..nt]);
                         for (i, vals) in tile[..nt].iter().enumerate() {
                             let (halves, _) = vals.as_chunks::<GROUP_ROWS>();
-                            // SAFETY: t0 + i < n_tokens and (g + 1) · 8 + 8 ≤ rows, so the 16
-                            // indices are below y.len(); groups g, g + 1 belong to this chunk.
+                            // SAFETY: t0 + i < n_tokens and (g + 1) · 8 + 8 ≤ rows; groups
+                            // g, g + 1 belong to this chunk.
                             unsafe {
-                                out.write8((t0 + i) * rows + g * GROUP_ROWS, &halves[0]);
-                                out.write8((t0 + i) * rows + (g + 1) * GROUP_ROWS, &halves[1]);
+                                out.write8(t0 + i, g * GROUP_ROWS, &halves[0]);
+                                out.write8(t0 + i, (g + 1) * GROUP_ROWS, &halves[1]);
                             }
                         }
                     }
@@ -527,9 +612,9 @@ fn run_interleaved(
                     let mut tile = [[0f32; GROUP_ROWS]; TILE_TOKENS];
                     kernel(wg, t0, &mut tile[..nt]);
                     for (i, vals) in tile[..nt].iter().enumerate() {
-                        // SAFETY: t0 + i < n_tokens and g · 8 + 8 ≤ rows, so the 8 indices are
-                        // below y.len(); group g belongs to this thread's chunk.
-                        unsafe { out.write8((t0 + i) * rows + g * GROUP_ROWS, vals) };
+                        // SAFETY: t0 + i < n_tokens and g · 8 + 8 ≤ rows; group g belongs to
+                        // this thread's chunk.
+                        unsafe { out.write8(t0 + i, g * GROUP_ROWS, vals) };
                     }
                 }
                 g += 1;
@@ -634,6 +719,47 @@ mod tests {
                                 pool.n_threads()
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A stack of interleaved matrices (blocks of 3, 1 and 5 row groups, so that pair tiles
+    /// straddle the blocks) into three outputs: each output has the bits of its own matrix's
+    /// `matmul`, for one and several tokens and threads.
+    #[test]
+    fn split_outputs_equal_separate_matmuls() {
+        let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+        let mut scratch = MatmulScratch::default();
+        let mut rng = Rng::new(5);
+        use GgmlType::*;
+        for dtype in [Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, Q8_0] {
+            let cols = if dtype.block_size() == 256 { 256 } else { 64 };
+            let blocks = [24, 8, 40].map(|rows| {
+                let wb = random_weights(&mut rng, dtype, rows, cols);
+                (rows, interleaved::repack(dtype, &wb, rows, cols))
+            });
+            let stacked: Vec<u8> = blocks.iter().flat_map(|(_, p)| p.clone()).collect();
+            let ws = Matrix::interleaved(dtype, &stacked, 72, cols).unwrap();
+            for n in [1, 5] {
+                let x = rng.f32s(n * cols, 1.0);
+                for pool in &pools {
+                    let mut outs = blocks.each_ref().map(|(rows, _)| vec![f32::NAN; n * rows]);
+                    let [a, b, c] = &mut outs;
+                    let mut ys = [&mut a[..], &mut b[..], &mut c[..]];
+                    matmul_split(pool, &ws, &x, n, &mut ys, &mut scratch);
+                    for ((rows, packed), got) in blocks.iter().zip(&outs) {
+                        let w = Matrix::interleaved(dtype, packed, *rows, cols).unwrap();
+                        let mut want = vec![0f32; n * rows];
+                        matmul(pool, &w, &x, n, &mut want, &mut scratch);
+                        assert!(
+                            got.iter()
+                                .zip(&want)
+                                .all(|(g, w)| g.to_bits() == w.to_bits()),
+                            "{dtype}, {n} tokens, {} threads: block of {rows} rows differs",
+                            pool.n_threads()
+                        );
                     }
                 }
             }

@@ -75,7 +75,7 @@ use half::f16;
 use crate::gguf::GgmlType;
 use crate::{Error, Result};
 
-pub use matmul::{matmul, MatmulScratch, TILE_TOKENS};
+pub use matmul::{matmul, matmul_split, MatmulScratch, MAX_SPLITS, TILE_TOKENS};
 pub use quantize::{Q8KRow, Q8_0Row, Q8_1Row};
 
 /// The instruction sets the kernels can use, best first.

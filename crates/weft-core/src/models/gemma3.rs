@@ -20,7 +20,7 @@ use super::attention;
 use super::layers::{self, add_assign, gelu_tanh_mul, rms_norm, rms_norm_inplace, Rope};
 use super::{
     buf, embedding_rows, input_rows, output_hidden, output_logits, BatchToken, Blocks, LayerPager,
-    Linear, Loader, Model, ModelInfo, Pass, SlotMask, Workspace,
+    Linear, Loader, Model, ModelInfo, Pass, SlotMask, Stack, Workspace,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -57,16 +57,15 @@ impl Config {
 
 struct Block {
     attn_norm: Vec<f32>,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
+    /// Q, K and V (one matrix where their weight types match).
+    qkv: Stack,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
     wo: Linear,
     post_attn_norm: Vec<f32>,
     ffn_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
+    /// Gate and up (one matrix where their weight types match).
+    gate_up: Stack,
     down: Linear,
     post_ffw_norm: Vec<f32>,
 }
@@ -264,9 +263,8 @@ impl Model for Gemma3 {
             };
             // Attention with per-head QK norms.
             rms_norm(x, &b.attn_norm, c.eps, h);
-            b.wq.forward(&pass, h, q, mm)?;
-            b.wk.forward(&pass, h, k, mm)?;
-            b.wv.forward(&pass, h, v, mm)?;
+            b.qkv
+                .forward(&pass, h, &mut [&mut *q, &mut *k, &mut *v], mm)?;
             rms_norm_inplace(q, &b.q_norm, c.eps);
             rms_norm_inplace(k, &b.k_norm, c.eps);
             layers::rope_and_cache(kv, il, tokens, rope_l, cs_all, hd, c.attn_scale, (q, k, v))?;
@@ -276,8 +274,8 @@ impl Model for Gemma3 {
             add_assign(x, h);
             // Feed-forward (GeGLU), normalized before and after.
             rms_norm(x, &b.ffn_norm, c.eps, h);
-            b.gate.forward(&pass, h, gate, mm)?;
-            b.up.forward(&pass, h, up, mm)?;
+            b.gate_up
+                .forward(&pass, h, &mut [&mut *gate, &mut *up], mm)?;
             layers::gated(pool, gate, up, gelu_tanh_mul);
             b.down.forward(&pass, gate, h, mm)?;
             rms_norm_inplace(h, &b.post_ffw_norm, c.eps);
@@ -306,16 +304,19 @@ fn load_block(l: &Loader, c: &Config, i: usize) -> Result<Block> {
     let (qd, kvd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
     Ok(Block {
         attn_norm: l.vector(&t("attn_norm"), c.n_embd)?,
-        wq: l.linear(&t("attn_q"), qd, c.n_embd)?,
-        wk: l.linear(&t("attn_k"), kvd, c.n_embd)?,
-        wv: l.linear(&t("attn_v"), kvd, c.n_embd)?,
+        qkv: l.stack(
+            &[(&t("attn_q"), qd), (&t("attn_k"), kvd), (&t("attn_v"), kvd)],
+            c.n_embd,
+        )?,
         q_norm: l.vector(&t("attn_q_norm"), c.head_dim)?,
         k_norm: l.vector(&t("attn_k_norm"), c.head_dim)?,
         wo: l.linear(&t("attn_output"), c.n_embd, qd)?,
         post_attn_norm: l.vector(&t("post_attention_norm"), c.n_embd)?,
         ffn_norm: l.vector(&t("ffn_norm"), c.n_embd)?,
-        gate: l.linear(&t("ffn_gate"), c.n_ff, c.n_embd)?,
-        up: l.linear(&t("ffn_up"), c.n_ff, c.n_embd)?,
+        gate_up: l.stack(
+            &[(&t("ffn_gate"), c.n_ff), (&t("ffn_up"), c.n_ff)],
+            c.n_embd,
+        )?,
         down: l.linear(&t("ffn_down"), c.n_embd, c.n_ff)?,
         post_ffw_norm: l.vector(&t("post_ffw_norm"), c.n_embd)?,
     })

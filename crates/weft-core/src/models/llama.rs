@@ -16,7 +16,7 @@ use super::attention;
 use super::layers::{self, add_assign, rms_norm, silu_mul, Rope};
 use super::{
     buf, embedding_rows, input_rows, output_hidden, output_logits, BatchToken, Blocks, LayerPager,
-    Linear, Loader, Model, ModelInfo, Pass, SlotMask, Workspace,
+    Linear, Loader, Model, ModelInfo, Pass, SlotMask, Stack, Workspace,
 };
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -39,13 +39,12 @@ pub struct Config {
 /// One transformer block's weights.
 struct Block {
     attn_norm: Vec<f32>,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
+    /// Q, K and V (one matrix where their weight types match).
+    qkv: Stack,
     wo: Linear,
     ffn_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
+    /// Gate and up (one matrix where their weight types match).
+    gate_up: Stack,
     down: Linear,
 }
 
@@ -218,9 +217,8 @@ impl Model for Llama {
             let b = &*self.blocks.get(il)?;
             // Attention.
             rms_norm(x, &b.attn_norm, c.eps, h);
-            b.wq.forward(&pass, h, q, mm)?;
-            b.wk.forward(&pass, h, k, mm)?;
-            b.wv.forward(&pass, h, v, mm)?;
+            b.qkv
+                .forward(&pass, h, &mut [&mut *q, &mut *k, &mut *v], mm)?;
             layers::rope_and_cache(kv, il, tokens, &self.rope, rope, hd, 1.0, (q, k, v))?;
             let scale = 1.0 / (hd as f32).sqrt();
             attention::attention(pool, kv, il, tokens, masks, q, c.n_head, hd, scale, att)?;
@@ -228,8 +226,8 @@ impl Model for Llama {
             add_assign(x, h);
             // Feed-forward (SwiGLU).
             rms_norm(x, &b.ffn_norm, c.eps, h);
-            b.gate.forward(&pass, h, gate, mm)?;
-            b.up.forward(&pass, h, up, mm)?;
+            b.gate_up
+                .forward(&pass, h, &mut [&mut *gate, &mut *up], mm)?;
             layers::gated(pool, gate, up, silu_mul);
             b.down.forward(&pass, gate, h, mm)?;
             add_assign(x, h);
@@ -257,13 +255,16 @@ fn load_block(l: &Loader, c: &Config, i: usize) -> Result<Block> {
     let (qd, kvd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
     Ok(Block {
         attn_norm: l.vector(&t("attn_norm"), c.n_embd)?,
-        wq: l.linear(&t("attn_q"), qd, c.n_embd)?,
-        wk: l.linear(&t("attn_k"), kvd, c.n_embd)?,
-        wv: l.linear(&t("attn_v"), kvd, c.n_embd)?,
+        qkv: l.stack(
+            &[(&t("attn_q"), qd), (&t("attn_k"), kvd), (&t("attn_v"), kvd)],
+            c.n_embd,
+        )?,
         wo: l.linear(&t("attn_output"), c.n_embd, qd)?,
         ffn_norm: l.vector(&t("ffn_norm"), c.n_embd)?,
-        gate: l.linear(&t("ffn_gate"), c.n_ff, c.n_embd)?,
-        up: l.linear(&t("ffn_up"), c.n_ff, c.n_embd)?,
+        gate_up: l.stack(
+            &[(&t("ffn_gate"), c.n_ff), (&t("ffn_up"), c.n_ff)],
+            c.n_embd,
+        )?,
         down: l.linear(&t("ffn_down"), c.n_embd, c.n_ff)?,
     })
 }

@@ -25,7 +25,7 @@ pub(crate) use pager::Blocks;
 pub use pager::{LayerPager, PagerSource, PagerStats};
 pub use tensor_file::TensorFile;
 pub use weights::Pass;
-pub use weights::{Linear, Loader};
+pub use weights::{Linear, Loader, Stack};
 
 /// Architectures weft runs, as `general.architecture` names them.
 pub const SUPPORTED_ARCHITECTURES: &str = "llama, gemma3";

@@ -70,6 +70,58 @@ impl Linear {
     }
 }
 
+/// Projections of one input stacked into as few matrix multiplications as their weight types
+/// allow (Q, K and V of attention; gate and up of a gated feed-forward), as fused QKV and
+/// gate-up projections do elsewhere: a run of neighbouring projections with one interleaved
+/// type becomes one matrix whose rows are theirs in order, so the input is quantized once and
+/// the pool is woken once for all of them. Each output row is computed exactly as by its own
+/// matrix (a row's result depends only on that row and the input), so the bits are unchanged.
+#[derive(Debug, Clone)]
+pub struct Stack {
+    /// The runs, each one matrix and the projections whose rows it holds.
+    runs: Vec<(Linear, Vec<StackPart>)>,
+}
+
+/// One projection of a [`Stack`]: its output features and its adapter key.
+#[derive(Debug, Clone, Copy)]
+struct StackPart {
+    rows: usize,
+    lora_key: Option<u32>,
+}
+
+impl Stack {
+    /// `ys[i] = W_i·x` for every projection `i` of the stack, in the order given at load, plus
+    /// each row's adapter deltas. A stacked matrix writes each projection's rows straight into
+    /// its buffer ([`kernels::matmul_split`]).
+    ///
+    /// # Panics
+    /// If `ys` does not hold one buffer of `tokens × rows` per projection.
+    pub fn forward(
+        &self,
+        p: &Pass,
+        x: &[f32],
+        ys: &mut [&mut [f32]],
+        scratch: &mut MatmulScratch,
+    ) -> Result<()> {
+        let n = p.tokens.len();
+        let mut at = 0;
+        for (lin, parts) in &self.runs {
+            let ys = &mut ys[at..at + parts.len()];
+            at += parts.len();
+            kernels::matmul_split(p.pool, &lin.matrix(p.file)?, x, n, ys, scratch);
+            if p.loras.is_empty() {
+                continue;
+            }
+            for (part, y) in parts.iter().zip(ys.iter_mut()) {
+                if let Some(key) = part.lora_key {
+                    lora::apply(p.pool, key, p.tokens, p.loras, x, lin.cols, y, part.rows);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Looks up tensors and hyper-parameters of one architecture (`{arch}.…` keys).
 #[derive(Clone)]
 pub struct Loader {
@@ -132,6 +184,36 @@ impl Loader {
             lin.owned = Some(Arc::new(bytes));
         }
         Ok(lin)
+    }
+
+    /// The projections `parts` (name, output features) of one input of `cols` features as a
+    /// [`Stack`]: each as by [`Loader::linear`], and neighbours of one interleaved type
+    /// concatenated into one matrix (the interleaved layout is by groups of 8 rows, so the
+    /// concatenation is the layout of the stacked rows).
+    pub fn stack(&self, parts: &[(&str, usize)], cols: usize) -> Result<Stack> {
+        let mut runs: Vec<(Linear, Vec<StackPart>)> = Vec::new();
+        for &(name, rows) in parts {
+            let lin = self.linear(name, rows, cols)?;
+            let part = StackPart {
+                rows,
+                lora_key: lin.lora_key,
+            };
+            match runs.last_mut() {
+                Some((run, parts))
+                    if run.info.dtype == lin.info.dtype && parts.len() < kernels::MAX_SPLITS =>
+                {
+                    if let (Some(packed), Some(more)) = (&mut run.packed, &lin.packed) {
+                        Arc::make_mut(packed).extend_from_slice(more);
+                        run.rows += rows;
+                        parts.push(part);
+                        continue;
+                    }
+                    runs.push((lin, vec![part]));
+                }
+                _ => runs.push((lin, vec![part])),
+            }
+        }
+        Ok(Stack { runs })
     }
 
     /// The bytes of a tensor: from the pager source if there is one (checked for length),
