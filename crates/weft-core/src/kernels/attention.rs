@@ -125,10 +125,22 @@ pub fn row_value(kv: KvType, row: &[u8], i: usize) -> f32 {
 /// `g × d`) against the consecutive keys in `keys` (rows of `d` values stored as `kv`).
 /// Every score has the bits it would have with the key alone and any `g`.
 ///
+/// `ahead` is empty, or the keys that will be scored next (the next page of this head, as long
+/// as `keys`): the SIMD kernels prefetch its lines as they read the same lines of `keys`, so
+/// the next page streams in while this one is scored instead of in one burst that stalls.
+///
 /// # Panics
 /// If `g` is not in `1..=MAX_GROUP`, `qs.len()` is not `g·d` with `d` storable as `kv`, `keys`
-/// is not a whole number of rows, or `out` is too short.
-pub fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32], stride: usize) {
+/// is not a whole number of rows, `out` is too short, or `ahead` is shorter than `keys`.
+pub fn dots(
+    kv: KvType,
+    qs: &[f32],
+    keys: &[u8],
+    g: usize,
+    out: &mut [f32],
+    stride: usize,
+    ahead: &[u8],
+) {
     let d = qs.len() / g.max(1);
     let rb = kv.row_bytes(d);
     assert!(
@@ -144,15 +156,24 @@ pub fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32], stri
         n == 0 || out.len() >= (g - 1) * stride + n,
         "attention::dots: output too short"
     );
+    assert!(
+        ahead.is_empty() || ahead.len() >= keys.len(),
+        "attention::dots: `ahead` shorter than the keys"
+    );
+    let ahead = if ahead.is_empty() {
+        std::ptr::null()
+    } else {
+        ahead.as_ptr()
+    };
     #[cfg(target_arch = "x86_64")]
     if use_avx512() {
         // SAFETY: AVX-512 F (with AVX2/FMA/F16C) was detected; shapes are checked.
-        return unsafe { attention_avx512::dots(kv, qs, keys, g, out, stride) };
+        return unsafe { attention_avx512::dots(kv, qs, keys, g, out, stride, ahead) };
     }
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
         // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
-        return unsafe { attention_avx2::dots(kv, qs, keys, g, out, stride) };
+        return unsafe { attention_avx2::dots(kv, qs, keys, g, out, stride, ahead) };
     }
     scalar::dots(kv, qs, keys, g, out, stride)
 }
@@ -161,9 +182,14 @@ pub fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32], stri
 /// attention's weighted sum of value rows (rows of `d` values stored as `kv`), with each
 /// head's weights in a row of its own (`ws` apart).
 ///
+/// `ahead` is empty, or the values that will be read next (the next page of this head, as
+/// long as `values`), prefetched row by row as the same rows of `values` are read (see
+/// [`dots`]).
+///
 /// # Panics
 /// If `d` is 0 or not storable as `kv`, `acc.len()` is not `g·d` with `g` in range, `w` is too
-/// short, or a row is past the end of `values`.
+/// short, a row is past the end of `values`, or `ahead` is shorter than `values`.
+#[allow(clippy::too_many_arguments)]
 pub fn attend(
     kv: KvType,
     acc: &mut [f32],
@@ -172,6 +198,7 @@ pub fn attend(
     ws: usize,
     values: &[u8],
     rows: &[u32],
+    ahead: &[u8],
 ) {
     let g = acc.len() / d.max(1);
     assert!(
@@ -187,38 +214,26 @@ pub fn attend(
         rows.iter().all(|&r| (r as usize + 1) * rb <= values.len()),
         "attention::attend: value row out of range"
     );
+    assert!(
+        ahead.is_empty() || ahead.len() >= values.len(),
+        "attention::attend: `ahead` shorter than the values"
+    );
+    let ahead = if ahead.is_empty() {
+        std::ptr::null()
+    } else {
+        ahead.as_ptr()
+    };
     #[cfg(target_arch = "x86_64")]
     if use_avx512() {
         // SAFETY: AVX-512 F (with AVX2/FMA/F16C) was detected; shapes are checked.
-        return unsafe { attention_avx512::attend(kv, acc, d, w, ws, values, rows) };
+        return unsafe { attention_avx512::attend(kv, acc, d, w, ws, values, rows, ahead) };
     }
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
         // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
-        return unsafe { attention_avx2::attend(kv, acc, d, w, ws, values, rows) };
+        return unsafe { attention_avx2::attend(kv, acc, d, w, ws, values, rows, ahead) };
     }
     scalar::attend(kv, acc, d, w, ws, values, rows)
-}
-
-/// Asks the CPU to start loading `bytes` into its caches (a hint; no effect elsewhere).
-///
-/// Attention streams one KV head's rows page by page, and a page of one head is only a few
-/// KiB (4 KiB of f16 keys for 64-value heads), the next one `n_kv_heads` pages away: the
-/// hardware prefetchers stop at 4 KiB boundaries and never ramp up. Fetching the next page's
-/// keys and values while this page is scored lets decode at depth stream the cache.
-#[inline]
-pub fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
-        // SAFETY: a prefetch reads nothing architecturally and the address is in `bytes`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr() as *const i8
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
 }
 
 /// One page of one head's online softmax. Each score is first multiplied by `scale` (the
@@ -376,8 +391,18 @@ mod tests {
         assert_eq!(scalar::exp(-100.0), 0.0);
     }
 
-    type DotsFn = fn(KvType, &[f32], &[u8], usize, &mut [f32], usize);
-    type AttendFn = fn(KvType, &mut [f32], usize, &[f32], usize, &[u8], &[u32]);
+    type DotsFn = fn(KvType, &[f32], &[u8], usize, &mut [f32], usize, &[u8]);
+    type AttendFn = fn(KvType, &mut [f32], usize, &[f32], usize, &[u8], &[u32], &[u8]);
+
+    /// `ahead` as the x86 kernels take it.
+    #[cfg(target_arch = "x86_64")]
+    fn ptr(ahead: &[u8]) -> *const u8 {
+        if ahead.is_empty() {
+            std::ptr::null()
+        } else {
+            ahead.as_ptr()
+        }
+    }
 
     /// The kernel sets this CPU can run, by name: the dispatching wrappers and each x86 twin.
     fn kernel_sets() -> Vec<(&'static str, DotsFn, AttendFn)> {
@@ -390,9 +415,11 @@ mod tests {
                 // SAFETY (both closures): AVX2/FMA/F16C are present; the shapes are valid.
                 sets.push((
                     "avx2",
-                    |kv, q, k, g, o, s| unsafe { attention_avx2::dots(kv, q, k, g, o, s) },
-                    |kv, a, d, w, ws, v, r| unsafe {
-                        attention_avx2::attend(kv, a, d, w, ws, v, r)
+                    |kv, q, k, g, o, s, x| unsafe {
+                        attention_avx2::dots(kv, q, k, g, o, s, ptr(x))
+                    },
+                    |kv, a, d, w, ws, v, r, x| unsafe {
+                        attention_avx2::attend(kv, a, d, w, ws, v, r, ptr(x))
                     },
                 ));
             }
@@ -400,9 +427,11 @@ mod tests {
                 // SAFETY (both closures): AVX-512 F and AVX2 are present; the shapes are valid.
                 sets.push((
                     "avx512",
-                    |kv, q, k, g, o, s| unsafe { attention_avx512::dots(kv, q, k, g, o, s) },
-                    |kv, a, d, w, ws, v, r| unsafe {
-                        attention_avx512::attend(kv, a, d, w, ws, v, r)
+                    |kv, q, k, g, o, s, x| unsafe {
+                        attention_avx512::dots(kv, q, k, g, o, s, ptr(x))
+                    },
+                    |kv, a, d, w, ws, v, r, x| unsafe {
+                        attention_avx512::attend(kv, a, d, w, ws, v, r, ptr(x))
                     },
                 ));
             }
@@ -429,6 +458,8 @@ mod tests {
                 }
                 let n_keys = 11;
                 let keys = rows_of(kv, &rng.f32s(n_keys * d, 1.0), d);
+                // The "next page" the page-wide calls prefetch (it changes no result).
+                let ahead = rows_of(kv, &rng.f32s(n_keys * d, 1.0), d);
                 let rb = kv.row_bytes(d);
                 let rows = [7u32, 0, 3, 9, 4, 10, 1, 2, 5];
                 for g in 1..=MAX_GROUP {
@@ -440,11 +471,12 @@ mod tests {
                     for &(name, dots, attend) in &sets {
                         let (mut o1, mut o2) = (vec![0f32; g * stride], vec![0f32; g * stride]);
                         scalar::dots(kv, &qs, &keys, g, &mut o1, stride);
-                        dots(kv, &qs, &keys, g, &mut o2, stride);
+                        dots(kv, &qs, &keys, g, &mut o2, stride, &ahead);
                         o1.iter().zip(&o2).for_each(|(&a, &b)| close(b, a));
                         for i in 0..n_keys {
                             let mut one = vec![0f32; (g - 1) * stride + 1];
-                            dots(kv, &qs, &keys[i * rb..(i + 1) * rb], g, &mut one, stride);
+                            let key = &keys[i * rb..(i + 1) * rb];
+                            dots(kv, &qs, key, g, &mut one, stride, &[]);
                             for j in 0..g {
                                 assert_eq!(
                                     one[j * stride].to_bits(),
@@ -455,7 +487,7 @@ mod tests {
                         }
                         let (mut a1, mut a2) = (init.clone(), init.clone());
                         scalar::attend(kv, &mut a1, d, &w, 16, &keys, &rows);
-                        attend(kv, &mut a2, d, &w, 16, &keys, &rows);
+                        attend(kv, &mut a2, d, &w, 16, &keys, &rows, &ahead);
                         a1.iter().zip(&a2).for_each(|(&a, &b)| close(b, a));
                         sums.push(a2);
                     }

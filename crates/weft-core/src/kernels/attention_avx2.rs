@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 
 use super::attention::exp_consts::*;
 use super::attention::{scalar, KvType, Q8_BLOCK};
-use super::x86::hsum_ps;
+use super::x86::{hsum_ps, prefetch_rows};
 
 /// How a row type is widened.
 trait Row {
@@ -70,7 +70,15 @@ macro_rules! dispatch {
 // `run!` with K = 1 spells `i + 1 <= n`, the same test as for the other K.
 #[allow(clippy::int_plus_one)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32], stride: usize) {
+pub unsafe fn dots(
+    kv: KvType,
+    qs: &[f32],
+    keys: &[u8],
+    g: usize,
+    out: &mut [f32],
+    stride: usize,
+    ahead: *const u8,
+) {
     let d = qs.len() / g;
     let rb = kv.row_bytes(d);
     let (n, qp, kp, op) = (
@@ -85,10 +93,12 @@ pub unsafe fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32
         ($r:ty, $g:literal, $k:literal) => {{
             let mut i = 0;
             while i + $k <= n {
+                prefetch_rows(ahead, i * rb, $k * rb);
                 dots_tile::<$r, $g, $k>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
                 i += $k;
             }
             while i < n {
+                prefetch_rows(ahead, i * rb, rb);
                 dots_tile::<$r, $g, 1>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
                 i += 1;
             }
@@ -162,6 +172,7 @@ unsafe fn dots_tile<R: Row, const G: usize, const K: usize>(
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the shapes must be as the safe wrapper checks.
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn attend(
     kv: KvType,
     acc: &mut [f32],
@@ -170,6 +181,7 @@ pub unsafe fn attend(
     ws: usize,
     values: &[u8],
     rows: &[u32],
+    ahead: *const u8,
 ) {
     if !d.is_multiple_of(8) {
         // Only odd test shapes get here: the models' head sizes are multiples of 32.
@@ -177,7 +189,7 @@ pub unsafe fn attend(
     }
     let g = acc.len() / d;
     let (ap, vp, rb) = (acc.as_mut_ptr(), values.as_ptr(), kv.row_bytes(d));
-    dispatch!(kv, g, attend_g(ap, d, w.as_ptr(), ws, vp, rb, rows));
+    dispatch!(kv, g, attend_g(ap, d, w.as_ptr(), ws, vp, rb, rows, ahead));
 }
 
 /// For each 8-wide slice of the head dimension (two at a time), the `G` heads' accumulators
@@ -186,6 +198,7 @@ pub unsafe fn attend(
 // `j` indexes the weights and both accumulator arrays at once.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn attend_g<R: Row, const G: usize>(
     ap: *mut f32,
     d: usize,
@@ -194,6 +207,7 @@ unsafe fn attend_g<R: Row, const G: usize>(
     vp: *const u8,
     rb: usize,
     rows: &[u32],
+    ahead: *const u8,
 ) {
     let mut c = 0;
     // Two slices need 2·G accumulators, two values and a weight in 16 registers: up to G = 6;
@@ -203,6 +217,9 @@ unsafe fn attend_g<R: Row, const G: usize>(
             std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c + 8 * h)))
         });
         for (i, &r) in rows.iter().enumerate() {
+            if c == 0 {
+                prefetch_rows(ahead, r as usize * rb, rb);
+            }
             let row = vp.add(r as usize * rb);
             let (v0, v1) = (R::load8(row, c), R::load8(row, c + 8));
             for j in 0..G {
@@ -221,6 +238,9 @@ unsafe fn attend_g<R: Row, const G: usize>(
     while c + 8 <= d {
         let mut a: [__m256; G] = std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c)));
         for (i, &r) in rows.iter().enumerate() {
+            if c == 0 {
+                prefetch_rows(ahead, r as usize * rb, rb);
+            }
             let v = R::load8(vp.add(r as usize * rb), c);
             for (j, a) in a.iter_mut().enumerate() {
                 *a = _mm256_fmadd_ps(_mm256_broadcast_ss(&*wp.add(j * ws + i)), v, *a);

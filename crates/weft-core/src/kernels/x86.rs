@@ -220,6 +220,24 @@ pub unsafe fn load256<T>(p: *const T) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
+/// Hints the cache lines of bytes `at..at + len` from `p` into L1; nothing when `p` is null.
+/// Attention passes the next page's rows here as it reads the same rows of this page.
+///
+/// # Safety
+/// None beyond the caller's: a prefetch reads nothing architecturally, whatever the address.
+#[inline(always)]
+pub unsafe fn prefetch_rows(p: *const u8, at: usize, len: usize) {
+    if p.is_null() {
+        return;
+    }
+    let start = p as usize + at;
+    let mut line = start & !63;
+    while line < start + len {
+        _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+        line += 64;
+    }
+}
+
 /// How far ahead of the current weight byte the 32-element kernels prefetch.
 pub const PREFETCH_BYTES: usize = 1024;
 

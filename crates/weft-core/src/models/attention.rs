@@ -13,7 +13,9 @@
 //! fit [`attn::MAX_GROUP`] rows with their heads), so each value row of a page they all see is
 //! widened once for all of them; a decode-like batch prefetches each next page, which the
 //! hardware prefetchers cannot see coming (a page of one head is a few KiB, the next one
-//! `n_kv_heads` pages away).
+//! `n_kv_heads` pages away). The kernels prefetch it line by line as they read the same lines
+//! of the current page: a burst of a whole page at once filled the core's miss buffers and
+//! stalled the arithmetic it was meant to overlap.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -165,12 +167,12 @@ fn attend_chunk(
         let Some((keys, values)) = view.page(page, kvh) else {
             continue; // released sliding-window page: nothing visible there
         };
-        if let Some((next_keys, next_values)) =
-            view.page(page + 1, kvh).filter(|_| tile[0].prefetch)
-        {
-            attn::prefetch(next_keys);
-            attn::prefetch(next_values);
-        }
+        // The next page's keys and values, prefetched by the kernels line by line as they
+        // read this page's (a decode: the hardware prefetchers cannot see that page coming).
+        let (next_keys, next_values): (&[u8], &[u8]) = view
+            .page(page + 1, kvh)
+            .filter(|_| tile[0].prefetch)
+            .unwrap_or((&[], &[]));
         let first = page * PAGE_SIZE;
         let in_page = PAGE_SIZE.min(n_slots - first);
         let slots = &view.positions[first..first + in_page];
@@ -190,21 +192,35 @@ fn attend_chunk(
                     &qs[t * row..(t + 1) * row],
                     &mut ps.scores[t * gh * PAGE_SIZE..],
                 );
-                attn::dots(kv_type, q, keys, gh, sc, PAGE_SIZE);
+                let ahead = if t == 0 { next_keys } else { &[] };
+                attn::dots(kv_type, q, keys, gh, sc, PAGE_SIZE, ahead);
             }
             softmax_rows(ps, n_rows, in_page, scale, None, st, 0, head_dim);
             fill_slots(&mut ps.rows[..in_page]);
             let rows = &ps.rows[..in_page];
             attn::attend(
-                kv_type, st.acc, head_dim, &ps.scores, PAGE_SIZE, values, rows,
+                kv_type,
+                st.acc,
+                head_dim,
+                &ps.scores,
+                PAGE_SIZE,
+                values,
+                rows,
+                next_values,
             );
             continue;
         }
         for (t, qr) in tile.iter().enumerate() {
             let q = &qs[t * row..(t + 1) * row];
+            // The first query of the tile prefetches the next page.
+            let (next_keys, next_values) = if t == 0 {
+                (next_keys, next_values)
+            } else {
+                (&[][..], &[][..])
+            };
             let n = if whole(qr) {
                 let keys = &keys[..in_page * rb];
-                attn::dots(kv_type, q, keys, gh, &mut ps.scores, PAGE_SIZE);
+                attn::dots(kv_type, q, keys, gh, &mut ps.scores, PAGE_SIZE, next_keys);
                 fill_slots(&mut ps.rows[..in_page]);
                 in_page
             } else {
@@ -217,7 +233,9 @@ fn attend_chunk(
                     };
                     if allowed && in_window(qr.token.pos, p) {
                         let k = &keys[s * rb..(s + 1) * rb];
-                        attn::dots(kv_type, q, k, gh, &mut ps.scores[n..], PAGE_SIZE);
+                        let ahead = next_keys.get(s * rb..(s + 1) * rb).unwrap_or(&[]);
+                        let sc = &mut ps.scores[n..];
+                        attn::dots(kv_type, q, k, gh, sc, PAGE_SIZE, ahead);
                         ps.rows[n] = s as u32;
                         n += 1;
                     }
@@ -231,7 +249,8 @@ fn attend_chunk(
             softmax_rows(ps, gh, n, scale, bias, st, t * gh, head_dim);
             let acc = &mut st.acc[t * row..(t + 1) * row];
             let rows = &ps.rows[..n];
-            attn::attend(kv_type, acc, head_dim, &ps.scores, PAGE_SIZE, values, rows);
+            let (w, ahead) = (&ps.scores, next_values);
+            attn::attend(kv_type, acc, head_dim, w, PAGE_SIZE, values, rows, ahead);
         }
     }
 }
