@@ -44,7 +44,7 @@ pub struct ThreadsArg {
     #[arg(long, value_name = "K")]
     pub resident_layers: Option<usize>,
     /// How the KV cache stores keys and values: f16 (llama.cpp's default) or q8_0 (half the
-    /// memory, a perplexity within 1% of f16's).
+    /// memory, a perplexity within 0.5% of f16's).
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16")]
     pub kv_type: weft::KvType,
 }

@@ -140,11 +140,12 @@ fn perplexity(model: &str, extra: &[&str]) -> f64 {
 }
 
 /// The f16 cache's perplexity is within 2% of llama.cpp's (whose cache is f16 too), and a
-/// Q8_0 cache's within 1% of the f16 one's. (Issue #15 asks for 0.5%, but on this text's
-/// 1,024 scored tokens a change of summation order alone moves the f16 figure by up to 0.4%,
-/// and the Q8_0 gap measured 0.3–0.65% across such builds: 0.5% is inside the noise here.)
+/// Q8_0 cache's within 0.5% of the f16 one's (issue #15's bar). On this text's 1,024 scored
+/// tokens a change of summation order alone moves the f16 figure by up to 0.5% (the scalar,
+/// AVX2 and AVX-512 kernels differ by that much), so the gap is noisy: measured 0.14% / 0.06%
+/// (AVX-512), 0.35% / 0.39% (AVX2) and 0.27% / 0.45% (scalar) for SmolLM2 / Gemma.
 #[test]
-fn perplexity_is_within_two_percent_of_llama_cpp_and_q8_0_kv_within_one_percent() {
+fn perplexity_is_within_two_percent_of_llama_cpp_and_q8_0_kv_within_half_a_percent() {
     for (model, reference) in LLAMA_CPP_PERPLEXITY {
         let ppl = perplexity(model, &[]);
         let q8 = perplexity(model, &["--kv-type", "q8_0"]);
@@ -154,8 +155,8 @@ fn perplexity_is_within_two_percent_of_llama_cpp_and_q8_0_kv_within_one_percent(
             q8_rel * 100.0
         );
         assert!(
-            q8_rel < 0.01,
-            "{model}: q8_0 KV perplexity {q8} is not within 1% of f16's {ppl}"
+            q8_rel < 0.005,
+            "{model}: q8_0 KV perplexity {q8} is not within 0.5% of f16's {ppl}"
         );
         let rel = (ppl - reference).abs() / reference;
         eprintln!(

@@ -35,7 +35,7 @@ pub struct EngineConfig {
     pub batch_wait: Duration,
     /// How the KV cache stores keys and values (default [`KvType::F16`], as llama.cpp).
     /// [`KvType::Q8_0`] holds the same tokens in about half the memory (34 bytes per 32
-    /// values), with a perplexity within 1% of f16's on the models weft ships for.
+    /// values), with a perplexity within 0.5% of f16's on the models weft ships for.
     pub kv_type: KvType,
     /// Automatic prefix cache (default on): a context whose first tokens fill the same full
     /// KV pages as an earlier context's attaches them instead of computing them. Outputs are
