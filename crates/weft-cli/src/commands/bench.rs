@@ -428,7 +428,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // The bound decode runs into: weights once per step, plus each sequence's keys and values.
     let limit = args.bandwidth.then(|| {
-        let bw = weft::bandwidth::read_bandwidth(threads, 3);
+        let bw = weft::bandwidth::read_bandwidth(threads, 8);
         eprintln!(
             "streaming read bandwidth: {:.1} GB/s ({threads} threads)",
             bw / 1e9
