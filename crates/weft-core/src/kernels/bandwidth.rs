@@ -11,13 +11,13 @@ use crate::kv::KvLayout;
 const BUFFER_BYTES: usize = 256 << 20;
 
 /// How far ahead of its reads the prefetching stream asks for lines (measured on a Xeon: 2–3
-/// KiB gave the most, 4 KiB less, as the kernels' own prefetch distances found).
+/// KiB ahead read the most, 1 KiB and 4 KiB less).
 const PREFETCH_AHEAD: usize = 2048;
 
 /// The machine's streaming read bandwidth in bytes per second with `threads` threads, each
 /// summing its share of a 256 MiB buffer: the best of `rounds` rounds of each of two readers
 /// (after one warm-up round that also maps the pages), a plain sequential sum and one that
-/// prefetches [`PREFETCH_AHEAD`] bytes ahead as the weight kernels do. The hardware
+/// prefetches 2 KiB ahead, as the weight kernels prefetch. The hardware
 /// prefetchers alone left 10–20% of the bus idle on a Xeon, so the plain sum alone
 /// understated the bound a decode step that streams its weights runs into (the kernels read
 /// faster than it).
