@@ -121,6 +121,16 @@ pub fn row_value(kv: KvType, row: &[u8], i: usize) -> f32 {
     }
 }
 
+/// `ahead` as the x86 kernels take it: the first byte to prefetch, or null for none.
+#[cfg(target_arch = "x86_64")]
+fn ahead_ptr(ahead: &[u8]) -> *const u8 {
+    if ahead.is_empty() {
+        std::ptr::null()
+    } else {
+        ahead.as_ptr()
+    }
+}
+
 /// `out[j·stride + i] = Σ_t qs[j·d + t] · key_i[t]`: the scores of `g` query heads (`qs`,
 /// `g × d`) against the consecutive keys in `keys` (rows of `d` values stored as `kv`).
 /// Every score has the bits it would have with the key alone and any `g`.
@@ -160,11 +170,8 @@ pub fn dots(
         ahead.is_empty() || ahead.len() >= keys.len(),
         "attention::dots: `ahead` shorter than the keys"
     );
-    let ahead = if ahead.is_empty() {
-        std::ptr::null()
-    } else {
-        ahead.as_ptr()
-    };
+    #[cfg(target_arch = "x86_64")]
+    let ahead = ahead_ptr(ahead);
     #[cfg(target_arch = "x86_64")]
     if use_avx512() {
         // SAFETY: AVX-512 F (with AVX2/FMA/F16C) was detected; shapes are checked.
@@ -218,11 +225,8 @@ pub fn attend(
         ahead.is_empty() || ahead.len() >= values.len(),
         "attention::attend: `ahead` shorter than the values"
     );
-    let ahead = if ahead.is_empty() {
-        std::ptr::null()
-    } else {
-        ahead.as_ptr()
-    };
+    #[cfg(target_arch = "x86_64")]
+    let ahead = ahead_ptr(ahead);
     #[cfg(target_arch = "x86_64")]
     if use_avx512() {
         // SAFETY: AVX-512 F (with AVX2/FMA/F16C) was detected; shapes are checked.
@@ -394,16 +398,6 @@ mod tests {
     type DotsFn = fn(KvType, &[f32], &[u8], usize, &mut [f32], usize, &[u8]);
     type AttendFn = fn(KvType, &mut [f32], usize, &[f32], usize, &[u8], &[u32], &[u8]);
 
-    /// `ahead` as the x86 kernels take it.
-    #[cfg(target_arch = "x86_64")]
-    fn ptr(ahead: &[u8]) -> *const u8 {
-        if ahead.is_empty() {
-            std::ptr::null()
-        } else {
-            ahead.as_ptr()
-        }
-    }
-
     /// The kernel sets this CPU can run, by name: the dispatching wrappers and each x86 twin.
     fn kernel_sets() -> Vec<(&'static str, DotsFn, AttendFn)> {
         #[allow(unused_mut)]
@@ -416,10 +410,10 @@ mod tests {
                 sets.push((
                     "avx2",
                     |kv, q, k, g, o, s, x| unsafe {
-                        attention_avx2::dots(kv, q, k, g, o, s, ptr(x))
+                        attention_avx2::dots(kv, q, k, g, o, s, ahead_ptr(x))
                     },
                     |kv, a, d, w, ws, v, r, x| unsafe {
-                        attention_avx2::attend(kv, a, d, w, ws, v, r, ptr(x))
+                        attention_avx2::attend(kv, a, d, w, ws, v, r, ahead_ptr(x))
                     },
                 ));
             }
@@ -428,10 +422,10 @@ mod tests {
                 sets.push((
                     "avx512",
                     |kv, q, k, g, o, s, x| unsafe {
-                        attention_avx512::dots(kv, q, k, g, o, s, ptr(x))
+                        attention_avx512::dots(kv, q, k, g, o, s, ahead_ptr(x))
                     },
                     |kv, a, d, w, ws, v, r, x| unsafe {
-                        attention_avx512::attend(kv, a, d, w, ws, v, r, ptr(x))
+                        attention_avx512::attend(kv, a, d, w, ws, v, r, ahead_ptr(x))
                     },
                 ));
             }
