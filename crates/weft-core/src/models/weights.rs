@@ -41,6 +41,23 @@ pub struct Pass<'a> {
     pub loras: &'a [AdapterSet],
 }
 
+impl Pass<'_> {
+    /// Adds each row's adapter deltas of the projection `key` (`x`: rows × `cols`, `y`: rows ×
+    /// `rows`), when it is one adapters can target and the pass has adapters.
+    fn add_adapter_deltas(
+        &self,
+        key: Option<u32>,
+        x: &[f32],
+        cols: usize,
+        y: &mut [f32],
+        rows: usize,
+    ) {
+        if let (Some(key), false) = (key, self.loras.is_empty()) {
+            lora::apply(self.pool, key, self.tokens, self.loras, x, cols, y, rows);
+        }
+    }
+}
+
 impl Linear {
     /// `y = W·x` for the pass's rows (`x`: rows × `cols`, `y`: rows × `rows`), plus each row's
     /// adapter deltas when this projection has any.
@@ -53,9 +70,7 @@ impl Linear {
     ) -> Result<()> {
         let n = p.tokens.len();
         kernels::matmul(p.pool, &self.matrix(p.file)?, x, n, y, scratch);
-        if let (Some(key), false) = (self.lora_key, p.loras.is_empty()) {
-            lora::apply(p.pool, key, p.tokens, p.loras, x, self.cols, y, self.rows);
-        }
+        p.add_adapter_deltas(self.lora_key, x, self.cols, y, self.rows);
         Ok(())
     }
 
@@ -109,13 +124,8 @@ impl Stack {
             let ys = &mut ys[at..at + parts.len()];
             at += parts.len();
             kernels::matmul_split(p.pool, &lin.matrix(p.file)?, x, n, ys, scratch);
-            if p.loras.is_empty() {
-                continue;
-            }
             for (part, y) in parts.iter().zip(ys.iter_mut()) {
-                if let Some(key) = part.lora_key {
-                    lora::apply(p.pool, key, p.tokens, p.loras, x, lin.cols, y, part.rows);
-                }
+                p.add_adapter_deltas(part.lora_key, x, lin.cols, y, part.rows);
             }
         }
         Ok(())
