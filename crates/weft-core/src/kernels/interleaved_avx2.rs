@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 
 use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES, K6_GROUP_BYTES, Q8_BLOCK_BYTES};
 use super::quantize::{Q8KRow, QK8, QK_K};
-use super::x86::{dots, dots_scaled, load256, prefetch, stamp_isas, Isa};
+use super::x86::{dots, dots_scaled, load256, prefetch_ahead, stamp_isas, Isa};
 use crate::gguf::GgmlType;
 
 /// Calls `$tile::<…, T>` with `T = $n` tokens (1 to 4) as a constant.
@@ -76,7 +76,7 @@ unsafe fn tile_t<P: Isa, const HIGH: bool, const MIN: bool, const T: usize>(
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..nb {
         let p = w.as_ptr().add(b * bytes);
-        prefetch(p);
+        prefetch_ahead(p, bytes);
         let dx = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
         let bits = if HIGH {
             load256(p.add(qh0))
@@ -165,7 +165,8 @@ unsafe fn tile_k4_t<P: Isa, const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f
         let mut isum = [_mm256_setzero_si256(); T];
         for s in 0..8 {
             let q = p.add(160 + 128 * s);
-            prefetch(q);
+            // An eighth of the group per sub-block, so the header's lines are hinted too.
+            prefetch_ahead(p.add(s * K4_GROUP_BYTES / 8), K4_GROUP_BYTES / 8);
             // The 8 rows' scales of sub-block s, each in both i16 halves of its lane.
             let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(32 + 8 * s) as *const __m128i));
             let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
@@ -263,7 +264,7 @@ unsafe fn tile_k6_t<P: Isa, const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f
         let mut isum = [_mm256_setzero_si256(); T];
         for s in 0..8 {
             let q = p.add(144 + 192 * s);
-            prefetch(q);
+            prefetch_ahead(p.add(s * K6_GROUP_BYTES / 8), K6_GROUP_BYTES / 8);
             let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(16 + 16 * s) as *const __m128i));
             let (sc_lo, sc_hi) = (
                 _mm256_shuffle_epi8(pair, even),
@@ -330,9 +331,7 @@ unsafe fn tile_q8_t<P: Isa, const T: usize>(w: &[u8], ys: &LegacyActs, out: &mut
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..nb {
         let p = w.as_ptr().add(b * Q8_BLOCK_BYTES);
-        for line in (0..Q8_BLOCK_BYTES).step_by(64) {
-            prefetch(p.add(line));
-        }
+        prefetch_ahead(p, Q8_BLOCK_BYTES);
         let dx = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
         let mut s = [_mm256_setzero_si256(); T];
         for c in 0..8 {

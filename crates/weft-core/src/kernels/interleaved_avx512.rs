@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES, K6_GROUP_BYTES, Q8_BLOCK_BYTES};
 use super::interleaved_avx2::by_tokens;
 use super::quantize::{Q8KRow, QK8, QK_K};
-use super::x86::PREFETCH_BYTES;
+use super::x86::prefetch_ahead;
 use crate::gguf::GgmlType;
 
 /// 32 bytes of group `a` at `pa` (low half) and 32 of group `b` at `pb` (high half).
@@ -91,8 +91,8 @@ unsafe fn tile_pair_t<const HIGH: bool, const MIN: bool, const T: usize>(
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         let (pa, pb) = (wa.as_ptr().add(b * bytes), wb.as_ptr().add(b * bytes));
-        _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(PREFETCH_BYTES) as *const i8);
-        _mm_prefetch::<_MM_HINT_T0>(pb.wrapping_add(PREFETCH_BYTES) as *const i8);
+        prefetch_ahead(pa, bytes);
+        prefetch_ahead(pb, bytes);
         let dx = f16x16(pa, pb);
         let bits = if HIGH {
             load2(pa.add(qh0), pb.add(qh0))
@@ -205,8 +205,9 @@ unsafe fn tile_k4_pair_t<const T: usize>(wa: &[u8], wb: &[u8], ys: &Q8KRow, out:
         let mut isum = [_mm512_setzero_si512(); T];
         for s in 0..8 {
             let (qa, qb) = (pa.add(160 + 128 * s), pb.add(160 + 128 * s));
-            _mm_prefetch::<_MM_HINT_T0>(qa.wrapping_add(PREFETCH_BYTES) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PREFETCH_BYTES) as *const i8);
+            // An eighth of the group per sub-block, so the header's lines are hinted too.
+            prefetch_ahead(pa.add(s * K4_GROUP_BYTES / 8), K4_GROUP_BYTES / 8);
+            prefetch_ahead(pb.add(s * K4_GROUP_BYTES / 8), K4_GROUP_BYTES / 8);
             // The 16 rows' scales of sub-block s, one per lane.
             let sc = _mm512_cvtepu8_epi32(bytes8x2(pa.add(32 + 8 * s), pb.add(32 + 8 * s)));
             // Chunk c: low nibbles (elements 4c..) and high nibbles (16 + 4c..) of 16 rows.
@@ -302,8 +303,8 @@ unsafe fn tile_k6_pair_t<const T: usize>(wa: &[u8], wb: &[u8], ys: &Q8KRow, out:
         let mut isum = [_mm512_setzero_si512(); T];
         for s in 0..8 {
             let (qa, qb) = (pa.add(144 + 192 * s), pb.add(144 + 192 * s));
-            _mm_prefetch::<_MM_HINT_T0>(qa.wrapping_add(PREFETCH_BYTES) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(qb.wrapping_add(PREFETCH_BYTES) as *const i8);
+            prefetch_ahead(pa.add(s * K6_GROUP_BYTES / 8), K6_GROUP_BYTES / 8);
+            prefetch_ahead(pb.add(s * K6_GROUP_BYTES / 8), K6_GROUP_BYTES / 8);
             let pair = _mm512_cvtepi8_epi16(bytes16x2(pa.add(16 + 16 * s), pb.add(16 + 16 * s)));
             let (sc_lo, sc_hi) = (
                 _mm512_shuffle_epi8(pair, even),
@@ -397,10 +398,8 @@ unsafe fn tile_q8_pair_t<const T: usize>(
             wa.as_ptr().add(b * Q8_BLOCK_BYTES),
             wb.as_ptr().add(b * Q8_BLOCK_BYTES),
         );
-        for line in (0..Q8_BLOCK_BYTES).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(line + PREFETCH_BYTES) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(pb.wrapping_add(line + PREFETCH_BYTES) as *const i8);
-        }
+        prefetch_ahead(pa, Q8_BLOCK_BYTES);
+        prefetch_ahead(pb, Q8_BLOCK_BYTES);
         let dx = f16x16(pa, pb);
         let mut s = [_mm512_setzero_si512(); T];
         for c in 0..8 {
