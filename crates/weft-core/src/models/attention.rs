@@ -1,6 +1,6 @@
 //! Attention over the paged KV cache, for every query of a batch at once.
 //!
-//! Each (query, KV head) pair walks its sequence's pages in *chunks* of [`CHUNK_PAGES`] pages.
+//! Each (query, KV head) pair walks its sequence's pages in *chunks* of [`chunk_pages`] pages.
 //! A chunk is scored with an online softmax of its own (flash-attention style: a running max,
 //! sum and weighted value sum per head), and the chunks' states are merged left to right.
 //! Because the chunking is fixed by the sequence alone, a query's output has the same bits
@@ -28,9 +28,21 @@ use crate::threadpool::ThreadPool;
 /// Largest head dimension attention supports.
 pub const MAX_HEAD_DIM: usize = 512;
 
-/// Pages per chunk of one softmax state: 256 keys. Long enough that merging states costs
-/// nothing measurable, short enough that a 4,096-token decode splits into 16 items per KV head.
-pub const CHUNK_PAGES: usize = 8;
+/// Pages per chunk of one softmax state in a full-attention layer: 512 keys. Long enough that
+/// a split decode's items and their merges cost little (256 keys made SmolLM2's decode at
+/// depth 4,096 3–5% slower), short enough that such a decode splits into 8 items per KV head
+/// to share between threads.
+pub const CHUNK_PAGES: usize = 16;
+
+/// Pages per chunk in a layer that sees `view`: [`CHUNK_PAGES`], or at most half the window
+/// of a sliding-window layer, so the window's keys span at least two chunks and a decode
+/// shares them between threads (Gemma 3's 512-key window in one or two 512-key chunks left
+/// one thread idle or with a sliver: 3–4% of its decode at depth 4,096). Fixed by the layer
+/// alone, so a query's bits still do not depend on its batch.
+pub fn chunk_pages(view: &SeqView<'_>) -> usize {
+    view.window
+        .map_or(CHUNK_PAGES, |w| (w / (2 * PAGE_SIZE)).clamp(1, CHUNK_PAGES))
+}
 
 const G: usize = attn::MAX_GROUP;
 
@@ -142,8 +154,11 @@ fn fill_slots(rows: &mut [u32]) {
 /// page with an online softmax. A page every query of the tile sees whole is scored for all
 /// of them in one kernel call, each key and value widened once for all their rows; other
 /// pages are scored query by query. A row's bits are the same either way.
+///
+/// A decode-like tile prefetches each next page as it reads the current one; on the chunk's
+/// last page it prefetches the page `then` names instead (the page the thread reads next).
 #[allow(clippy::too_many_arguments)]
-fn attend_chunk(
+fn attend_chunk<'k>(
     tile: &[Query<'_>],
     qs: &[f32],
     kvh: usize,
@@ -151,10 +166,12 @@ fn attend_chunk(
     head_dim: usize,
     scale: f32,
     pages: std::ops::Range<usize>,
+    then: &mut dyn FnMut() -> Option<(&'k [u8], &'k [u8])>,
     ps: &mut PageScratch,
     st: &mut State<'_>,
 ) {
     let view = &tile[0].view;
+    let last = pages.end.saturating_sub(1);
     let (kv_type, rb) = (view.kv_type, view.kv_type.row_bytes(head_dim));
     let n_slots = view.positions.len();
     // Whether a key at position `p` is inside the layer's window around position `pos`.
@@ -169,10 +186,12 @@ fn attend_chunk(
         };
         // The next page's keys and values, prefetched by the kernels line by line as they
         // read this page's (a decode: the hardware prefetchers cannot see that page coming).
-        let (next_keys, next_values): (&[u8], &[u8]) = view
-            .page(page + 1, kvh)
-            .filter(|_| tile[0].prefetch)
-            .unwrap_or((&[], &[]));
+        let next = match tile[0].prefetch {
+            false => None,
+            true if page == last => then(),
+            true => view.page(page + 1, kvh),
+        };
+        let (next_keys, next_values): (&[u8], &[u8]) = next.unwrap_or((&[], &[]));
         let first = page * PAGE_SIZE;
         let in_page = PAGE_SIZE.min(n_slots - first);
         let slots = &view.positions[first..first + in_page];
@@ -299,13 +318,13 @@ unsafe fn finish(
 /// so no score buffer is needed whatever the context length. A query's output does not depend
 /// on the rest of the batch, bit for bit.
 #[allow(clippy::too_many_arguments)]
-pub fn attention(
+pub fn attention<'k>(
     pool: &ThreadPool,
-    kv: &KvCache,
+    kv: &'k KvCache,
     layer: usize,
     queries: &[BatchToken],
-    masks: &[SlotMask],
-    q: &[f32],
+    masks: &'k [SlotMask],
+    q: &'k [f32],
     n_head: usize,
     head_dim: usize,
     scale: f32,
@@ -350,7 +369,12 @@ pub fn attention(
             prefetch,
         });
     }
-    let chunks_of = |qr: &Query<'_>| qr.view.positions.len().div_ceil(PAGE_SIZE * CHUNK_PAGES);
+    let chunks_of = |qr: &Query<'_>| {
+        qr.view
+            .positions
+            .len()
+            .div_ceil(PAGE_SIZE * chunk_pages(&qr.view))
+    };
     // Work units: blocks of up to `BLOCK_TILES` tiles of consecutive queries of one sequence
     // (a tile: as many queries as fit `G` rows with their heads) × KV head, walking the chunks
     // in order, each chunk for every tile of the block while its keys and values are in the
@@ -413,17 +437,35 @@ pub fn attention(
             rows: [0; PAGE_SIZE],
             scores: [0.0; PAGE_SIZE * G],
         };
-        loop {
+        // Takes the next item off the counter.
+        let claim = || {
             let taken = next.fetch_add(1, Ordering::Relaxed);
-            if taken >= items {
-                break;
-            }
-            let item = items - 1 - taken;
+            (taken < items).then(|| items - 1 - taken)
+        };
+        // An item's first query, KV head, sub-group, query count and chunk (`None`: all).
+        let item_at = |item: usize| {
             let (unit, rest) = (item / (n_kv_head * n_sub), item % (n_kv_head * n_sub));
             let (kvh, sg) = (rest / n_sub, rest % n_sub);
-            let (q0, nq, chunk) = match units[unit] {
-                (qi, c) if split => (qi as usize, 1, Some(c as usize)),
-                (q0, nq) => (q0 as usize, nq as usize, None),
+            match units[unit] {
+                (qi, c) if split => (qi as usize, kvh, sg, 1, Some(c as usize)),
+                (q0, nq) => (q0 as usize, kvh, sg, nq as usize, None),
+            }
+        };
+        // The page an item reads first: what the item before it on this thread prefetches
+        // as it reads its own last page (else a split decode starts every chunk from memory;
+        // 8% of SmolLM2's decode at depth 4,096).
+        let first_page = |item: usize| {
+            let (q0, kvh, _, _, chunk) = item_at(item);
+            let view = &resolved[q0].view;
+            view.page(chunk.unwrap_or(0) * chunk_pages(view), kvh)
+        };
+        let mut claimed: Option<usize> = None;
+        while let Some(item) = claimed.take().or_else(claim) {
+            let (q0, kvh, sg, nq, chunk) = item_at(item);
+            // Claims the next item and names its first page (called on this item's last page).
+            let mut claim_ahead = || {
+                claimed = claim();
+                claimed.and_then(first_page)
             };
             let (h0, gh) = (kvh * group + sg * sub, sub.min(group - sg * sub));
             let block = &resolved[q0..q0 + nq];
@@ -437,9 +479,13 @@ pub fn attention(
                     .copy_from_slice(&qr.q[h0 * head_dim..(h0 + gh) * head_dim]);
             }
             let n_pages = block[0].view.positions.len().div_ceil(PAGE_SIZE);
-            let pages =
-                |c: usize| (c * CHUNK_PAGES).min(n_pages)..((c + 1) * CHUNK_PAGES).min(n_pages);
-            let walk = |t: usize, c: usize, ps: &mut PageScratch, acc: &mut [f32]| {
+            let cp = chunk_pages(&block[0].view);
+            let pages = |c: usize| (c * cp).min(n_pages)..((c + 1) * cp).min(n_pages);
+            let walk = |t: usize,
+                        c: usize,
+                        then: &mut dyn FnMut() -> Option<(&'k [u8], &'k [u8])>,
+                        ps: &mut PageScratch,
+                        acc: &mut [f32]| {
                 let tile = &block[tile_at(t)];
                 let mut st = State {
                     max: [0.0; G],
@@ -448,11 +494,22 @@ pub fn attention(
                 };
                 st.reset();
                 let qs = &qs_all[t * tile_len..][..tile.len() * row];
-                attend_chunk(tile, qs, kvh, gh, head_dim, scale, pages(c), ps, &mut st);
+                attend_chunk(
+                    tile,
+                    qs,
+                    kvh,
+                    gh,
+                    head_dim,
+                    scale,
+                    pages(c),
+                    then,
+                    ps,
+                    &mut st,
+                );
                 (st.max, st.sum)
             };
             if let Some(c) = chunk {
-                let (max, sum) = walk(0, c, &mut ps, acc_chunk);
+                let (max, sum) = walk(0, c, &mut claim_ahead, &mut ps, acc_chunk);
                 // SAFETY: see `SharedOut`; `stride` floats at `item` belong to this item alone.
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(partial_out.0.add(item * stride), stride)
@@ -465,9 +522,20 @@ pub fn attention(
             for st in &mut states[..tiles] {
                 st.reset();
             }
-            for c in 0..chunks_of(&block[0]) {
+            let n_chunks = chunks_of(&block[0]);
+            for c in 0..n_chunks {
                 for (t, st) in states[..tiles].iter_mut().enumerate() {
-                    let (max, sum) = walk(t, c, &mut ps, acc_chunk);
+                    // The last tile of a chunk goes on to the next chunk's first page, the
+                    // last one of all to the next item's.
+                    let next_chunk = (c + 1) * cp;
+                    let (max, sum) = if t + 1 < tiles {
+                        walk(t, c, &mut || None, &mut ps, acc_chunk)
+                    } else if c + 1 < n_chunks {
+                        let view = &block[0].view;
+                        walk(t, c, &mut || view.page(next_chunk, kvh), &mut ps, acc_chunk)
+                    } else {
+                        walk(t, c, &mut claim_ahead, &mut ps, acc_chunk)
+                    };
                     let n = tile_at(t).len() * gh;
                     let chunk_st = State {
                         max,
