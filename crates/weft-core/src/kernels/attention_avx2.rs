@@ -172,7 +172,6 @@ unsafe fn dots_tile<R: Row, const G: usize, const K: usize>(
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the shapes must be as the safe wrapper checks.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn attend(
     kv: KvType,
     acc: &mut [f32],
@@ -181,7 +180,6 @@ pub unsafe fn attend(
     ws: usize,
     values: &[u8],
     rows: &[u32],
-    ahead: *const u8,
 ) {
     if !d.is_multiple_of(8) {
         // Only odd test shapes get here: the models' head sizes are multiples of 32.
@@ -189,7 +187,7 @@ pub unsafe fn attend(
     }
     let g = acc.len() / d;
     let (ap, vp, rb) = (acc.as_mut_ptr(), values.as_ptr(), kv.row_bytes(d));
-    dispatch!(kv, g, attend_g(ap, d, w.as_ptr(), ws, vp, rb, rows, ahead));
+    dispatch!(kv, g, attend_g(ap, d, w.as_ptr(), ws, vp, rb, rows));
 }
 
 /// For each 8-wide slice of the head dimension (two at a time), the `G` heads' accumulators
@@ -198,7 +196,6 @@ pub unsafe fn attend(
 // `j` indexes the weights and both accumulator arrays at once.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn attend_g<R: Row, const G: usize>(
     ap: *mut f32,
     d: usize,
@@ -207,7 +204,6 @@ unsafe fn attend_g<R: Row, const G: usize>(
     vp: *const u8,
     rb: usize,
     rows: &[u32],
-    ahead: *const u8,
 ) {
     let mut c = 0;
     // Two slices need 2·G accumulators, two values and a weight in 16 registers: up to G = 6;
@@ -217,9 +213,6 @@ unsafe fn attend_g<R: Row, const G: usize>(
             std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c + 8 * h)))
         });
         for (i, &r) in rows.iter().enumerate() {
-            if c == 0 {
-                prefetch_rows(ahead, r as usize * rb, rb);
-            }
             let row = vp.add(r as usize * rb);
             let (v0, v1) = (R::load8(row, c), R::load8(row, c + 8));
             for j in 0..G {
@@ -238,9 +231,6 @@ unsafe fn attend_g<R: Row, const G: usize>(
     while c + 8 <= d {
         let mut a: [__m256; G] = std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c)));
         for (i, &r) in rows.iter().enumerate() {
-            if c == 0 {
-                prefetch_rows(ahead, r as usize * rb, rb);
-            }
             let v = R::load8(vp.add(r as usize * rb), c);
             for (j, a) in a.iter_mut().enumerate() {
                 *a = _mm256_fmadd_ps(_mm256_broadcast_ss(&*wp.add(j * ws + i)), v, *a);

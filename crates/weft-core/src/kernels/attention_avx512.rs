@@ -215,7 +215,6 @@ unsafe fn hsum16(v: [__m512; 16]) -> [f32; 16] {
 /// The CPU must support AVX-512 F and VL besides AVX2, FMA and F16C; the shapes must be as
 /// the safe wrapper checks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn attend(
     kv: KvType,
     acc: &mut [f32],
@@ -224,10 +223,9 @@ pub unsafe fn attend(
     ws: usize,
     values: &[u8],
     rows: &[u32],
-    ahead: *const u8,
 ) {
     if !d.is_multiple_of(16) {
-        return attention_avx2::attend(kv, acc, d, w, ws, values, rows, ahead);
+        return attention_avx2::attend(kv, acc, d, w, ws, values, rows);
     }
     let g = acc.len() / d;
     let (ap, vp, wp, rb) = (
@@ -239,14 +237,14 @@ pub unsafe fn attend(
     macro_rules! by_group {
         ($r:ty) => {
             match g {
-                1 => attend_g::<$r, 1>(ap, d, wp, ws, vp, rb, rows, ahead),
-                2 => attend_g::<$r, 2>(ap, d, wp, ws, vp, rb, rows, ahead),
-                3 => attend_g::<$r, 3>(ap, d, wp, ws, vp, rb, rows, ahead),
-                4 => attend_g::<$r, 4>(ap, d, wp, ws, vp, rb, rows, ahead),
-                5 => attend_g::<$r, 5>(ap, d, wp, ws, vp, rb, rows, ahead),
-                6 => attend_g::<$r, 6>(ap, d, wp, ws, vp, rb, rows, ahead),
-                7 => attend_g::<$r, 7>(ap, d, wp, ws, vp, rb, rows, ahead),
-                8 => attend_g::<$r, 8>(ap, d, wp, ws, vp, rb, rows, ahead),
+                1 => attend_g::<$r, 1>(ap, d, wp, ws, vp, rb, rows),
+                2 => attend_g::<$r, 2>(ap, d, wp, ws, vp, rb, rows),
+                3 => attend_g::<$r, 3>(ap, d, wp, ws, vp, rb, rows),
+                4 => attend_g::<$r, 4>(ap, d, wp, ws, vp, rb, rows),
+                5 => attend_g::<$r, 5>(ap, d, wp, ws, vp, rb, rows),
+                6 => attend_g::<$r, 6>(ap, d, wp, ws, vp, rb, rows),
+                7 => attend_g::<$r, 7>(ap, d, wp, ws, vp, rb, rows),
+                8 => attend_g::<$r, 8>(ap, d, wp, ws, vp, rb, rows),
                 g => panic!("attention kernels take 1 to 8 heads, got {g}"),
             }
         };
@@ -263,7 +261,6 @@ pub unsafe fn attend(
 // `j` indexes the weights and both accumulator arrays at once.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn attend_g<R: Row16, const G: usize>(
     ap: *mut f32,
     d: usize,
@@ -272,7 +269,6 @@ unsafe fn attend_g<R: Row16, const G: usize>(
     vp: *const u8,
     rb: usize,
     rows: &[u32],
-    ahead: *const u8,
 ) {
     let mut c = 0;
     while c + 32 <= d {
@@ -280,9 +276,6 @@ unsafe fn attend_g<R: Row16, const G: usize>(
             std::array::from_fn(|j| _mm512_loadu_ps(ap.add(j * d + c + 16 * h)))
         });
         for (i, &r) in rows.iter().enumerate() {
-            if c == 0 {
-                prefetch_rows(ahead, r as usize * rb, rb);
-            }
             let row = vp.add(r as usize * rb);
             let (v0, v1) = (R::load16(row, c), R::load16(row, c + 16));
             for j in 0..G {

@@ -13,9 +13,10 @@
 //! fit [`attn::MAX_GROUP`] rows with their heads), so each value row of a page they all see is
 //! widened once for all of them; a decode-like batch prefetches each next page, which the
 //! hardware prefetchers cannot see coming (a page of one head is a few KiB, the next one
-//! `n_kv_heads` pages away). The kernels prefetch it line by line as they read the same lines
-//! of the current page: a burst of a whole page at once filled the core's miss buffers and
-//! stalled the arithmetic it was meant to overlap.
+//! `n_kv_heads` pages away). The score kernel prefetches the next keys line by line as it
+//! reads the same lines of the current page (a burst of a whole page at once filled the core's
+//! miss buffers and stalled the arithmetic it was meant to overlap); the next values are hinted
+//! a part per head between the softmax steps, which read no memory.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -110,6 +111,7 @@ struct PageScratch {
 /// Turns rows `0..n_rows` of `scores` (the first `n` of each) into softmax weights for the
 /// state rows from `st_row`: scaled, plus the float mask's bias of each listed slot, then one
 /// online-softmax step per row (rescaling what the row accumulated when its max grows).
+/// Before each row it hints in a part of `ahead` (the next page's values, or nothing).
 #[allow(clippy::too_many_arguments)]
 fn softmax_rows(
     ps: &mut PageScratch,
@@ -120,8 +122,12 @@ fn softmax_rows(
     st: &mut State<'_>,
     st_row: usize,
     head_dim: usize,
+    ahead: &[u8],
 ) {
+    // A part of the next page's values before each row (see `attn::prefetch`).
+    let mut parts = ahead.chunks(ahead.len().div_ceil(n_rows.max(1)).max(1));
     for j in 0..n_rows {
+        attn::prefetch(parts.next().unwrap_or(&[]));
         let sc = &mut ps.scores[j * PAGE_SIZE..j * PAGE_SIZE + n];
         // The scale is applied by the softmax step, unless a bias must come after it.
         let mut scale = scale;
@@ -214,18 +220,21 @@ fn attend_chunk<'k>(
                 let ahead = if t == 0 { next_keys } else { &[] };
                 attn::dots(kv_type, q, keys, gh, sc, PAGE_SIZE, ahead);
             }
-            softmax_rows(ps, n_rows, in_page, scale, None, st, 0, head_dim);
+            softmax_rows(
+                ps,
+                n_rows,
+                in_page,
+                scale,
+                None,
+                st,
+                0,
+                head_dim,
+                next_values,
+            );
             fill_slots(&mut ps.rows[..in_page]);
             let rows = &ps.rows[..in_page];
             attn::attend(
-                kv_type,
-                st.acc,
-                head_dim,
-                &ps.scores,
-                PAGE_SIZE,
-                values,
-                rows,
-                next_values,
+                kv_type, st.acc, head_dim, &ps.scores, PAGE_SIZE, values, rows,
             );
             continue;
         }
@@ -265,11 +274,10 @@ fn attend_chunk<'k>(
                 continue;
             }
             let bias = qr.mask.and_then(SlotMask::bias).map(|b| (b, first));
-            softmax_rows(ps, gh, n, scale, bias, st, t * gh, head_dim);
+            softmax_rows(ps, gh, n, scale, bias, st, t * gh, head_dim, next_values);
             let acc = &mut st.acc[t * row..(t + 1) * row];
             let rows = &ps.rows[..n];
-            let (w, ahead) = (&ps.scores, next_values);
-            attn::attend(kv_type, acc, head_dim, w, PAGE_SIZE, values, rows, ahead);
+            attn::attend(kv_type, acc, head_dim, &ps.scores, PAGE_SIZE, values, rows);
         }
     }
 }
