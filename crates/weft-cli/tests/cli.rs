@@ -428,6 +428,17 @@ fn bench_runs_at_depth_and_reports_bandwidth() {
     // 30 layers × 3 KV heads × 64 dims × 2 (K, V) × 2 bytes = 23,040 bytes per position.
     let kv = deep - shallow;
     assert!((kv - 23_040.0 * 48.0).abs() < 1.0, "{kv}");
+    // Each decode row's limit was also probed over its own step's bytes (~97 and ~98 MB).
+    let probes: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("streaming read bandwidth over "))
+        .collect();
+    assert_eq!(probes.len(), 2, "{stderr}");
+    assert!(probes[0].contains("97 MB (a step of tg4)"), "{stderr}");
+    assert!(
+        probes[1].contains("98 MB (a step of tg4 @ d48)"),
+        "{stderr}"
+    );
 }
 
 /// `--kv-type q8_0`: the bench says so, and decode at depth reads 34 bytes per 32 cached values

@@ -7,24 +7,32 @@ use std::time::Instant;
 use crate::gguf::GgufFile;
 use crate::kv::KvLayout;
 
-/// Bytes the bandwidth test streams per round: far past any last-level cache.
-const BUFFER_BYTES: usize = 256 << 20;
+/// Bytes the bandwidth test streams per round by default: past the last-level cache of most
+/// machines.
+pub const BUFFER_BYTES: usize = 256 << 20;
+
+/// The smallest buffer [`read_bandwidth`] streams: far past a core's L2.
+const MIN_BUFFER_BYTES: usize = 16 << 20;
 
 /// How far ahead of its reads the prefetching stream asks for lines (measured on a Xeon: 2–3
 /// KiB ahead read the most, 1 KiB and 4 KiB less).
 const PREFETCH_AHEAD: usize = 2048;
 
 /// The machine's streaming read bandwidth in bytes per second with `threads` threads, each
-/// summing its share of a 256 MiB buffer: the best of `rounds` rounds of each of two readers
+/// summing its share of a buffer of `bytes` bytes (at least 16 MiB; [`BUFFER_BYTES`] past most
+/// caches, or the bytes one decode step reads, for the rate a working set of that size is
+/// read at — a step whose bytes partly stay in a large last-level cache between steps reads
+/// faster than a 256 MiB buffer does): the best of `rounds` rounds of each of two readers
 /// (after one warm-up round that also maps the pages), a plain sequential sum and one that
 /// prefetches 2 KiB ahead, as the weight kernels prefetch. The hardware
 /// prefetchers alone left 10–20% of the bus idle on a Xeon, so the plain sum alone
 /// understated the bound a decode step that streams its weights runs into (the kernels read
 /// faster than it).
-pub fn read_bandwidth(threads: usize, rounds: usize) -> f64 {
+pub fn read_bandwidth(threads: usize, rounds: usize, bytes: usize) -> f64 {
     let threads = threads.max(1);
+    let bytes = bytes.max(MIN_BUFFER_BYTES) / 64 * 64;
     // Non-zero contents, so every page is really mapped and read.
-    let buffer: Vec<u64> = (0..BUFFER_BYTES / 8).map(|i| i as u64 | 1).collect();
+    let buffer: Vec<u64> = (0..bytes / 8).map(|i| i as u64 | 1).collect();
     let chunk = buffer.len().div_ceil(threads);
     let mut best = 0.0f64;
     for round in 0..2 * rounds.max(1) + 1 {
@@ -41,7 +49,7 @@ pub fn read_bandwidth(threads: usize, rounds: usize) -> f64 {
         // The sums are used, so the reads cannot be optimized away.
         std::hint::black_box(sums);
         if round > 0 {
-            best = best.max(BUFFER_BYTES as f64 / secs);
+            best = best.max(bytes as f64 / secs);
         }
     }
     best
@@ -134,6 +142,15 @@ mod tests {
         // Q8_0: one 34-byte block per 32 values.
         layout.kv_type = crate::kv::KvType::Q8_0;
         assert_eq!(layout.bytes_read_at(100), 2 * 2 * 34 * (2 * 100 + 10));
+    }
+
+    #[test]
+    fn any_buffer_size_reads_at_a_positive_rate() {
+        // Below the floor (16 MiB) and an odd size: both stream whole 64-byte lines.
+        for bytes in [1 << 20, (16 << 20) + 100] {
+            let bw = read_bandwidth(2, 1, bytes);
+            assert!(bw.is_finite() && bw > 1e8, "{bytes} bytes: {bw} B/s");
+        }
     }
 
     #[test]
