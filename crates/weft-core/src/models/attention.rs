@@ -190,8 +190,9 @@ fn attend_chunk<'k>(
         let Some((keys, values)) = view.page(page, kvh) else {
             continue; // released sliding-window page: nothing visible there
         };
-        // The next page's keys and values, prefetched by the kernels line by line as they
-        // read this page's (a decode: the hardware prefetchers cannot see that page coming).
+        // The next page's keys and values (a decode: the hardware prefetchers cannot see that
+        // page coming): the score kernel hints the keys line by line as it reads this page's,
+        // `softmax_rows` the values a part per head.
         let next = match tile[0].prefetch {
             false => None,
             true if page == last => then(),
