@@ -11,6 +11,7 @@
 use std::str::FromStr;
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 #[cfg(target_arch = "x86_64")]
 use super::{attention_avx2, attention_avx512};
@@ -91,8 +92,16 @@ pub fn quantize_row(kv: KvType, x: &[f32], out: &mut [u8]) {
     );
     match kv {
         KvType::F16 => {
-            for (o, &v) in out.chunks_exact_mut(2).zip(x) {
-                o.copy_from_slice(&f16::from_f32(v).to_le_bytes());
+            // Through a slice conversion, which checks for F16C once and converts 8 values at
+            // a time: one `f16::from_f32` per value checked for it every time (a decode step
+            // of SmolLM2 spent ~2% of its time storing its keys and values).
+            let mut wide = [f16::ZERO; 64];
+            for (o, xs) in out.chunks_mut(2 * wide.len()).zip(x.chunks(wide.len())) {
+                let h = &mut wide[..xs.len()];
+                h.convert_from_f32_slice(xs);
+                for (o, v) in o.chunks_exact_mut(2).zip(h.iter()) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
             }
         }
         KvType::Q8_0 => {
