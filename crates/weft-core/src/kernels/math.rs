@@ -1,5 +1,5 @@
-//! Elementwise transcendental functions over slices: `e^x` (softmax) and the exact GELU
-//! (`x·Φ(x)`, BERT's activation).
+//! Elementwise transcendental functions over slices: `e^x` (softmax), the exact GELU
+//! (`x·Φ(x)`, BERT's activation) and SiLU gating (`x / (1 + e^-x) · up`, SwiGLU's).
 //!
 //! The scalar functions are the reference and define the arithmetic: Cephes' `expf` (range
 //! reduction by `ln 2` in two parts, a degree-5 polynomial, the exponent built in the float's
@@ -84,6 +84,33 @@ pub fn gelu(x: f32) -> f32 {
     h.mul_add(erf(x * std::f32::consts::FRAC_1_SQRT_2), h)
 }
 
+/// SiLU, `x / (1 + e^-x)`, with [`exp`] (as ggml computes it, with its own vector `expf`).
+/// Below `-EXP_HI` it gives `x · e^-88.3` (under `|x|·1e-38`) rather than 0.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+/// `gate[i] = silu(gate[i]) · up[i]` for every element (SwiGLU's gating).
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(
+        gate.len(),
+        up.len(),
+        "silu_mul: gate and up differ in length"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if super::use_avx2() {
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { avx2::silu_mul(gate, up) };
+    }
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+}
+
 /// `x[i] = e^x[i]` for every element.
 pub fn exp_inplace(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -161,6 +188,34 @@ mod avx2 {
         _mm256_fmadd_ps(h, e, h)
     }
 
+    /// [`super::silu`] of `g` times `u`, on 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn silu_mul8(g: __m256, u: __m256) -> __m256 {
+        let e = exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0)));
+        _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0), e)), u)
+    }
+
+    /// `gate = silu(gate) · up`, 8 at a time, then the tail through zero-padded vectors.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        let mut gs = gate.chunks_exact_mut(8);
+        let mut us = up.chunks_exact(8);
+        for (g, u) in gs.by_ref().zip(us.by_ref()) {
+            let v = silu_mul8(_mm256_loadu_ps(g.as_ptr()), _mm256_loadu_ps(u.as_ptr()));
+            _mm256_storeu_ps(g.as_mut_ptr(), v);
+        }
+        let (g, u) = (gs.into_remainder(), us.remainder());
+        if !g.is_empty() {
+            let (mut gb, mut ub) = ([0f32; 8], [0f32; 8]);
+            gb[..g.len()].copy_from_slice(g);
+            ub[..u.len()].copy_from_slice(u);
+            let v = silu_mul8(_mm256_loadu_ps(gb.as_ptr()), _mm256_loadu_ps(ub.as_ptr()));
+            _mm256_storeu_ps(gb.as_mut_ptr(), v);
+            g.copy_from_slice(&gb[..g.len()]);
+        }
+    }
+
     /// Applies `exp` (or, with `GELU`, `gelu`) to every element: 8 at a time, then the tail
     /// through a zero-padded vector (the same lanes, so the same bits as the scalar path).
     #[target_feature(enable = "avx2,fma")]
@@ -225,6 +280,22 @@ mod tests {
         assert!((gelu(-3.0) + 0.004_049_5).abs() < 1e-6);
     }
 
+    /// SiLU against `x / (1 + e^-x)` in double precision, and its gated slice form.
+    #[test]
+    fn silu_is_accurate() {
+        for x in samples() {
+            let want = x as f64 / (1.0 + (-(x as f64)).exp());
+            let got = silu(x) as f64;
+            // Below -88.3 the clamped `exp` leaves `x · e^-88.3` instead of (nearly) 0.
+            let ok = (got - want).abs() <= 4e-7 * want.abs()
+                || (x < -87.0 && got.abs() <= (x as f64).abs() * 1e-37);
+            assert!(ok, "silu({x}) = {got}, want {want}");
+        }
+        let (mut g, u) = (vec![-2.0, 0.0, 3.0], [2.0, 5.0, -1.0]);
+        silu_mul_inplace(&mut g, &u);
+        assert_eq!(g, [silu(-2.0) * 2.0, 0.0, -silu(3.0)]);
+    }
+
     /// The AVX2 path gives the scalar reference's bits, whatever the slice length.
     #[test]
     fn slices_match_the_scalar_reference() {
@@ -237,6 +308,12 @@ mod tests {
             for (i, &x) in xs[..len].iter().enumerate() {
                 assert_eq!(e[i].to_bits(), exp(x).to_bits(), "exp({x})");
                 assert_eq!(g[i].to_bits(), gelu(x).to_bits(), "gelu({x})");
+            }
+            let up: Vec<f32> = (0..len).map(|i| 1.5 - (i % 7) as f32 * 0.37).collect();
+            let mut s = xs[..len].to_vec();
+            silu_mul_inplace(&mut s, &up);
+            for (i, &x) in xs[..len].iter().enumerate() {
+                assert_eq!(s[i].to_bits(), (silu(x) * up[i]).to_bits(), "silu({x})");
             }
         }
     }

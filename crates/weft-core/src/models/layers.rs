@@ -96,27 +96,32 @@ impl Rope {
 
     /// Rotates every head of `x` (`n_heads × head_dim`) by the angles from [`Rope::angles`].
     pub fn rotate(&self, x: &mut [f32], head_dim: usize, cs: &[(f32, f32)]) {
-        let half = self.dims / 2;
+        let (dims, half) = (self.dims, self.dims / 2);
+        // Each pair `(x0, x1)` becomes `(x0·cos − x1·sin, x0·sin + x1·cos)`. The layout is
+        // chosen once per call and each loop walks its pairs as slices, without an index
+        // check or a layout branch per pair, so the compiler vectorizes it.
+        let cs = &cs[..half.min(cs.len())];
         for head in x.chunks_exact_mut(head_dim) {
-            for (i, &(cos, sin)) in cs.iter().take(half).enumerate() {
-                let (a, b) = if self.neox {
-                    (i, i + half)
-                } else {
-                    (2 * i, 2 * i + 1)
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x0 * sin + x1 * cos;
+            if self.neox {
+                let (a, b) = head[..dims].split_at_mut(half);
+                for ((x0, x1), &(cos, sin)) in a.iter_mut().zip(b).zip(cs) {
+                    (*x0, *x1) = (*x0 * cos - *x1 * sin, *x0 * sin + *x1 * cos);
+                }
+            } else {
+                for (p, &(cos, sin)) in head[..dims].chunks_exact_mut(2).zip(cs) {
+                    let (x0, x1) = (p[0], p[1]);
+                    p[0] = x0 * cos - x1 * sin;
+                    p[1] = x0 * sin + x1 * cos;
+                }
             }
         }
     }
 }
 
-/// `gate = silu(gate) * up` (SwiGLU).
+/// `gate = silu(gate) * up` (SwiGLU), with our vector `exp` as ggml does with its own (the C
+/// library's `expf`, one value at a time, took 3.5% of SmolLM2's decode step).
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
+    crate::kernels::math::silu_mul_inplace(gate, up)
 }
 
 /// GELU (tanh approximation) of every f16 value, as f16 bits: ggml's `ggml_table_gelu_f16`.
