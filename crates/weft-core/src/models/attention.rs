@@ -47,6 +47,11 @@ pub fn chunk_pages(view: &SeqView<'_>) -> usize {
 
 const G: usize = attn::MAX_GROUP;
 
+thread_local! {
+    /// Each thread's query rows and softmax states of [`attention`], kept between calls.
+    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Tiles of queries one prefill work item takes: it walks the chunks in order, each for all of
 /// its tiles while the chunk's keys and values stay in the core's cache.
 const BLOCK_TILES: usize = 8;
@@ -431,7 +436,11 @@ pub fn attention<'k>(
         let (shared, partial_out) = (&shared, &partial_out);
         // Each tile's query rows side by side and its running state; one chunk's state.
         let tile_len = G * head_dim;
-        let mut bufs = vec![0f32; (2 * BLOCK_TILES + 1) * tile_len];
+        // This thread's buffers from the last call (every element is written before it is
+        // read: query rows copied in, states reset), so a decode step neither allocates nor
+        // zeroes them in each of its layers.
+        let mut bufs = SCRATCH.take();
+        bufs.resize(bufs.len().max((2 * BLOCK_TILES + 1) * tile_len), 0.0);
         let (qs_all, rest) = bufs.split_at_mut(BLOCK_TILES * tile_len);
         let (acc_all, acc_chunk) = rest.split_at_mut(BLOCK_TILES * tile_len);
         let mut states: Vec<State<'_>> = acc_all
@@ -562,6 +571,8 @@ pub fn attention<'k>(
                 }
             }
         }
+        drop(states);
+        SCRATCH.set(bufs);
     });
     if split {
         // Merge each (query, KV head, sub-group)'s chunk states in chunk order, as a single
