@@ -78,6 +78,62 @@ pub struct ThreadPool {
     workers: Vec<JoinHandle<()>>,
     /// Serializes `run` calls.
     run_lock: Mutex<()>,
+    /// Per thread index: the chunks of the current [`ThreadPool::run_chunks`] it has not
+    /// started, as `front << 32 | back` (written only while `run_lock` is held).
+    shares: Box<[Share]>,
+}
+
+/// One thread's share of a [`ThreadPool::run_chunks`] call, alone on its cache lines: its
+/// owner takes chunks from the front without touching a line another thread is using.
+#[repr(align(128))]
+struct Share(AtomicU64);
+
+impl Share {
+    fn pack(front: usize, back: usize) -> u64 {
+        ((front as u64) << 32) | back as u64
+    }
+
+    fn unpack(v: u64) -> (usize, usize) {
+        ((v >> 32) as usize, (v & 0xffff_ffff) as usize)
+    }
+
+    /// Replaces the chunks left, `(front, back)`, by `cut(front, back)` when any are left;
+    /// returns what was there.
+    fn update(&self, cut: impl Fn(usize, usize) -> (usize, usize)) -> Option<(usize, usize)> {
+        let mut cur = self.0.load(Ordering::Relaxed);
+        loop {
+            let (front, back) = Share::unpack(cur);
+            if front >= back {
+                return None;
+            }
+            let (f, b) = cut(front, back);
+            match self.0.compare_exchange_weak(
+                cur,
+                Share::pack(f, b),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some((front, back)),
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Takes the first chunk left (the owner's next chunk).
+    fn take_first(&self) -> Option<usize> {
+        self.update(|front, back| (front + 1, back))
+            .map(|(front, _)| front)
+    }
+
+    /// Takes the back half of the chunks left (at least one), for a thread done with its own
+    /// share: it walks them front to back too, so a thread that ends up doing another's work
+    /// (beside a busy process) still streams long ranges rather than one chunk at a time
+    /// from the back (which cost 10% of SmolLM2's decode there).
+    fn steal_half(&self) -> Option<(usize, usize)> {
+        let mid = |front: usize, back: usize| front + (back - front) / 2;
+        self.update(|front, back| (front, mid(front, back)))
+            .map(|(front, back)| (mid(front, back), back))
+    }
 }
 
 impl ThreadPool {
@@ -113,6 +169,7 @@ impl ThreadPool {
             shared,
             workers,
             run_lock: Mutex::new(()),
+            shares: (0..n_threads).map(|_| Share(AtomicU64::new(0))).collect(),
         }
     }
 
@@ -133,12 +190,64 @@ impl ThreadPool {
     /// If any call of `f` panics, the first panic is re-raised here after every index has
     /// finished; the pool stays usable.
     pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
-        let n = self.shared.n_threads;
-        if n == 1 {
+        if self.shared.n_threads == 1 {
             f(0, 1);
             return;
         }
         let _serial = self.run_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.run_locked(f);
+    }
+
+    /// Calls `work(c)` once for every chunk `c` in `0..n_chunks`, on all the pool's threads,
+    /// and returns when all calls have finished.
+    ///
+    /// Thread `i` owns the `i`-th contiguous share of the chunks and walks it front to back;
+    /// a thread done with its own share then takes over the back half of another's (as its
+    /// new share), and so on until no chunk is left. So in the common case each thread streams
+    /// one contiguous range (which the hardware prefetchers follow) and claims its chunks on
+    /// a cache line no other thread touches, while a thread slowed down (by another process
+    /// on its core) still hands its work to the rest. A single shared counter cost ~50 ns a
+    /// chunk on a 2-core VM: the line moved between the cores at every claim.
+    ///
+    /// # Panics
+    /// If `n_chunks` does not fit in 32 bits, or as [`ThreadPool::run`] does.
+    pub fn run_chunks(&self, n_chunks: usize, work: &(dyn Fn(usize) + Sync)) {
+        let n = self.shared.n_threads;
+        if n == 1 {
+            (0..n_chunks).for_each(work);
+            return;
+        }
+        assert!(
+            u32::try_from(n_chunks).is_ok(),
+            "run_chunks: too many chunks"
+        );
+        let _serial = self.run_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        for (i, share) in self.shares.iter().enumerate() {
+            // Published to the workers by the run's generation store.
+            let (front, back) = (n_chunks * i / n, n_chunks * (i + 1) / n);
+            share.0.store(Share::pack(front, back), Ordering::Relaxed);
+        }
+        let shares = &self.shares;
+        self.run_locked(&|i, n| loop {
+            while let Some(c) = shares[i].take_first() {
+                work(c);
+            }
+            // Done with its share: take over the back half of another's.
+            let stolen = (1..n).find_map(|k| shares[(i + k) % n].steal_half());
+            let Some((front, back)) = stolen else {
+                return;
+            };
+            // Only this thread writes its share while the share is empty (the others change
+            // a share only while chunks are left in it).
+            shares[i]
+                .0
+                .store(Share::pack(front, back), Ordering::Relaxed);
+        });
+    }
+
+    /// [`ThreadPool::run`] on more than one thread, with `run_lock` held by the caller.
+    fn run_locked(&self, f: &(dyn Fn(usize, usize) + Sync)) {
+        let n = self.shared.n_threads;
         let sh = &*self.shared;
         let gen = sh.generation.load(Ordering::Relaxed) + 1;
         // SAFETY: the closure outlives every use of this pointer: `run` does not return before
@@ -388,6 +497,44 @@ mod tests {
             hits.fetch_add(1, Ordering::SeqCst);
         });
         assert_eq!(hits.load(Ordering::SeqCst), 2);
+    }
+
+    /// Every chunk runs exactly once, whatever the thread and chunk counts, also when the
+    /// first chunk of a share is slow (so other threads take the rest of that share).
+    #[test]
+    fn run_chunks_runs_every_chunk_once() {
+        for n in [1, 2, 3] {
+            let pool = ThreadPool::new(n);
+            for n_chunks in [0, 1, 2, 5, 16, 100] {
+                for slow in [None, Some(0), Some(n_chunks / 2)] {
+                    let counts: Vec<AtomicU32> = (0..n_chunks).map(|_| AtomicU32::new(0)).collect();
+                    pool.run_chunks(n_chunks, &|c| {
+                        if slow == Some(c) {
+                            thread::sleep(Duration::from_millis(2));
+                        }
+                        counts[c].fetch_add(1, Ordering::Relaxed);
+                    });
+                    assert!(
+                        counts.iter().all(|c| c.load(Ordering::Relaxed) == 1),
+                        "{n} threads, {n_chunks} chunks, slow chunk {slow:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A share hands its owner the chunks front to back, and another thread the back half of
+    /// what is left (at least one chunk), until none is left.
+    #[test]
+    fn a_share_is_taken_from_the_front_and_halved_from_the_back() {
+        let share = Share(AtomicU64::new(Share::pack(2, 9)));
+        assert_eq!(share.take_first(), Some(2));
+        assert_eq!(share.steal_half(), Some((6, 9)));
+        assert_eq!(share.take_first(), Some(3));
+        assert_eq!(share.steal_half(), Some((5, 6)));
+        assert_eq!(share.steal_half(), Some((4, 5)));
+        assert_eq!(share.take_first(), None);
+        assert_eq!(share.steal_half(), None);
     }
 
     #[test]
