@@ -269,9 +269,10 @@ impl ThreadPool {
         }
 
         let mut panic = panic::catch_unwind(AssertUnwindSafe(|| f(0, n))).err();
-        // Run the indices whose worker has not claimed them yet.
+        // Run the indices whose worker has not claimed them yet (a load first: a claimed
+        // index's line then stays shared instead of moving here and back for a failed CAS).
         for i in 1..n {
-            if claim(sh, i, gen) {
+            if sh.claimed[i].load(Ordering::Relaxed) != gen && claim(sh, i, gen) {
                 if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| f(i, n))) {
                     panic.get_or_insert(p);
                 }
