@@ -91,11 +91,18 @@ fn abs_max(x: &[f32]) -> f32 {
     rest.iter().fold(m, |m, &v| larger(m, v))
 }
 
+/// `v` rounded to the nearest f16 (ties to even) and widened back: the `half` crate's
+/// conversion, which checks for F16C on every call.
 #[inline(always)]
-fn q8_0_body(x: &[f32], qs: &mut [i8], d: &mut [f32]) {
+fn round_f16(v: f32) -> f32 {
+    f16::from_f32(v).to_f32()
+}
+
+#[inline(always)]
+fn q8_0_body(x: &[f32], qs: &mut [i8], d: &mut [f32], round_f16: impl Fn(f32) -> f32) {
     for ((xb, qb), db) in x.chunks_exact(QK8).zip(qs.chunks_exact_mut(QK8)).zip(d) {
         let amax = abs_max(xb);
-        *db = f16::from_f32(amax / 127.0).to_f32();
+        *db = round_f16(amax / 127.0);
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         for (q, &v) in qb.iter_mut().zip(xb) {
             *q = nearest_int(v * id) as i8; // |v · id| <= 127
@@ -104,7 +111,7 @@ fn q8_0_body(x: &[f32], qs: &mut [i8], d: &mut [f32]) {
 }
 
 #[inline(always)]
-fn q8_1_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
+fn q8_1_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]], round_f16: impl Fn(f32) -> f32) {
     for ((xb, qb), dsb) in x.chunks_exact(QK8).zip(qs.chunks_exact_mut(QK8)).zip(ds) {
         let amax = abs_max(xb);
         let d = amax / 127.0;
@@ -116,10 +123,7 @@ fn q8_1_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
             *q = i as i8;
         }
         // ggml multiplies the unrounded f32 `d` by the integer sum, then rounds to f16.
-        *dsb = [
-            f16::from_f32(d).to_f32(),
-            f16::from_f32(d * sum as f32).to_f32(),
-        ];
+        *dsb = [round_f16(d), round_f16(d * sum as f32)];
     }
 }
 
@@ -156,12 +160,12 @@ pub mod scalar {
 
     /// Quantizes `x` (a multiple of 32 values) to Q8_0: `qs` one per value, `d` one per block.
     pub fn quantize_row_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32]) {
-        q8_0_body(x, qs, d)
+        q8_0_body(x, qs, d, round_f16)
     }
 
     /// Quantizes `x` (a multiple of 32 values) to Q8_1: `qs` one per value, `ds` one per block.
     pub fn quantize_row_q8_1(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
-        q8_1_body(x, qs, ds)
+        q8_1_body(x, qs, ds, round_f16)
     }
 
     /// Quantizes `x` (a multiple of 256 values) to Q8_K: `qs` one per value, `d` one per
@@ -182,7 +186,7 @@ pub(crate) mod avx2 {
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn quantize_row_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32]) {
-        q8_0_body(x, qs, d)
+        q8_0_body(x, qs, d, |v| round_f16_f16c(v))
     }
 
     /// AVX2 build of [`scalar::quantize_row_q8_1`].
@@ -191,7 +195,17 @@ pub(crate) mod avx2 {
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn quantize_row_q8_1(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
-        q8_1_body(x, qs, ds)
+        q8_1_body(x, qs, ds, |v| round_f16_f16c(v))
+    }
+
+    /// [`super::round_f16`] by one F16C instruction each way, inline (the same rounding:
+    /// to nearest, ties to even), for the scales of every 32-value block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn round_f16_f16c(v: f32) -> f32 {
+        use std::arch::x86_64::*;
+        let h = _mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_set_ss(v));
+        _mm_cvtss_f32(_mm_cvtph_ps(h))
     }
 
     /// AVX2 build of [`scalar::quantize_row_q8_k`].
