@@ -3,6 +3,7 @@
 //! [`ThreadPool::run`] hands one closure to every thread and returns when all have finished; it
 //! is called for every matrix multiplication (thousands of times a second), so it allocates
 //! nothing and wakes workers without a system call while they are still spinning.
+//! [`ThreadPool::run_chunks`] shares numbered chunks of work out over the threads on top of it.
 //!
 //! Key design decision: waiting degrades in three steps — spin briefly on an atomic generation
 //! counter, then `yield_now`, then park — and a thread index whose worker has not woken up by

@@ -13,8 +13,9 @@
 //! and multiplies it with up to [`TILE_TOKENS`] activation rows held in registers, over
 //! cache-sized groups of rows, so batched decode and prefill reuse each weight byte many times;
 //! one token (a memory-bound GEMV that streams each weight row once) is the same tile with a
-//! single row. Threads take chunks of output rows from an atomic counter, so a slow
-//! (descheduled) thread simply takes fewer chunks.
+//! single row. Each thread walks a contiguous share of the chunks of output rows, then takes
+//! over halves of the others' ([`crate::threadpool::ThreadPool::run_chunks`]), so a slow
+//! (descheduled) thread simply does fewer chunks.
 //!
 //! Second decision: the weight types of the models we run (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)
 //! are repacked at load time into groups of 8 rows interleaved block by block

@@ -292,7 +292,7 @@ impl OutPtr {
     }
 }
 
-/// Splits the rows of `w` into chunks handed out by an atomic counter and computes them.
+/// Splits the rows of `w` into chunks shared out by [`split`] and computes them.
 fn run<R: Copy + Sync>(
     pool: &ThreadPool,
     w: &Matrix,
