@@ -99,10 +99,10 @@ fn round_f16(v: f32) -> f32 {
 }
 
 #[inline(always)]
-fn q8_0_body(x: &[f32], qs: &mut [i8], d: &mut [f32], round_f16: impl Fn(f32) -> f32) {
+fn q8_0_body(x: &[f32], qs: &mut [i8], d: &mut [f32], to_f16: impl Fn(f32) -> f32) {
     for ((xb, qb), db) in x.chunks_exact(QK8).zip(qs.chunks_exact_mut(QK8)).zip(d) {
         let amax = abs_max(xb);
-        *db = round_f16(amax / 127.0);
+        *db = to_f16(amax / 127.0);
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         for (q, &v) in qb.iter_mut().zip(xb) {
             *q = nearest_int(v * id) as i8; // |v · id| <= 127
@@ -111,7 +111,7 @@ fn q8_0_body(x: &[f32], qs: &mut [i8], d: &mut [f32], round_f16: impl Fn(f32) ->
 }
 
 #[inline(always)]
-fn q8_1_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]], round_f16: impl Fn(f32) -> f32) {
+fn q8_1_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]], to_f16: impl Fn(f32) -> f32) {
     for ((xb, qb), dsb) in x.chunks_exact(QK8).zip(qs.chunks_exact_mut(QK8)).zip(ds) {
         let amax = abs_max(xb);
         let d = amax / 127.0;
@@ -123,7 +123,7 @@ fn q8_1_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]], round_f16: impl Fn(f
             *q = i as i8;
         }
         // ggml multiplies the unrounded f32 `d` by the integer sum, then rounds to f16.
-        *dsb = [round_f16(d), round_f16(d * sum as f32)];
+        *dsb = [to_f16(d), to_f16(d * sum as f32)];
     }
 }
 
