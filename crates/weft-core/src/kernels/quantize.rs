@@ -186,7 +186,11 @@ pub(crate) mod avx2 {
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn quantize_row_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32]) {
-        q8_0_body(x, qs, d, |v| round_f16_f16c(v))
+        let (xs, qbs) = (x.as_chunks::<QK8>().0, qs.as_chunks_mut::<QK8>().0);
+        for ((xb, qb), db) in xs.iter().zip(qbs).zip(d) {
+            let (amax, _) = block(xb, qb);
+            *db = round_f16_f16c(amax / 127.0);
+        }
     }
 
     /// AVX2 build of [`scalar::quantize_row_q8_1`].
@@ -195,7 +199,51 @@ pub(crate) mod avx2 {
     /// The CPU must support AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn quantize_row_q8_1(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
-        q8_1_body(x, qs, ds, |v| round_f16_f16c(v))
+        let (xs, qbs) = (x.as_chunks::<QK8>().0, qs.as_chunks_mut::<QK8>().0);
+        for ((xb, qb), dsb) in xs.iter().zip(qbs).zip(ds) {
+            let (amax, sum) = block(xb, qb);
+            let d = amax / 127.0;
+            *dsb = [round_f16_f16c(d), round_f16_f16c(d * sum as f32)];
+        }
+    }
+
+    /// One 32-value block of [`q8_0_body`] / [`q8_1_body`] on 4 registers: its quants into
+    /// `qb`, and its largest magnitude and the sum of its quants. The same operations, so the
+    /// same bits for finite values: the maximum of the magnitudes (`vmaxps(|v|, m)` keeps `m`
+    /// for a NaN, as [`abs_max`] does), `v · (127 / amax)` rounded to nearest-even by
+    /// `vcvtps2dq` (the rounding [`nearest_int`] gets from its bit trick), the integer sum.
+    /// LLVM's build of the scalar body spent its time packing and summing lane by lane: this
+    /// made SmolLM2's tg128 1–4% faster.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn block(xb: &[f32; QK8], qb: &mut [i8; QK8]) -> (f32, i32) {
+        use std::arch::x86_64::*;
+        // SAFETY (every load and store below): the arrays hold the 32 values read or written.
+        let v = [0, 8, 16, 24].map(|i| unsafe { _mm256_loadu_ps(xb.as_ptr().add(i)) });
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for x in v {
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, x), m);
+        }
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let q = v.map(|x| _mm256_cvtps_epi32(_mm256_mul_ps(x, id)));
+        let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)));
+        // |q| <= 127, so the saturating packs are exact. Each 128-bit half of `b` holds dwords
+        // q0 q1 q2 q3 of 4 values each (the first 4 values of each register, then the last 4);
+        // the permutation puts them back in order.
+        let b = _mm256_packs_epi16(
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        unsafe { _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, b) };
+        (amax, sum)
     }
 
     /// [`super::round_f16`] by one F16C instruction each way, inline (the same rounding:
@@ -525,7 +573,13 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(4);
-        let x = rng.f32s(1024, 5.0);
+        let mut x = rng.f32s(1024, 5.0);
+        // A zero block, a block with one huge value, and values on rounding ties.
+        x[64..96].fill(0.0);
+        x[100] = 3e30;
+        for (i, v) in x[128..160].iter_mut().enumerate() {
+            *v = (i as f32 - 16.0) * 0.5; // amax 8: v · 127/8 lands on halves
+        }
         let (mut q1, mut q2) = (vec![0i8; 1024], vec![0i8; 1024]);
         let (mut d1, mut d2) = (vec![0f32; 32], vec![0f32; 32]);
         scalar::quantize_row_q8_0(&x, &mut q1, &mut d1);
