@@ -72,6 +72,11 @@ const TOKEN_BLOCK_BYTES: usize = 128 * 1024;
 /// 16 decoded SmolLM2 3–5% faster than 8 (32: no faster).
 const CHUNKS_PER_THREAD: usize = 16;
 
+/// Most weight bytes in one chunk: a large matrix (an LM head of 30–180 MB) is cut finer than
+/// [`CHUNKS_PER_THREAD`] would, so the threads finish within a fraction of a small chunk of
+/// each other rather than half of a megabyte-sized one.
+const MAX_CHUNK_BYTES: usize = 256 * 1024;
+
 /// Below this many multiply-adds a matmul runs on the calling thread alone.
 const SERIAL_WORK: usize = 32 * 1024;
 
@@ -368,11 +373,8 @@ fn split(
 ) {
     let serial = pool.n_threads() == 1 || w.rows * w.cols * n_tokens < SERIAL_WORK;
     let n_threads = if serial { 1 } else { pool.n_threads() };
-    let chunk = n_units
-        .div_ceil(n_threads * CHUNKS_PER_THREAD)
-        .div_ceil(granule)
-        .max(1)
-        * granule;
+    let n_chunks = (n_threads * CHUNKS_PER_THREAD).max(w.data.len().div_ceil(MAX_CHUNK_BYTES));
+    let chunk = n_units.div_ceil(n_chunks).div_ceil(granule).max(1) * granule;
     let n_chunks = n_units.div_ceil(chunk);
     let body = |c: usize| work(c * chunk, ((c + 1) * chunk).min(n_units));
     if serial {
