@@ -11,7 +11,6 @@
 use std::str::FromStr;
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 
 #[cfg(target_arch = "x86_64")]
 use super::{attention_avx2, attention_avx512};
@@ -91,27 +90,23 @@ pub fn quantize_row(kv: KvType, x: &[f32], out: &mut [u8]) {
         "quantize_row: shape mismatch"
     );
     match kv {
-        KvType::F16 => {
-            // Through a slice conversion, which checks for F16C once and converts 8 values at
-            // a time: one `f16::from_f32` per value checked for it every time (a decode step
-            // of SmolLM2 spent ~2% of its time storing its keys and values).
-            let mut wide = [f16::ZERO; 64];
-            for (o, xs) in out.chunks_mut(2 * wide.len()).zip(x.chunks(wide.len())) {
-                let h = &mut wide[..xs.len()];
-                h.convert_from_f32_slice(xs);
-                for (o, v) in o.chunks_exact_mut(2).zip(h.iter()) {
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
-            }
-        }
+        KvType::F16 => super::f32_to_f16_bytes(x, out),
         KvType::Q8_0 => {
-            let (mut qs, mut d) = ([0i8; 32], [0f32; 1]);
-            for (o, xb) in out.chunks_exact_mut(Q8_BLOCK).zip(x.chunks_exact(32)) {
-                super::quantize::quantize_row_q8_0(xb, &mut qs, &mut d);
-                // `d` is already rounded to f16, so this conversion is exact.
-                o[..2].copy_from_slice(&f16::from_f32(d[0]).to_le_bytes());
-                for (b, &q) in o[2..].iter_mut().zip(&qs) {
-                    *b = q as u8;
+            // Up to 8 blocks per quantizer call (a head of up to 256 values at once).
+            let (mut qs, mut d) = ([0i8; 256], [0f32; 8]);
+            for (o, xs) in out.chunks_mut(8 * Q8_BLOCK).zip(x.chunks(256)) {
+                let (qs, d) = (&mut qs[..xs.len()], &mut d[..xs.len() / 32]);
+                super::quantize::quantize_row_q8_0(xs, qs, d);
+                for ((o, qb), &db) in o
+                    .chunks_exact_mut(Q8_BLOCK)
+                    .zip(qs.chunks_exact(32))
+                    .zip(&*d)
+                {
+                    // `db` is already rounded to f16, so this conversion is exact.
+                    o[..2].copy_from_slice(&f16::from_f32(db).to_le_bytes());
+                    for (b, &q) in o[2..].iter_mut().zip(qb) {
+                        *b = q as u8;
+                    }
                 }
             }
         }

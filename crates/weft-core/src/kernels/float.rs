@@ -30,6 +30,13 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
     }
 }
 
+/// [`f32_to_f16`] into little-endian bytes (`2 · src.len()` of them).
+pub fn f32_to_f16_bytes(src: &[f32], dst: &mut [u8]) {
+    for (d, &s) in dst.chunks_exact_mut(2).zip(src) {
+        d.copy_from_slice(&f16::from_f32(s).to_le_bytes());
+    }
+}
+
 /// An F32 weight row (`4 · a.len()` little-endian bytes) · `a`.
 pub fn vec_dot_f32_bytes(x: &[u8], a: &[f32]) -> f32 {
     assert_eq!(x.len(), 4 * a.len(), "shape mismatch");

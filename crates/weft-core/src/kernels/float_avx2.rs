@@ -211,6 +211,23 @@ pub unsafe fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
     }
 }
 
+/// AVX2 twin of [`super::float::f32_to_f16_bytes`].
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f32_to_f16_bytes(src: &[f32], dst: &mut [u8]) {
+    assert_eq!(2 * src.len(), dst.len(), "shape mismatch");
+    let (n, sp, dp) = (src.len(), src.as_ptr(), dst.as_mut_ptr());
+    let mut i = 0;
+    while i + 8 <= n {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(sp.add(i)));
+        _mm_storeu_si128(dp.add(2 * i) as *mut __m128i, h);
+        i += 8;
+    }
+    super::float::f32_to_f16_bytes(&src[i..], &mut dst[2 * i..]);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +302,12 @@ mod tests {
             scalar::f32_to_f16(&a, &mut d1);
             unsafe { f32_to_f16(&a, &mut d2) };
             assert_eq!(d1, d2);
+            let (mut b1, mut b2) = (vec![0u8; 2 * n], vec![0u8; 2 * n]);
+            scalar::f32_to_f16_bytes(&a, &mut b1);
+            unsafe { f32_to_f16_bytes(&a, &mut b2) };
+            assert_eq!(b1, b2);
+            let le: Vec<u8> = d1.iter().flat_map(|h| h.to_le_bytes()).collect();
+            assert_eq!(b1, le);
         }
     }
 }

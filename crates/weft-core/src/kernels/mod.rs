@@ -458,6 +458,24 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
     float::f32_to_f16(src, dst)
 }
 
+/// [`f32_to_f16`] into little-endian bytes, as the KV cache stores an f16 row.
+///
+/// # Panics
+/// If `dst.len() != 2 * src.len()`.
+pub fn f32_to_f16_bytes(src: &[f32], dst: &mut [u8]) {
+    assert_eq!(
+        2 * src.len(),
+        dst.len(),
+        "f32_to_f16_bytes: length mismatch"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected; the lengths match.
+        return unsafe { float_avx2::f32_to_f16_bytes(src, dst) };
+    }
+    float::f32_to_f16_bytes(src, dst)
+}
+
 /// `Σ a[i] · b[i]` in `f32`.
 ///
 /// # Panics
