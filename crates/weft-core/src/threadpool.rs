@@ -71,8 +71,9 @@ unsafe impl Send for Shared {}
 
 /// A fixed set of worker threads that run one closure on every thread at a time.
 ///
-/// `ThreadPool` is `Send + Sync`; concurrent [`run`](ThreadPool::run) calls from several
-/// threads are serialized. Calling `run` from inside a job on the same pool deadlocks.
+/// `ThreadPool` is `Send + Sync`; concurrent [`run`](ThreadPool::run) and
+/// [`run_chunks`](ThreadPool::run_chunks) calls from several threads are serialized. Calling
+/// either from inside a job on the same pool deadlocks.
 pub struct ThreadPool {
     shared: Arc<Shared>,
     /// Worker `i` (thread index `i + 1`).

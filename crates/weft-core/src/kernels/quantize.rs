@@ -10,8 +10,11 @@
 //! Unlike ggml, a row is stored as separate arrays (quants, scales, sums), with the f16 scales
 //! already widened to `f32`: the kernels load them directly. Values are bit-identical to ggml's.
 //!
-//! The "AVX2 variants" here are the same scalar code compiled with AVX2 enabled (LLVM
-//! vectorizes it); Rust never fuses `a * b + c`, so both give identical bytes.
+//! The AVX2 Q8_K quantizer is the scalar code compiled with AVX2 enabled (LLVM vectorizes it;
+//! Rust never fuses `a * b + c`, so both give identical bytes). The AVX2 Q8_0 / Q8_1 ones work
+//! a block on 4 registers (`avx2::block`): the same bytes for finite values; a row holding an
+//! infinity or NaN (a broken model's activations) may give other garbage than the scalar
+//! path.
 
 use half::f16;
 
@@ -66,7 +69,7 @@ fn nearest_int(v: f32) -> i32 {
 ///
 /// Eight running maxima, one per lane of an AVX2 register, merged at the end: a single
 /// `f32::max` chain cannot be vectorized (its NaN rule forces a compare and blend per value)
-/// and made this scan most of the cost of quantizing a decode row. `a > m` keeps `m` when `a`
+/// and was most of the cost of quantizing a row (Q8_K; the scalar Q8_0 / Q8_1). `a > m` keeps `m` when `a`
 /// is NaN, as `f32::max` does, and a maximum is the same whatever the order it is taken in,
 /// so the result is the same bits as the one chain's.
 #[inline(always)]
@@ -99,10 +102,10 @@ fn round_f16(v: f32) -> f32 {
 }
 
 #[inline(always)]
-fn q8_0_body(x: &[f32], qs: &mut [i8], d: &mut [f32], to_f16: impl Fn(f32) -> f32) {
+fn q8_0_body(x: &[f32], qs: &mut [i8], d: &mut [f32]) {
     for ((xb, qb), db) in x.chunks_exact(QK8).zip(qs.chunks_exact_mut(QK8)).zip(d) {
         let amax = abs_max(xb);
-        *db = to_f16(amax / 127.0);
+        *db = round_f16(amax / 127.0);
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         for (q, &v) in qb.iter_mut().zip(xb) {
             *q = nearest_int(v * id) as i8; // |v · id| <= 127
@@ -111,7 +114,7 @@ fn q8_0_body(x: &[f32], qs: &mut [i8], d: &mut [f32], to_f16: impl Fn(f32) -> f3
 }
 
 #[inline(always)]
-fn q8_1_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]], to_f16: impl Fn(f32) -> f32) {
+fn q8_1_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
     for ((xb, qb), dsb) in x.chunks_exact(QK8).zip(qs.chunks_exact_mut(QK8)).zip(ds) {
         let amax = abs_max(xb);
         let d = amax / 127.0;
@@ -123,7 +126,7 @@ fn q8_1_body(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]], to_f16: impl Fn(f32)
             *q = i as i8;
         }
         // ggml multiplies the unrounded f32 `d` by the integer sum, then rounds to f16.
-        *dsb = [to_f16(d), to_f16(d * sum as f32)];
+        *dsb = [round_f16(d), round_f16(d * sum as f32)];
     }
 }
 
@@ -160,12 +163,12 @@ pub mod scalar {
 
     /// Quantizes `x` (a multiple of 32 values) to Q8_0: `qs` one per value, `d` one per block.
     pub fn quantize_row_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32]) {
-        q8_0_body(x, qs, d, round_f16)
+        q8_0_body(x, qs, d)
     }
 
     /// Quantizes `x` (a multiple of 32 values) to Q8_1: `qs` one per value, `ds` one per block.
     pub fn quantize_row_q8_1(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
-        q8_1_body(x, qs, ds, round_f16)
+        q8_1_body(x, qs, ds)
     }
 
     /// Quantizes `x` (a multiple of 256 values) to Q8_K: `qs` one per value, `d` one per
@@ -175,12 +178,13 @@ pub mod scalar {
     }
 }
 
-/// The same quantizers compiled for AVX2 (bit-identical results).
+/// The quantizers for AVX2: Q8_K the scalar code compiled for it, Q8_0 / Q8_1 on registers
+/// (the same bytes for finite values; see `block`).
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::*;
 
-    /// AVX2 build of [`scalar::quantize_row_q8_0`].
+    /// AVX2 twin of [`scalar::quantize_row_q8_0`] (the same bytes for finite values).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
@@ -193,7 +197,7 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// AVX2 build of [`scalar::quantize_row_q8_1`].
+    /// AVX2 twin of [`scalar::quantize_row_q8_1`] (the same bytes for finite values).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.

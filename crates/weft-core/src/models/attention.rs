@@ -440,20 +440,18 @@ pub fn attention<'k>(
         // Each tile's query rows side by side and its running state; one chunk's state.
         let tile_len = G * head_dim;
         // This thread's buffers from the last call (every element is written before it is
-        // read: query rows copied in, states reset), so a decode step neither allocates nor
-        // zeroes them in each of its layers.
+        // read: query rows copied in, states reset), so a decode step does not allocate and
+        // zero these 35 KB in each of its layers (only the small lists of items above).
         let mut bufs = SCRATCH.take();
         bufs.resize(bufs.len().max((2 * BLOCK_TILES + 1) * tile_len), 0.0);
         let (qs_all, rest) = bufs.split_at_mut(BLOCK_TILES * tile_len);
         let (acc_all, acc_chunk) = rest.split_at_mut(BLOCK_TILES * tile_len);
-        let mut states: Vec<State<'_>> = acc_all
-            .chunks_exact_mut(tile_len)
-            .map(|acc| State {
-                max: [0.0; G],
-                sum: [0.0; G],
-                acc,
-            })
-            .collect();
+        let mut accs = acc_all.chunks_exact_mut(tile_len);
+        let mut states: [State<'_>; BLOCK_TILES] = std::array::from_fn(|_| State {
+            max: [0.0; G],
+            sum: [0.0; G],
+            acc: accs.next().unwrap_or_default(),
+        });
         let mut ps = PageScratch {
             rows: [0; PAGE_SIZE],
             scores: [0.0; PAGE_SIZE * G],
