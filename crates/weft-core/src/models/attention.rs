@@ -572,7 +572,6 @@ pub fn attention<'k>(
                 }
             }
         }
-        drop(states);
         SCRATCH.set(bufs);
     });
     if split {
