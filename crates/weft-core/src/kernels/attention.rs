@@ -250,11 +250,10 @@ pub fn softmax_page(scores: &mut [f32], scale: f32, max: &mut f32, sum: &mut f32
 }
 
 /// Hints every cache line of `bytes` into L2 (nothing on other architectures; see
-/// `x86::prefetch_rows`). A decode hints
-/// the next page's values in, a part per head, while the softmax runs: it reads no memory, so
-/// the core's miss buffers, drained by the time it starts, would otherwise sit idle (SmolLM2's
-/// decode at depth 4,096 +0.5–6%, Gemma's +0.5%, against the weighted-sum kernel hinting them
-/// row by row).
+/// `x86::prefetch_rows`). A decode hints the next page's values in, a part per head, while
+/// the softmax runs: it reads no memory, so the core's miss buffers, drained by the time it
+/// starts, would otherwise sit idle (SmolLM2's decode at depth 4,096 +0.5–6%, Gemma's +0.5%,
+/// against the weighted-sum kernel hinting them row by row).
 pub fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch reads nothing architecturally, whatever the address.

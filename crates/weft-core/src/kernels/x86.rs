@@ -224,10 +224,10 @@ pub unsafe fn load256<T>(p: *const T) -> __m256i {
 /// `p` is null. Attention passes the next page's rows here as it reads the same rows of this
 /// page. Into L2 rather than L1: a decode at depth streams its KV pages on these hints alone (a
 /// page of one head is too short for the hardware prefetchers), and on a Xeon (model 167)
-/// SmolLM2's decode at depth 4,096 ran 2–6% faster and Gemma 3's 2–4% with `t1` than with `t0`
-/// (alternating runs, 3 of 3 each; tg128 unchanged). Hinting every second or fourth line into
-/// L2, leaving the rest to the hardware, was 7–20% slower. AMD's cores before Zen 4 fill L1 on
-/// every hint level, so there it is the `t0` hint it was.
+/// SmolLM2's decode at depth 4,096 ran 0.3–6% faster (median 3% over 9 alternating pairs) and
+/// Gemma 3's −1.4–4% (median 2% over 6) with `t1` than with `t0`; tg128 unchanged. Hinting
+/// every second or fourth line into L2, leaving the rest to the hardware, was 7–20% slower.
+/// Not measured on AMD, whose older guides load every hint level into L1.
 ///
 /// # Safety
 /// None beyond the caller's: a prefetch reads nothing architecturally, whatever the address.
