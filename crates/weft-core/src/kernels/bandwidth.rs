@@ -26,7 +26,7 @@ const PREFETCH_AHEAD: [usize; 3] = [0, 2048, 8192];
 /// read at — a step whose bytes partly stay in a large last-level cache between steps reads
 /// faster than a 256 MiB buffer does): the best of `rounds` rounds of each of three readers
 /// (after one warm-up round that also maps the pages), a plain sequential sum and two that
-/// prefetch ahead ([`PREFETCH_AHEAD`]), as the weight kernels do. The hardware prefetchers
+/// prefetch 2 KiB and 8 KiB ahead, as the weight kernels do. The hardware prefetchers
 /// alone left 10–40% of the bus idle on a Xeon, so the plain sum alone understated the bound
 /// a decode step that streams its weights runs into (the kernels read faster than it).
 pub fn read_bandwidth(threads: usize, rounds: usize, bytes: usize) -> f64 {
