@@ -69,9 +69,9 @@ fn nearest_int(v: f32) -> i32 {
 ///
 /// Eight running maxima, one per lane of an AVX2 register, merged at the end: a single
 /// `f32::max` chain cannot be vectorized (its NaN rule forces a compare and blend per value)
-/// and was most of the cost of quantizing a row (Q8_K; the scalar Q8_0 / Q8_1). `a > m` keeps `m` when `a`
-/// is NaN, as `f32::max` does, and a maximum is the same whatever the order it is taken in,
-/// so the result is the same bits as the one chain's.
+/// and was most of the cost of quantizing a row (Q8_K; the scalar Q8_0 / Q8_1). `a > m` keeps
+/// `m` when `a` is NaN, as `f32::max` does, and a maximum is the same whatever the order it is
+/// taken in, so the result is the same bits as the one chain's.
 #[inline(always)]
 fn abs_max(x: &[f32]) -> f32 {
     #[inline(always)]
