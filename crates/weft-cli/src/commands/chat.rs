@@ -114,7 +114,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             continue;
         }
         ctrl_c.start_reply();
+        let keep_output = interactive.then(KeepOutput::on_stdin);
         let result = chat.reply(message, &ctrl_c.stop);
+        drop(keep_output);
         ctrl_c.end_reply();
         match result {
             Ok(ending) => {
@@ -411,5 +413,45 @@ impl CtrlC {
 
     fn end_reply(&self) {
         self.replying.store(false, Ordering::SeqCst);
+    }
+}
+
+/// While a reply streams, the terminal keeps its output when Ctrl-C comes. By default (without
+/// `NOFLSH`) the kernel discards, on the interrupt key, what the program wrote that the terminal
+/// had not shown yet: the screen would lose the last words of a reply that the conversation
+/// keeps. The setting is restored when this is dropped, so that at the prompt Ctrl-C still
+/// drops the line being typed.
+struct KeepOutput {
+    /// The terminal's settings before (none when they could not be read or changed).
+    #[cfg(unix)]
+    saved: Option<rustix::termios::Termios>,
+}
+
+impl KeepOutput {
+    fn on_stdin() -> KeepOutput {
+        #[cfg(unix)]
+        {
+            use rustix::termios::{tcgetattr, tcsetattr, LocalModes, OptionalActions};
+            let stdin = std::io::stdin();
+            let saved = tcgetattr(&stdin).ok().filter(|t| {
+                let mut keep = t.clone();
+                keep.local_modes |= LocalModes::NOFLSH;
+                tcsetattr(&stdin, OptionalActions::Now, &keep).is_ok()
+            });
+            KeepOutput { saved }
+        }
+        #[cfg(not(unix))]
+        KeepOutput {}
+    }
+}
+
+impl Drop for KeepOutput {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Some(saved) = &self.saved {
+            let stdin = std::io::stdin();
+            let _ =
+                rustix::termios::tcsetattr(&stdin, rustix::termios::OptionalActions::Now, saved);
+        }
     }
 }
