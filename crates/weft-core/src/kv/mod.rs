@@ -16,6 +16,7 @@
 
 mod page_pool;
 mod prefix;
+mod storage;
 mod transfer;
 
 use std::collections::HashMap;
@@ -25,6 +26,7 @@ use crate::kernels::attention as kernels;
 pub use crate::kernels::attention::KvType;
 pub use page_pool::{PageId, PagePool};
 pub use prefix::PrefixStats;
+use storage::Storage;
 pub use transfer::{GroupState, SeqState};
 
 /// Tokens per page.
@@ -67,13 +69,14 @@ impl KvLayout {
 }
 
 /// One group's pages: a pool and, per layer, the key and value storage as bytes (zero-filled
-/// by the allocator, so the OS maps it lazily and unused capacity costs no memory).
+/// by the allocator, so the OS maps it lazily and unused capacity costs no memory; aligned to
+/// a memory page).
 #[derive(Debug)]
 struct Group {
     window: Option<usize>,
     pool: PagePool,
-    keys: Vec<Vec<u8>>,
-    values: Vec<Vec<u8>>,
+    keys: Vec<Storage>,
+    values: Vec<Storage>,
 }
 
 /// One sequence: the position of each slot and one page table per group.
@@ -133,24 +136,7 @@ impl KvCache {
             .and_then(|e| e.checked_mul(n_pages))
             .filter(|&e| e <= isize::MAX as usize / 2)
             .ok_or(Error::KvTooLarge { max_tokens })?;
-        let alloc = || -> Result<Vec<u8>> {
-            if elems == 0 {
-                return Ok(Vec::new());
-            }
-            let layout = std::alloc::Layout::array::<u8>(elems)
-                .map_err(|_| Error::KvTooLarge { max_tokens })?;
-            // Zeroed by the allocator (calloc / a fresh mmap), so the OS maps a page of storage
-            // only when it is first written; writing the zeros ourselves would touch it all.
-            // SAFETY: `layout` has a non-zero size.
-            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-            if ptr.is_null() {
-                return Err(Error::KvTooLarge { max_tokens });
-            }
-            // SAFETY: `ptr` was allocated by the global allocator with the layout of `elems`
-            // bytes (what a `Vec<u8>` of capacity `elems` uses), and zeroed, so length and
-            // capacity `elems` describe initialized memory.
-            Ok(unsafe { Vec::from_raw_parts(ptr, elems, elems) })
-        };
+        let alloc = || Storage::zeroed(elems).ok_or(Error::KvTooLarge { max_tokens });
         let mut layer_slot = vec![(0, 0); layout.n_layers];
         let mut groups = Vec::with_capacity(layout.groups.len());
         for (g, spec) in layout.groups.iter().enumerate() {

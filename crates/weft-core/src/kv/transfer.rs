@@ -7,7 +7,7 @@
 //! another machine whose kernels round differently, and sharing them would break the cache's
 //! promise of bit-identical outputs.
 
-use super::{KvCache, KvType, PageId, SeqId, PAGE_SIZE};
+use super::{KvCache, KvType, PageId, SeqId, Storage, PAGE_SIZE};
 use crate::error::{Error, Result};
 
 /// One sequence's KV state, detached from any pool.
@@ -45,7 +45,7 @@ impl KvCache {
             .iter()
             .zip(&s.tables)
             .map(|(group, table)| {
-                let copy = |store: &Vec<u8>| -> Vec<u8> {
+                let copy = |store: &Storage| -> Vec<u8> {
                     let mut out = Vec::with_capacity(table.iter().flatten().count() * n);
                     for &page in table.iter().flatten() {
                         let at = page as usize * n;
