@@ -10,9 +10,8 @@
 //! tg128 4–8% slower over 3 pairs, and 64 bytes past a page no better: they stay as they are.)
 //!
 //! An anonymous memory map (memmap2's `map_anon`) would give the same alignment and lazy zeros
-//! without this type, but SmolLM2's decode at depth 4,096 ran 3–6% slower on it in 5 of 6
-//! alternating pairs (the maps lie back to back, where these blocks are a page apart; why that
-//! matters was not found), so the allocator's block stays.
+//! without this type, but SmolLM2's decode at depth 4,096 ran 3–5% slower on it in 5 of 6
+//! alternating pairs (why, not found), so the allocator's block stays.
 
 use std::ops::{Deref, DerefMut};
 
