@@ -3,20 +3,10 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use common::weft;
-
-/// llama.cpp's reference outputs: `../shared/reference` beside the checkout, or
-/// `$WEFT_REFERENCE_DIR`.
-fn reference_dir() -> PathBuf {
-    std::env::var_os("WEFT_REFERENCE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference")
-        })
-}
+use weft_testkit::reference_dir;
 
 fn reference_case(text: &str) -> serde_json::Value {
     let dir = reference_dir();

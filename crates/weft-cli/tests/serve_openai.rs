@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::sync::Mutex;
 
-use weft_testkit::{pinned_venv, run, workspace_root};
+use weft_testkit::{pinned_venv, reference_dir, run, workspace_root};
 
 /// The two suites would share the machine's cores: they run one at a time.
 static SUITE_LOCK: Mutex<()> = Mutex::new(());
@@ -33,6 +33,7 @@ fn run_suite(model: &str) {
         .current_dir(workspace_root())
         .env("WEFT_BIN", weft)
         .env("WEFT_TEST_MODEL", model)
+        .env("WEFT_REFERENCE_DIR", reference_dir())
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .status()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", python.display()));

@@ -1,7 +1,8 @@
-//! Test support shared by the suites that drive Python (the OpenAI-client suite, the Python
-//! package's suite, the BPE tokenizer files): where the workspace and its target directory
-//! are, a command that must succeed, and a virtualenv of pinned packages under the target
-//! directory, made on the first run and reused after.
+//! Test support shared by the suites: where the workspace, its target directory and
+//! llama.cpp's reference outputs are; and for the suites that drive Python (the OpenAI-client
+//! suite, the Python package's suite, the BPE tokenizer files) a command that must succeed and
+//! a virtualenv of pinned packages under the target directory, made on the first run and
+//! reused after.
 //!
 //! Only tests use it (a dev-dependency); it panics, naming what failed, where a test would.
 
@@ -12,6 +13,41 @@ use std::process::Command;
 pub fn workspace_root() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     root.canonicalize().unwrap_or(root)
+}
+
+/// llama.cpp's reference outputs, the independent truth the model tests check against:
+/// `$WEFT_REFERENCE_DIR`, else `shared/reference` beside the workspace, else beside the
+/// checkout this one was cloned from (a local path as its `origin`: a clone made in a temporary
+/// directory to test a fresh checkout). Panics, naming where it looked, when none is there:
+/// the tests that need it fail rather than skip.
+pub fn reference_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("WEFT_REFERENCE_DIR") {
+        return dir.into();
+    }
+    let root = workspace_root();
+    let beside = |checkout: &Path| checkout.join("../shared/reference");
+    let mut tried = vec![beside(&root)];
+    let origin = Command::new("git")
+        .args(["remote", "get-url", "origin"])
+        .current_dir(&root)
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .map(|url| PathBuf::from(url.trim()))
+        .filter(|origin| origin.is_dir());
+    tried.extend(origin.as_deref().map(beside));
+    match tried.iter().find(|dir| dir.is_dir()) {
+        Some(dir) => dir.canonicalize().unwrap_or_else(|_| dir.clone()),
+        None => panic!(
+            "llama.cpp's reference outputs not found at {} (set WEFT_REFERENCE_DIR)",
+            tried
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    }
 }
 
 /// `$CARGO_TARGET_DIR` (relative to the workspace root) or `<workspace>/target`.

@@ -11,11 +11,7 @@ fn engine(name: &str) -> Engine {
 }
 
 fn reference() -> serde_json::Value {
-    let dir = std::env::var_os("WEFT_REFERENCE_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference")
-        });
+    let dir = common::reference_dir();
     let text = std::fs::read_to_string(dir.join("greedy.json"))
         .unwrap_or_else(|e| panic!("greedy.json not found in {}: {e}", dir.display()));
     serde_json::from_str(&text).expect("greedy.json")

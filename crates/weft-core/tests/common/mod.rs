@@ -25,19 +25,9 @@ pub fn open_model(name: &str) -> GgufFile {
     GgufFile::open(&path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
 }
 
-/// `../shared/reference` beside the checkout (or `$WEFT_REFERENCE_DIR`). Tests that use it
-/// fail, rather than skip, when it is missing: it is the independent truth they check against.
+/// llama.cpp's reference outputs (see `weft_testkit::reference_dir`).
 pub fn reference_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("WEFT_REFERENCE_DIR") {
-        return dir.into();
-    }
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference");
-    assert!(
-        dir.is_dir(),
-        "reference outputs not found at {} (set WEFT_REFERENCE_DIR)",
-        dir.display()
-    );
-    dir
+    weft_testkit::reference_dir()
 }
 
 /// Parses one JSON file of the reference directory.

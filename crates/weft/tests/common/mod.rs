@@ -42,16 +42,7 @@ pub fn engine_with(name: &str, config: EngineConfig) -> Engine {
     Engine::open(&model_path(name), config).unwrap_or_else(|e| panic!("cannot load {name}: {e}"))
 }
 
-/// `../shared/reference` beside the checkout (or `$WEFT_REFERENCE_DIR`): llama.cpp's outputs.
+/// llama.cpp's reference outputs (see `weft_testkit::reference_dir`).
 pub fn reference_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("WEFT_REFERENCE_DIR") {
-        return dir.into();
-    }
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference");
-    assert!(
-        dir.is_dir(),
-        "reference outputs not found at {} (set WEFT_REFERENCE_DIR)",
-        dir.display()
-    );
-    dir
+    weft_testkit::reference_dir()
 }
