@@ -144,7 +144,10 @@ unsafe fn dots_tile<R: Row, const G: usize, const K: usize>(
     let mut acc = [[_mm256_setzero_ps(); G]; K];
     let mut i = 0;
     while i + 8 <= d {
-        let q: [__m256; G] = std::array::from_fn(|j| _mm256_loadu_ps(qp.add(j * d + i)));
+        let mut q = [_mm256_setzero_ps(); G];
+        for (j, q) in q.iter_mut().enumerate() {
+            *q = _mm256_loadu_ps(qp.add(j * d + i));
+        }
         for k in 0..K {
             let kv = R::load8(kp.add(k * rb), i);
             for j in 0..G {
@@ -209,9 +212,12 @@ unsafe fn attend_g<R: Row, const G: usize>(
     // Two slices need 2·G accumulators, two values and a weight in 16 registers: up to G = 6;
     // above that one slice at a time (an element's operations are the same either way).
     while G <= 6 && c + 16 <= d {
-        let mut a: [[__m256; G]; 2] = std::array::from_fn(|h| {
-            std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c + 8 * h)))
-        });
+        let mut a = [[_mm256_setzero_ps(); G]; 2];
+        for (h, a) in a.iter_mut().enumerate() {
+            for (j, a) in a.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(ap.add(j * d + c + 8 * h));
+            }
+        }
         for (i, &r) in rows.iter().enumerate() {
             let row = vp.add(r as usize * rb);
             let (v0, v1) = (R::load8(row, c), R::load8(row, c + 8));
@@ -229,7 +235,10 @@ unsafe fn attend_g<R: Row, const G: usize>(
         c += 16;
     }
     while c + 8 <= d {
-        let mut a: [__m256; G] = std::array::from_fn(|j| _mm256_loadu_ps(ap.add(j * d + c)));
+        let mut a = [_mm256_setzero_ps(); G];
+        for (j, a) in a.iter_mut().enumerate() {
+            *a = _mm256_loadu_ps(ap.add(j * d + c));
+        }
         for (i, &r) in rows.iter().enumerate() {
             let v = R::load8(vp.add(r as usize * rb), c);
             for (j, a) in a.iter_mut().enumerate() {

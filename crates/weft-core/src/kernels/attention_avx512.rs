@@ -150,14 +150,13 @@ unsafe fn dots_tile<R: Row16, const G: usize, const K: usize>(
     let n_acc = K * G;
     let side = 16 * (n_acc / 16) + if n_acc % 16 >= 8 { n_acc % 16 } else { 0 };
     for c in 0..side.div_ceil(16) {
-        let v: [__m512; 16] = std::array::from_fn(|i| {
+        let mut v = [_mm512_setzero_ps(); 16];
+        for (i, v) in v.iter_mut().enumerate() {
             let f = 16 * c + i;
             if f < side {
-                acc[f / G][f % G]
-            } else {
-                _mm512_setzero_ps()
+                *v = acc[f / G][f % G];
             }
-        });
+        }
         let sums = hsum16(v);
         for i in 0..16.min(side - 16 * c) {
             let f = 16 * c + i;
@@ -176,29 +175,33 @@ unsafe fn dots_tile<R: Row16, const G: usize, const K: usize>(
 #[inline(always)]
 unsafe fn hsum16(v: [__m512; 16]) -> [f32; 16] {
     // Level 1: [a_i + a_{i+8} | b_i + b_{i+8}] for the pairs (a, b) = (v[2j], v[2j + 1]).
-    let x: [__m512; 8] = std::array::from_fn(|j| {
+    // (Loops, not `array::from_fn`: a closure would not inherit the target features.)
+    let mut x = [_mm512_setzero_ps(); 8];
+    for (j, x) in x.iter_mut().enumerate() {
         let (a, b) = (v[2 * j], v[2 * j + 1]);
-        _mm512_add_ps(
+        *x = _mm512_add_ps(
             _mm512_shuffle_f32x4::<0x44>(a, b),
             _mm512_shuffle_f32x4::<0xEE>(a, b),
-        )
-    });
+        );
+    }
     // Level 2: each 128-bit quarter k of z[m] holds h_i + h_{i+4} of vector 4m + k.
-    let z: [__m512; 4] = std::array::from_fn(|m| {
+    let mut z = [_mm512_setzero_ps(); 4];
+    for (m, z) in z.iter_mut().enumerate() {
         let (a, b) = (x[2 * m], x[2 * m + 1]);
-        _mm512_add_ps(
+        *z = _mm512_add_ps(
             _mm512_shuffle_f32x4::<0x88>(a, b),
             _mm512_shuffle_f32x4::<0xDD>(a, b),
-        )
-    });
+        );
+    }
     // Level 3: within each quarter, s_0 + s_2 and s_1 + s_3 of two vectors.
-    let t: [__m512; 2] = std::array::from_fn(|m| {
+    let mut t = [_mm512_setzero_ps(); 2];
+    for (m, t) in t.iter_mut().enumerate() {
         let (a, b) = (z[2 * m], z[2 * m + 1]);
-        _mm512_add_ps(
+        *t = _mm512_add_ps(
             _mm512_shuffle_ps::<0x44>(a, b),
             _mm512_shuffle_ps::<0xEE>(a, b),
-        )
-    });
+        );
+    }
     // Level 4: the two halves of each vector's sum.
     let r = _mm512_add_ps(
         _mm512_shuffle_ps::<0x88>(t[0], t[1]),
@@ -272,9 +275,12 @@ unsafe fn attend_g<R: Row16, const G: usize>(
 ) {
     let mut c = 0;
     while c + 32 <= d {
-        let mut a: [[__m512; G]; 2] = std::array::from_fn(|h| {
-            std::array::from_fn(|j| _mm512_loadu_ps(ap.add(j * d + c + 16 * h)))
-        });
+        let mut a = [[_mm512_setzero_ps(); G]; 2];
+        for (h, a) in a.iter_mut().enumerate() {
+            for (j, a) in a.iter_mut().enumerate() {
+                *a = _mm512_loadu_ps(ap.add(j * d + c + 16 * h));
+            }
+        }
         for (i, &r) in rows.iter().enumerate() {
             let row = vp.add(r as usize * rb);
             let (v0, v1) = (R::load16(row, c), R::load16(row, c + 16));
@@ -293,7 +299,10 @@ unsafe fn attend_g<R: Row16, const G: usize>(
     }
     if c < d {
         // One 16-wide slice left (d is a multiple of 16).
-        let mut a: [__m512; G] = std::array::from_fn(|j| _mm512_loadu_ps(ap.add(j * d + c)));
+        let mut a = [_mm512_setzero_ps(); G];
+        for (j, a) in a.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(ap.add(j * d + c));
+        }
         for (i, &r) in rows.iter().enumerate() {
             let v = R::load16(vp.add(r as usize * rb), c);
             for (j, a) in a.iter_mut().enumerate() {

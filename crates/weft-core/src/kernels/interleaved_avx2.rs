@@ -179,7 +179,10 @@ unsafe fn tile_k4_t<P: Isa, const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f
             }
             for t in 0..T {
                 let y = yq[t].add(b * QK_K + 32 * s);
-                let y8 = std::array::from_fn(|k| bcast4(y, 4 * (k / 2) + 16 * (k % 2)));
+                let mut y8 = [_mm256_setzero_si256(); 8];
+                for (k, y8) in y8.iter_mut().enumerate() {
+                    *y8 = bcast4(y, 4 * (k / 2) + 16 * (k % 2));
+                }
                 isum[t] = _mm256_add_epi32(isum[t], dots_scaled::<P, 8>(w8, y8, sc));
             }
         }
@@ -273,25 +276,29 @@ unsafe fn tile_k6_t<P: Isa, const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f
             let pair32 = _mm256_slli_epi16::<5>(pair);
             let (ha, hb) = (load256(q.add(128)), load256(q.add(160)));
             // Chunk c: low nibbles | high bits 2c..2c+2 of `ha` (elements 4c..), and high
-            // nibbles | those of `hb` (elements 16 + 4c..), the bits moved to 4–5 by $shift.
+            // nibbles | those of `hb` (elements 16 + 4c..), the bits moved to 4–5 by $shift
+            // (a macro, not a closure: a closure would not inherit the target features).
             macro_rules! chunk {
-                ($c:literal, $shift:expr) => {{
+                ($c:literal, $shift:ident, $n:literal) => {{
                     let v = load256(q.add(32 * $c));
                     let lo = _mm256_and_si256(v, m4);
                     let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-                    let sh = |x: __m256i| _mm256_and_si256($shift(x), m6);
-                    (_mm256_or_si256(lo, sh(ha)), _mm256_or_si256(hi, sh(hb)))
+                    let (sa, sb) = ($shift::<$n>(ha), $shift::<$n>(hb));
+                    (
+                        _mm256_or_si256(lo, _mm256_and_si256(sa, m6)),
+                        _mm256_or_si256(hi, _mm256_and_si256(sb, m6)),
+                    )
                 }};
             }
-            let (l0, h0) = chunk!(0, |x| _mm256_slli_epi16::<4>(x));
-            let (l1, h1) = chunk!(1, |x| _mm256_slli_epi16::<2>(x));
+            let (l0, h0) = chunk!(0, _mm256_slli_epi16, 4);
+            let (l1, h1) = chunk!(1, _mm256_slli_epi16, 2);
             for t in 0..T {
                 let y = yq[t].add(b * QK_K + 32 * s);
                 let v = k6_chunk_pair::<P>(y, 0, [l0, l1, h0, h1], sc_lo, sc_hi);
                 isum[t] = _mm256_add_epi32(isum[t], v);
             }
-            let (l2, h2) = chunk!(2, |x| x);
-            let (l3, h3) = chunk!(3, |x| _mm256_srli_epi16::<2>(x));
+            let (l2, h2) = chunk!(2, _mm256_slli_epi16, 0);
+            let (l3, h3) = chunk!(3, _mm256_srli_epi16, 2);
             for t in 0..T {
                 let y = yq[t].add(b * QK_K + 32 * s);
                 let v = k6_chunk_pair::<P>(y, 8, [l2, l3, h2, h3], sc_lo, sc_hi);

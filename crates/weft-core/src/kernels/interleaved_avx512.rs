@@ -275,6 +275,21 @@ unsafe fn scaled2(u: [__m512i; 2], s: [__m512i; 2], scale: __m512i) -> __m512i {
     _mm512_madd_epi16(p, scale)
 }
 
+/// One token's products with chunks `l`, `h` of pair `i` (`y[i..]`, `y[16 + i..]`), `w =
+/// [l_lo, l_hi, h_lo, h_hi]`, scaled by the sub-block scales `lo` and `hi`.
+#[inline(always)]
+unsafe fn k6_chunk_pair(
+    y: *const i8,
+    i: usize,
+    w: [__m512i; 4],
+    lo: __m512i,
+    hi: __m512i,
+) -> __m512i {
+    let a = scaled2([w[0], w[1]], [bcast4(y, i), bcast4(y, i + 4)], lo);
+    let c = scaled2([w[2], w[3]], [bcast4(y, 16 + i), bcast4(y, 20 + i)], hi);
+    _mm512_add_epi32(a, c)
+}
+
 /// Two Q6_K groups · `T` tokens: `tile_k6_t` of `interleaved_avx2` on 16 rows.
 #[inline(always)]
 unsafe fn tile_k6_pair_t<const T: usize>(wa: &[u8], wb: &[u8], ys: &Q8KRow, out: &mut [[f32; 16]]) {
@@ -316,33 +331,32 @@ unsafe fn tile_k6_pair_t<const T: usize>(wa: &[u8], wb: &[u8], ys: &Q8KRow, out:
                 load2(qa.add(160), qb.add(160)),
             );
             // Chunk c: low nibbles | high bits 2c..2c+2 of `ha` (elements 4c..), and high
-            // nibbles | those of `hb` (elements 16 + 4c..), the bits moved to 4–5 by $shift.
+            // nibbles | those of `hb` (elements 16 + 4c..), the bits moved to 4–5 by $shift
+            // (a macro, not a closure: a closure would not inherit the target features).
             macro_rules! chunk {
-                ($c:literal, $shift:expr) => {{
+                ($c:literal, $shift:ident, $n:literal) => {{
                     let v = load2(qa.add(32 * $c), qb.add(32 * $c));
                     let lo = _mm512_and_si512(v, m4);
                     let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-                    let sh = |x: __m512i| _mm512_and_si512($shift(x), m6);
-                    (_mm512_or_si512(lo, sh(ha)), _mm512_or_si512(hi, sh(hb)))
+                    let (sa, sb) = ($shift::<$n>(ha), $shift::<$n>(hb));
+                    (
+                        _mm512_or_si512(lo, _mm512_and_si512(sa, m6)),
+                        _mm512_or_si512(hi, _mm512_and_si512(sb, m6)),
+                    )
                 }};
             }
-            // One token's products with chunks `l`, `h` of pair i (`y[i..]`, `y[16 + i..]`).
-            let chunk_pair = |y: *const i8, i: usize, w: [__m512i; 4]| {
-                let a = scaled2([w[0], w[1]], [bcast4(y, i), bcast4(y, i + 4)], sc_lo);
-                let c = scaled2([w[2], w[3]], [bcast4(y, 16 + i), bcast4(y, 20 + i)], sc_hi);
-                _mm512_add_epi32(a, c)
-            };
-            let (l0, h0) = chunk!(0, |x| _mm512_slli_epi16::<4>(x));
-            let (l1, h1) = chunk!(1, |x| _mm512_slli_epi16::<2>(x));
+            let (l0, h0) = chunk!(0, _mm512_slli_epi16, 4);
+            let (l1, h1) = chunk!(1, _mm512_slli_epi16, 2);
             for t in 0..T {
                 let y = yq[t].add(b * QK_K + 32 * s);
-                isum[t] = _mm512_add_epi32(isum[t], chunk_pair(y, 0, [l0, l1, h0, h1]));
+                let v = k6_chunk_pair(y, 0, [l0, l1, h0, h1], sc_lo, sc_hi);
+                isum[t] = _mm512_add_epi32(isum[t], v);
             }
-            let (l2, h2) = chunk!(2, |x| x);
-            let (l3, h3) = chunk!(3, |x| _mm512_srli_epi16::<2>(x));
+            let (l2, h2) = chunk!(2, _mm512_slli_epi16, 0);
+            let (l3, h3) = chunk!(3, _mm512_srli_epi16, 2);
             for t in 0..T {
                 let y = yq[t].add(b * QK_K + 32 * s);
-                let v = chunk_pair(y, 8, [l2, l3, h2, h3]);
+                let v = k6_chunk_pair(y, 8, [l2, l3, h2, h3], sc_lo, sc_hi);
                 // 32 · (sc[2s] · Σy[2s] + sc[2s+1] · Σy[2s+1]): the offset of both groups.
                 let sums = (ybs[t].add(16 * b + 2 * s) as *const i32).read_unaligned();
                 let off = _mm512_madd_epi16(pair32, _mm512_set1_epi32(sums));

@@ -161,10 +161,11 @@ unsafe fn tile_q6_k<const T: usize>(x: &[u8], ys: &[Q8KRow], out: &mut [f32]) {
         let d = _mm_cvtss_f32(_mm_movehdup_ps(f16x2_at(w.add(206))));
         // The quants are stored +32: start every sum at -32 · Σ_s sc[s] · Σy (16 groups).
         let sc16 = _mm256_cvtepi8_epi16(scales);
-        let mut sumi: [__m256i; T] = std::array::from_fn(|t| {
+        let mut sumi = [_mm256_setzero_si256(); T];
+        for (t, sumi) in sumi.iter_mut().enumerate() {
             let c = _mm256_madd_epi16(sc16, load256(ybs[t].add(16 * b)));
-            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(c))
-        });
+            *sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(c));
+        }
         for h in 0..2 {
             // 128 elements: 64 bytes of low nibbles and 32 bytes holding four 2-bit fields.
             let a = load256(ql.add(64 * h));
