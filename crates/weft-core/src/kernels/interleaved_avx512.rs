@@ -7,13 +7,16 @@
 //! of two calls of the 256-bit tiles (`interleaved_avx2::avx512`). Each lane takes the same
 //! operations as in those tiles (exact integer sums, then the same float multiplies and FMAs),
 //! so the results have the same bits.
+//!
+//! Each call reads two groups side by side, and the next call the two after them: two streams
+//! per core, each skipping the other's groups, which the prefetch hints follow ([`PairAhead`]).
 
 use std::arch::x86_64::*;
 
 use super::interleaved::{Legacy, LegacyActs, K4_GROUP_BYTES, K6_GROUP_BYTES, Q8_BLOCK_BYTES};
 use super::interleaved_avx2::by_tokens;
 use super::quantize::{Q8KRow, QK8, QK_K};
-use super::x86::prefetch_ahead;
+use super::x86::PairAhead;
 use crate::gguf::GgmlType;
 
 /// 32 bytes of group `a` at `pa` (low half) and 32 of group `b` at `pb` (high half).
@@ -89,10 +92,12 @@ unsafe fn tile_pair_t<const HIGH: bool, const MIN: bool, const T: usize>(
     let ysum: [*const i32; T] = std::array::from_fn(|t| ys.sums.as_ptr().wrapping_add(t * nb));
     let (m4, m5) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
     let mut acc = [_mm512_setzero_ps(); T];
+    let mut ahead = PairAhead::new(wa.len());
     for b in 0..nb {
         let (pa, pb) = (wa.as_ptr().add(b * bytes), wb.as_ptr().add(b * bytes));
-        prefetch_ahead(pa, bytes);
-        prefetch_ahead(pb, bytes);
+        ahead.hint(wa.as_ptr(), 0, bytes);
+        ahead.hint(wb.as_ptr(), 0, bytes);
+        ahead.step(bytes);
         let dx = f16x16(pa, pb);
         let bits = if HIGH {
             load2(pa.add(qh0), pb.add(qh0))
@@ -195,19 +200,22 @@ unsafe fn tile_k4_pair_t<const T: usize>(wa: &[u8], wb: &[u8], ys: &Q8KRow, out:
     let ybs: [*const i16; T] = std::array::from_fn(|t| ys.bsums.as_ptr().add(t * nb * 16));
     let m4 = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); T];
+    let mut ahead = PairAhead::new(wa.len());
     for b in 0..nb {
         let (pa, pb) = (
             wa.as_ptr().add(b * K4_GROUP_BYTES),
             wb.as_ptr().add(b * K4_GROUP_BYTES),
         );
+        let here = ahead;
+        ahead.step(K4_GROUP_BYTES);
         let d = f16x16(pa, pb);
         let dmin = f16x16(pa.add(16), pb.add(16));
         let mut isum = [_mm512_setzero_si512(); T];
         for s in 0..8 {
             let (qa, qb) = (pa.add(160 + 128 * s), pb.add(160 + 128 * s));
             // An eighth of the group per sub-block, so the header's lines are hinted too.
-            prefetch_ahead(pa.add(s * K4_GROUP_BYTES / 8), K4_GROUP_BYTES / 8);
-            prefetch_ahead(pb.add(s * K4_GROUP_BYTES / 8), K4_GROUP_BYTES / 8);
+            here.hint(wa.as_ptr(), s * K4_GROUP_BYTES / 8, K4_GROUP_BYTES / 8);
+            here.hint(wb.as_ptr(), s * K4_GROUP_BYTES / 8, K4_GROUP_BYTES / 8);
             // The 16 rows' scales of sub-block s, one per lane.
             let sc = _mm512_cvtepu8_epi32(bytes8x2(pa.add(32 + 8 * s), pb.add(32 + 8 * s)));
             // Chunk c: low nibbles (elements 4c..) and high nibbles (16 + 4c..) of 16 rows.
@@ -309,17 +317,20 @@ unsafe fn tile_k6_pair_t<const T: usize>(wa: &[u8], wb: &[u8], ys: &Q8KRow, out:
         _mm512_broadcast_i32x4(_mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15)),
     );
     let mut acc = [_mm512_setzero_ps(); T];
+    let mut ahead = PairAhead::new(wa.len());
     for b in 0..nb {
         let (pa, pb) = (
             wa.as_ptr().add(b * K6_GROUP_BYTES),
             wb.as_ptr().add(b * K6_GROUP_BYTES),
         );
+        let here = ahead;
+        ahead.step(K6_GROUP_BYTES);
         let d = f16x16(pa, pb);
         let mut isum = [_mm512_setzero_si512(); T];
         for s in 0..8 {
             let (qa, qb) = (pa.add(144 + 192 * s), pb.add(144 + 192 * s));
-            prefetch_ahead(pa.add(s * K6_GROUP_BYTES / 8), K6_GROUP_BYTES / 8);
-            prefetch_ahead(pb.add(s * K6_GROUP_BYTES / 8), K6_GROUP_BYTES / 8);
+            here.hint(wa.as_ptr(), s * K6_GROUP_BYTES / 8, K6_GROUP_BYTES / 8);
+            here.hint(wb.as_ptr(), s * K6_GROUP_BYTES / 8, K6_GROUP_BYTES / 8);
             let pair = _mm512_cvtepi8_epi16(bytes16x2(pa.add(16 + 16 * s), pb.add(16 + 16 * s)));
             let (sc_lo, sc_hi) = (
                 _mm512_shuffle_epi8(pair, even),
@@ -407,13 +418,15 @@ unsafe fn tile_q8_pair_t<const T: usize>(
     let ysum: [*const i32; T] = std::array::from_fn(|t| ys.sums.as_ptr().add(t * nb));
     let flip = _mm512_set1_epi8(0x80u8 as i8);
     let mut acc = [_mm512_setzero_ps(); T];
+    let mut ahead = PairAhead::new(wa.len());
     for b in 0..nb {
         let (pa, pb) = (
             wa.as_ptr().add(b * Q8_BLOCK_BYTES),
             wb.as_ptr().add(b * Q8_BLOCK_BYTES),
         );
-        prefetch_ahead(pa, Q8_BLOCK_BYTES);
-        prefetch_ahead(pb, Q8_BLOCK_BYTES);
+        ahead.hint(wa.as_ptr(), 0, Q8_BLOCK_BYTES);
+        ahead.hint(wb.as_ptr(), 0, Q8_BLOCK_BYTES);
+        ahead.step(Q8_BLOCK_BYTES);
         let dx = f16x16(pa, pb);
         let mut s = [_mm512_setzero_si512(); T];
         for c in 0..8 {

@@ -275,3 +275,77 @@ pub unsafe fn prefetch(p: *const u8) {
 pub unsafe fn prefetch_ahead(p: *const u8, len: usize) {
     prefetch_lines::<_MM_HINT_T0>(p as usize + PREFETCH_BYTES, len)
 }
+
+/// Where the AVX-512 pair tiles hint ahead. A pair tile reads groups `g` and `g + 1` side by
+/// side and the next call takes `g + 2` and `g + 3`, so each of its two streams skips every
+/// other group: straight ahead of group `g` lies group `g + 1`, which the other stream is
+/// reading already. This follows one stream `PREFETCH_BYTES` ahead through its own groups.
+#[derive(Clone, Copy)]
+pub struct PairAhead {
+    /// Bytes per group.
+    group: usize,
+    /// Offset of the hinted byte within its group.
+    into: usize,
+    /// Offset of that group from the current one: `2 · group` per group skipped ahead.
+    skip: usize,
+}
+
+impl PairAhead {
+    /// At the start of a pair of groups of `group` bytes each.
+    #[inline(always)]
+    pub fn new(group: usize) -> Self {
+        let ahead = PREFETCH_BYTES / group.max(1);
+        Self {
+            group,
+            into: PREFETCH_BYTES - ahead * group,
+            skip: 2 * ahead * group,
+        }
+    }
+
+    /// Hints the `len` bytes `at` bytes past the current step, `PREFETCH_BYTES` ahead in the
+    /// stream of the group that starts at `base`.
+    ///
+    /// # Safety
+    /// None beyond the caller's: a prefetch reads nothing architecturally, whatever the address.
+    #[inline(always)]
+    pub unsafe fn hint(&self, base: *const u8, at: usize, len: usize) {
+        prefetch_lines::<_MM_HINT_T0>(base as usize + self.offset() + at, len)
+    }
+
+    /// The offset from the current group's start that [`Self::hint`] hints at `at = 0`.
+    #[inline(always)]
+    fn offset(&self) -> usize {
+        self.skip + self.into
+    }
+
+    /// Moves on by one step of `n` bytes (at most a group).
+    #[inline(always)]
+    pub fn step(&mut self, n: usize) {
+        self.into += n;
+        if self.into >= self.group {
+            self.into -= self.group;
+            self.skip += 2 * self.group;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PairAhead, PREFETCH_BYTES};
+
+    /// The hint goes to the byte `PREFETCH_BYTES` further along the stream of groups `g`,
+    /// `g + 2`, `g + 4`, … (each `group` bytes, with the other stream's between them).
+    #[test]
+    fn pair_ahead_follows_one_stream() {
+        // Groups smaller than, about as large as, and larger than the distance; steps of an
+        // interleaved Q4_1 block, a Q8_0 block and a Q4_K group block.
+        for (group, step) in [(2880, 160), (5440, 272), (13440, 1680), (9216, 1152)] {
+            let mut ahead = PairAhead::new(group);
+            for k in 0..group / step {
+                let x = k * step + PREFETCH_BYTES;
+                assert_eq!(ahead.offset(), 2 * group * (x / group) + x % group);
+                ahead.step(step);
+            }
+        }
+    }
+}
