@@ -510,4 +510,22 @@ fn bench_names_its_kernels_and_weft_kernels_forces_them() {
     let (fallback, stderr) = bench(Some("neon"));
     assert_eq!(fallback, detected);
     assert!(stderr.contains("WEFT_KERNELS=\"neon\" ignored"), "{stderr}");
+    // On AVX-512 the bench names the tiles of one-token products; WEFT_PAIR_GEMV picks them.
+    if detected == "avx512" {
+        for (value, tiles) in [("1", "512-bit pair tiles"), ("0", "256-bit tiles")] {
+            let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+                .args(["bench", "-r", "1", "-p", "0", "-n", "4"])
+                .env_remove("WEFT_KERNELS")
+                .env("WEFT_PAIR_GEMV", value)
+                .output()
+                .expect("run weft");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{stderr}");
+            assert!(stderr.contains("kernels: avx512 "), "{stderr}");
+            assert!(
+                stderr.contains(&format!("one-token products on the {tiles}")),
+                "{stderr}"
+            );
+        }
+    }
 }

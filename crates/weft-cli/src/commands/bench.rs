@@ -444,13 +444,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = &args.model.model;
     // Which kernels ran, as llama-bench names its backend (and the CPU's wider extensions).
     let extensions = weft::kernels::cpu_extensions();
+    let level = weft::kernels::simd_level();
     eprintln!(
-        "kernels: {}{}; KV cache: {}",
-        weft::kernels::simd_level().name(),
+        "kernels: {}{}{}; KV cache: {}",
+        level.name(),
         if extensions.is_empty() {
             String::new()
         } else {
             format!(" (the CPU has {})", extensions.join(", "))
+        },
+        match level {
+            weft::kernels::SimdLevel::Avx512 if weft::kernels::one_token_pairs() => {
+                ", one-token products on the 512-bit pair tiles"
+            }
+            weft::kernels::SimdLevel::Avx512 => ", one-token products on the 256-bit tiles",
+            _ => "",
         },
         kv_layout.kv_type
     );

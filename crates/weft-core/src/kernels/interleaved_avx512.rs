@@ -10,6 +10,8 @@
 //!
 //! Each call reads two groups side by side, and the next call the two after them: two streams
 //! per core, each skipping the other's groups, which the prefetch hints follow ([`PairAhead`]).
+//! For one token (a decode step) the pair tiles are used only where
+//! [`super::one_token_pairs`] says so (not on AMD's CPUs, where they were slower).
 
 use std::arch::x86_64::*;
 

@@ -611,8 +611,10 @@ mod tests {
             if let Some(p) = &packed {
                 matrices.push(Matrix::interleaved(dtype, p, rows, cols).unwrap());
             }
+            // 3 groups of rows: a pair tile and a group tile on AVX-512; 5 tokens: a pair
+            // tile of one token whatever `one_token_pairs` says.
             for w in &matrices {
-                for n in [1, 3, 6] {
+                for n in [1, 3, 5, 6] {
                     let x = activations(&mut rng, n, cols, true);
                     let mut want = vec![0f32; n * rows];
                     matmul_with(SimdLevel::Avx2, &pool, w, &x, n, &mut want, &mut scratch);

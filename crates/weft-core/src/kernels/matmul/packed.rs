@@ -10,7 +10,7 @@ use super::super::interleaved::{self, GROUP_ROWS};
 use super::super::quantize::{ActFormat, Q8KRow};
 #[cfg(target_arch = "x86_64")]
 use super::super::{interleaved_avx2, interleaved_avx512};
-use super::super::{Matrix, SimdLevel};
+use super::super::{one_token_pairs, Matrix, SimdLevel};
 use super::{split, token_block, MatmulScratch, OutPtr, MAX_SPLITS, TILE_TOKENS};
 
 /// The outputs of an interleaved matmul: part `i` is `(pointer, first row, rows)`, a row-major
@@ -197,7 +197,8 @@ pub(super) fn matmul_interleaved(
 
 /// [`super::run`] for an interleaved matrix: chunks of 8-row groups, each group · up to 4 tokens per
 /// kernel call, in the same loop order (token blocks in L2, a group's weights in L1). With a
-/// `pair` kernel, two neighbouring groups of a chunk share each call.
+/// `pair` kernel, two neighbouring groups of a chunk share each call (for one token only where
+/// [`one_token_pairs`] says so).
 fn run_interleaved(
     pool: &ThreadPool,
     w: &Matrix,
@@ -209,6 +210,7 @@ fn run_interleaved(
     let n_groups = w.rows / GROUP_ROWS;
     let group_bytes = interleaved::group_bytes(w.dtype, w.cols);
     let token_block = token_block(w.cols);
+    let pair = pair.filter(|_| n_tokens > 1 || one_token_pairs());
     let granule = if pair.is_some() { 2 } else { 1 };
     split(pool, w, n_tokens, n_groups, granule, &|g0, g1| {
         for tb0 in (0..n_tokens).step_by(token_block) {
