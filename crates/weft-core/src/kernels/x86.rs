@@ -341,10 +341,11 @@ mod tests {
     #[test]
     fn pair_ahead_follows_one_stream() {
         // Groups smaller than, about as large as, and larger than the distance; steps of an
-        // interleaved Q4_1 block, a Q8_0 block and a Q4_K group block.
+        // interleaved Q4_1 block, a Q8_0 block, a Q6_K and a Q4_K block of 8 rows. Three
+        // groups' worth of steps, so the hint crosses into further groups of its stream.
         for (group, step) in [(2880, 160), (5440, 272), (13440, 1680), (9216, 1152)] {
             let mut ahead = PairAhead::new(group);
-            for k in 0..group / step {
+            for k in 0..3 * group / step {
                 let x = k * step + PREFETCH_BYTES;
                 assert_eq!(ahead.offset(), 2 * group * (x / group) + x % group);
                 ahead.step(step);
