@@ -6,10 +6,10 @@
 //! Before that it writes the Rust API's greedy ids for llama.cpp's greedy cases, which the
 //! Python results must equal.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use weft_testkit::{pinned_venv, run, target_dir, workspace_root};
+use weft_testkit::{pinned_venv, reference_dir, run, target_dir, workspace_root};
 
 /// The suite's Python packages, pinned.
 const PACKAGES: [&str; 5] = [
@@ -19,13 +19,6 @@ const PACKAGES: [&str; 5] = [
     "jsonschema==4.26.0",
     "mypy==1.19.1",
 ];
-
-fn reference_dir(root: &Path) -> PathBuf {
-    match std::env::var_os("WEFT_REFERENCE_DIR") {
-        Some(dir) => dir.into(),
-        None => root.join("../shared/reference"),
-    }
-}
 
 /// The Rust API's greedy ids for every case of llama.cpp's greedy.json: the same calls the
 /// Python test makes (fill the prompt, 32 argmax tokens, EOS ignored).
@@ -73,7 +66,7 @@ fn rust_greedy(reference: &Path) -> serde_json::Value {
 fn python_package_suite() {
     let root = workspace_root();
     let target = target_dir();
-    let reference = reference_dir(&root);
+    let reference = reference_dir();
     let work = target.join("py-suite");
     std::fs::create_dir_all(&work).expect("cannot make target/py-suite");
     let greedy = work.join("rust_greedy.json");

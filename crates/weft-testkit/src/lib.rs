@@ -27,16 +27,10 @@ pub fn reference_dir() -> PathBuf {
     let root = workspace_root();
     let beside = |checkout: &Path| checkout.join("../shared/reference");
     let mut tried = vec![beside(&root)];
-    let origin = Command::new("git")
-        .args(["remote", "get-url", "origin"])
-        .current_dir(&root)
-        .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .and_then(|out| String::from_utf8(out.stdout).ok())
-        .map(|url| PathBuf::from(url.trim()))
-        .filter(|origin| origin.is_dir());
-    tried.extend(origin.as_deref().map(beside));
+    // Git is asked only when the checkout has no reference beside it.
+    if !tried[0].is_dir() {
+        tried.extend(origin_checkout(&root).as_deref().map(beside));
+    }
     match tried.iter().find(|dir| dir.is_dir()) {
         Some(dir) => dir.canonicalize().unwrap_or_else(|_| dir.clone()),
         None => panic!(
@@ -48,6 +42,18 @@ pub fn reference_dir() -> PathBuf {
                 .join(" or ")
         ),
     }
+}
+
+/// The checkout `root` was cloned from, when its `origin` is a local directory.
+fn origin_checkout(root: &Path) -> Option<PathBuf> {
+    let out = Command::new("git")
+        .args(["remote", "get-url", "origin"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|out| out.status.success())?;
+    let origin = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    origin.is_dir().then_some(origin)
 }
 
 /// `$CARGO_TARGET_DIR` (relative to the workspace root) or `<workspace>/target`.
