@@ -511,7 +511,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut json = serde_json::json!({
                 "model": model, "test": t.name, "threads": threads, "n_prompt": t.prompt,
                 "n_depth": t.depth, "n_gen": t.gen, "parallel": t.parallel,
-                "kernels": weft::kernels::simd_level().name(),
+                "kernels": level.name(),
                 "kv_type": kv_layout.kv_type.name(),
                 "tps_median": median, "tps_stddev": sd, "samples": samples,
             });
