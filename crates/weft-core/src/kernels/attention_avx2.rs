@@ -278,13 +278,20 @@ unsafe fn exp8(x: __m256) -> __m256 {
     _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)))
 }
 
-/// AVX2 twin of [`super::attention::softmax_page`]: the max and the weights 8 scores at a
-/// time (the tail through the scalar `exp`), the sum in 8 lanes then reduced.
+/// AVX2 twin of [`super::attention::softmax_page`]: the scale and max 8 scores at a time, the
+/// weights through the vector `exp` (the tail too, padded), and the sum in the 16 lanes of
+/// slot `s % 16` (two vectors: slots `16b..16b + 8` and `16b + 8..16b + 16`).
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C.
+/// The CPU must support AVX2, FMA and F16C; `slots`, if given, must be as long as `scores`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn softmax_page(scores: &mut [f32], scale: f32, max: &mut f32, sum: &mut f32) -> f32 {
+pub unsafe fn softmax_page(
+    scores: &mut [f32],
+    slots: Option<&[u32]>,
+    scale: f32,
+    max: &mut f32,
+    sum: &mut f32,
+) -> f32 {
     let (n, p) = (scores.len(), scores.as_mut_ptr());
     let vscale = _mm256_set1_ps(scale);
     let mut vm = _mm256_set1_ps(f32::NEG_INFINITY);
@@ -297,14 +304,12 @@ pub unsafe fn softmax_page(scores: &mut [f32], scale: f32, max: &mut f32, sum: &
     }
     for s in &mut scores[i..] {
         *s *= scale;
+        vm = _mm256_max_ps(vm, _mm256_set1_ps(*s));
     }
-    let mut lanes = [0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), vm);
-    let page_max = lanes
-        .iter()
-        .chain(&scores[i..])
-        .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
+    // The largest lane (a max is exact in any order).
+    let m = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps::<1>(vm));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let page_max = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
     let mut c = 1.0;
     if page_max > *max {
         c = (*max - page_max).exp();
@@ -312,24 +317,29 @@ pub unsafe fn softmax_page(scores: &mut [f32], scale: f32, max: &mut f32, sum: &
         *max = page_max;
     }
     let vmax = _mm256_set1_ps(*max);
+    // Slot `s`'s weight goes to lane `s % 16`: with `slots` absent, score `i` is slot `i`.
+    let mut lanes = [_mm256_setzero_ps(); 2];
     let mut i = 0;
     while i + 8 <= n {
         let w = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), vmax));
         _mm256_storeu_ps(p.add(i), w);
+        lanes[i / 8 % 2] = _mm256_add_ps(lanes[i / 8 % 2], w);
         i += 8;
     }
     if i < n {
-        // The tail through the same vector `exp`, so a weight's bits never depend on its lane.
-        let mut lanes = [f32::NEG_INFINITY; 8];
-        lanes[..n - i].copy_from_slice(&scores[i..]);
-        let w = exp8(_mm256_sub_ps(_mm256_loadu_ps(lanes.as_ptr()), vmax));
-        _mm256_storeu_ps(lanes.as_mut_ptr(), w);
-        scores[i..].copy_from_slice(&lanes[..n - i]);
+        // The tail through the same vector `exp`, so a weight's bits never depend on its
+        // lane; the padding's weights are 0, which adds nothing.
+        let mut tail = [f32::NEG_INFINITY; 8];
+        tail[..n - i].copy_from_slice(&scores[i..]);
+        let w = exp8(_mm256_sub_ps(_mm256_loadu_ps(tail.as_ptr()), vmax));
+        _mm256_storeu_ps(tail.as_mut_ptr(), w);
+        scores[i..].copy_from_slice(&tail[..n - i]);
+        lanes[i / 8 % 2] = _mm256_add_ps(lanes[i / 8 % 2], w);
     }
-    // The sum in slot order, one add at a time: a key with weight 0 (a -1e30 bias) then
-    // changes nothing, so a bias that hides keys gives the bits of a mask that drops them.
-    for &w in scores.iter() {
-        *sum += w;
-    }
+    let page_sum = match slots {
+        None => hsum_ps(_mm256_add_ps(lanes[0], lanes[1])),
+        slots => scalar::slot_sum(scores, slots),
+    };
+    *sum += page_sum;
     c
 }

@@ -1,4 +1,5 @@
-//! AVX-512 (F) twins of the score and weighted-sum kernels in `attention`, on 512-bit registers:
+//! AVX-512 (F) twins of the score, softmax and weighted-sum kernels in `attention`, on 512-bit
+//! registers:
 //! 16 lanes a step and 32 registers, so twice the multiply-adds of the AVX2 twins per
 //! instruction (prefill attention is bound by them).
 //!
@@ -13,7 +14,8 @@
 
 use std::arch::x86_64::*;
 
-use super::attention::{KvType, Q8_BLOCK};
+use super::attention::exp_consts::*;
+use super::attention::{scalar, KvType, Q8_BLOCK};
 use super::attention_avx2;
 use super::x86::{hsum_ps, prefetch_rows};
 
@@ -258,11 +260,12 @@ pub unsafe fn attend(
     }
 }
 
-/// For each 16-wide slice of the head dimension (two at a time, 2·G accumulators of 32
-/// registers), the `G` heads' accumulators stay in registers while every listed value row is
-/// widened once and added to all of them with its per-head weight (`wp[j·ws + i]`).
-// `j` indexes the weights and both accumulator arrays at once.
-#[allow(clippy::needless_range_loop)]
+/// For each 16-wide slice of the head dimension (`S` at a time: 4 for up to 4 heads, else 2,
+/// so the `S·G` accumulators fit 32 registers beside a row), the `G` heads' accumulators stay
+/// in registers while every listed value row is widened once and added to all of them with
+/// its per-head weight (`wp[j·ws + i]`, broadcast once for the `S` slices). Walking the rows
+/// once per 64 values rather than per 32 halves the broadcasts and the row walks (SmolLM2's
+/// 64-value heads: one walk).
 #[inline(always)]
 unsafe fn attend_g<R: Row16, const G: usize>(
     ap: *mut f32,
@@ -274,43 +277,160 @@ unsafe fn attend_g<R: Row16, const G: usize>(
     rows: &[u32],
 ) {
     let mut c = 0;
+    if G <= 4 {
+        while c + 64 <= d {
+            attend_slices::<R, G, 4>(ap.add(c), d, wp, ws, vp, rb, rows, c);
+            c += 64;
+        }
+    }
     while c + 32 <= d {
-        let mut a = [[_mm512_setzero_ps(); G]; 2];
-        for (h, a) in a.iter_mut().enumerate() {
-            for (j, a) in a.iter_mut().enumerate() {
-                *a = _mm512_loadu_ps(ap.add(j * d + c + 16 * h));
-            }
-        }
-        for (i, &r) in rows.iter().enumerate() {
-            let row = vp.add(r as usize * rb);
-            let (v0, v1) = (R::load16(row, c), R::load16(row, c + 16));
-            for j in 0..G {
-                let wj = _mm512_set1_ps(*wp.add(j * ws + i));
-                a[0][j] = _mm512_fmadd_ps(wj, v0, a[0][j]);
-                a[1][j] = _mm512_fmadd_ps(wj, v1, a[1][j]);
-            }
-        }
-        for (h, a) in a.iter().enumerate() {
-            for (j, a) in a.iter().enumerate() {
-                _mm512_storeu_ps(ap.add(j * d + c + 16 * h), *a);
-            }
-        }
+        attend_slices::<R, G, 2>(ap.add(c), d, wp, ws, vp, rb, rows, c);
         c += 32;
     }
     if c < d {
         // One 16-wide slice left (d is a multiple of 16).
-        let mut a = [_mm512_setzero_ps(); G];
+        attend_slices::<R, G, 1>(ap.add(c), d, wp, ws, vp, rb, rows, c);
+    }
+}
+
+/// [`attend_g`] for the `S` slices from value `c` (`ap` at the first head's value `c`).
+// `j` indexes the weights and the accumulators at once.
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn attend_slices<R: Row16, const G: usize, const S: usize>(
+    ap: *mut f32,
+    d: usize,
+    wp: *const f32,
+    ws: usize,
+    vp: *const u8,
+    rb: usize,
+    rows: &[u32],
+    c: usize,
+) {
+    let mut a = [[_mm512_setzero_ps(); G]; S];
+    for (h, a) in a.iter_mut().enumerate() {
         for (j, a) in a.iter_mut().enumerate() {
-            *a = _mm512_loadu_ps(ap.add(j * d + c));
-        }
-        for (i, &r) in rows.iter().enumerate() {
-            let v = R::load16(vp.add(r as usize * rb), c);
-            for (j, a) in a.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(_mm512_set1_ps(*wp.add(j * ws + i)), v, *a);
-            }
-        }
-        for (j, a) in a.iter().enumerate() {
-            _mm512_storeu_ps(ap.add(j * d + c), *a);
+            *a = _mm512_loadu_ps(ap.add(j * d + 16 * h));
         }
     }
+    for (i, &r) in rows.iter().enumerate() {
+        let row = vp.add(r as usize * rb);
+        let mut v = [_mm512_setzero_ps(); S];
+        for (h, v) in v.iter_mut().enumerate() {
+            *v = R::load16(row, c + 16 * h);
+        }
+        for j in 0..G {
+            let wj = _mm512_set1_ps(*wp.add(j * ws + i));
+            for h in 0..S {
+                a[h][j] = _mm512_fmadd_ps(wj, v[h], a[h][j]);
+            }
+        }
+    }
+    for (h, a) in a.iter().enumerate() {
+        for (j, a) in a.iter().enumerate() {
+            _mm512_storeu_ps(ap.add(j * d + 16 * h), *a);
+        }
+    }
+}
+
+/// `exp` of 16 lanes: the operations of `attention_avx2`'s `exp8` (and [`scalar::exp`]'s
+/// formula) lane by lane, so a weight has the same bits in both sets.
+#[inline(always)]
+unsafe fn exp16(x: __m512) -> __m512 {
+    // Lanes below the floor (and -inf, NaN) give 0.
+    let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(EXP_FLOOR));
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(EXP_FLOOR)),
+        _mm512_set1_ps(EXP_CEIL),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    let mut p = _mm512_setzero_ps();
+    for c in POLY {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let two_n = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(n),
+        _mm512_set1_epi32(127),
+    ));
+    _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(two_n))
+}
+
+/// AVX-512 twin of [`super::attention::softmax_page`] (the bits of the AVX2 twin): 16 scores
+/// at a time, the tail through masked loads and stores, the sum in the 16 lanes of slot
+/// `s % 16`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F besides AVX2, FMA and F16C; `slots`, if given, must be as
+/// long as `scores`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+pub unsafe fn softmax_page(
+    scores: &mut [f32],
+    slots: Option<&[u32]>,
+    scale: f32,
+    max: &mut f32,
+    sum: &mut f32,
+) -> f32 {
+    let (n, p) = (scores.len(), scores.as_mut_ptr());
+    let vscale = _mm512_set1_ps(scale);
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    // The 16 scores from `i`, the tail's missing ones -inf; and back (plain loads and stores
+    // but in the tail). Macros, not closures: a closure would not inherit the target features.
+    macro_rules! load {
+        ($i:expr) => {
+            if $i + 16 <= n {
+                _mm512_loadu_ps(p.add($i))
+            } else {
+                _mm512_mask_loadu_ps(ninf, ((1u32 << (n - $i)) - 1) as __mmask16, p.add($i))
+            }
+        };
+    }
+    macro_rules! store {
+        ($i:expr, $x:expr) => {
+            if $i + 16 <= n {
+                _mm512_storeu_ps(p.add($i), $x)
+            } else {
+                _mm512_mask_storeu_ps(p.add($i), ((1u32 << (n - $i)) - 1) as __mmask16, $x)
+            }
+        };
+    }
+    let mut vm = ninf;
+    let mut i = 0;
+    while i < n {
+        let x = _mm512_mul_ps(load!(i), vscale);
+        store!(i, x);
+        vm = _mm512_max_ps(vm, x);
+        i += 16;
+    }
+    let page_max = _mm512_reduce_max_ps(vm);
+    let mut c = 1.0;
+    if page_max > *max {
+        c = (*max - page_max).exp();
+        *sum *= c;
+        *max = page_max;
+    }
+    let vmax = _mm512_set1_ps(*max);
+    // Slot `s`'s weight goes to lane `s % 16`: with `slots` absent, score `i` is slot `i`
+    // (the tail's padding weighs 0, which adds nothing).
+    let mut lanes = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        let w = exp16(_mm512_sub_ps(load!(i), vmax));
+        store!(i, w);
+        lanes = _mm512_add_ps(lanes, w);
+        i += 16;
+    }
+    let page_sum = match slots {
+        // Lanes `l` and `l + 8`, then as `hsum_ps` (the order of the AVX2 twin).
+        None => hsum_ps(_mm256_add_ps(
+            _mm512_castps512_ps256(lanes),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(lanes))),
+        )),
+        slots => scalar::slot_sum(scores, slots),
+    };
+    *sum += page_sum;
+    c
 }

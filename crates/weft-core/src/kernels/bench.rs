@@ -1,4 +1,4 @@
-//! Micro-benchmarks of `matmul` (ignored by default):
+//! Micro-benchmarks of `matmul` and of a decode's attention (ignored by default):
 //! `cargo test --release -p weft-core --lib kernels::bench -- --ignored --nocapture`.
 //!
 //! GEMV figures are weight bytes streamed per second; with `cold`, the matrix is one of several
@@ -270,4 +270,82 @@ fn bench_pool_and_decode() {
         100.0 * t2 / t2h,
         t1h * 1e3
     );
+}
+
+/// One decode's attention over `keys` keys of `layers` layers (each its own K and V pages, so
+/// they come from DRAM), one KV head of `g` query heads of `d` values, page by page as
+/// `models::attention` walks it: scores with the next page's keys hinted, the softmax of each
+/// head, the weighted sum of the values. Seconds per layer.
+fn attention_decode(kv: super::attention::KvType, g: usize, d: usize, keys: usize) -> f64 {
+    use super::attention::{attend, dots, prefetch, quantize_row, softmax_page};
+    const PAGE: usize = 32;
+    let layers = (256 << 20) / (2 * keys * kv.row_bytes(d));
+    let mut rng = Rng::new(3);
+    let mut cache = vec![0u8; 2 * layers * keys * kv.row_bytes(d)];
+    let row = rng.f32s(d, 1.0);
+    for r in cache.chunks_exact_mut(kv.row_bytes(d)) {
+        quantize_row(kv, &row, r);
+    }
+    let q = rng.f32s(g * d, 0.2);
+    let (mut scores, mut acc) = (vec![0f32; g * PAGE], vec![0f32; g * d]);
+    let slots: Vec<u32> = (0..PAGE as u32).collect();
+    let page_bytes = PAGE * kv.row_bytes(d);
+    let mut layer = 0;
+    time(Duration::from_millis(1500), || {
+        let (k, v) = cache[layer * 2 * keys * kv.row_bytes(d)..][..2 * keys * kv.row_bytes(d)]
+            .split_at(keys * kv.row_bytes(d));
+        layer = (layer + 1) % layers;
+        let (mut max, mut sum) = ([f32::NEG_INFINITY; 8], [0f32; 8]);
+        acc.fill(0.0);
+        for p in 0..keys / PAGE {
+            let kp = &k[p * page_bytes..][..page_bytes];
+            let next = k
+                .get((p + 1) * page_bytes..(p + 2) * page_bytes)
+                .unwrap_or(&[]);
+            dots(kv, &q, kp, g, &mut scores, PAGE, next);
+            let next_v = v
+                .get((p + 1) * page_bytes..(p + 2) * page_bytes)
+                .unwrap_or(&[]);
+            for j in 0..g {
+                prefetch(&next_v[(j * next_v.len() / g)..((j + 1) * next_v.len() / g)]);
+                let c = softmax_page(
+                    &mut scores[j * PAGE..(j + 1) * PAGE],
+                    None,
+                    0.125,
+                    &mut max[j],
+                    &mut sum[j],
+                );
+                acc[j * d..(j + 1) * d].iter_mut().for_each(|a| *a *= c);
+            }
+            attend(
+                kv,
+                &mut acc,
+                d,
+                &scores,
+                PAGE,
+                &v[p * page_bytes..][..page_bytes],
+                &slots,
+            );
+        }
+        std::hint::black_box(&acc);
+    })
+}
+
+#[test]
+#[ignore = "micro-benchmark; run with --release -- --ignored --nocapture"]
+fn bench_attention_decode() {
+    use super::attention::KvType;
+    for kv in [KvType::F16, KvType::Q8_0] {
+        for (g, d) in [(3, 64), (4, 256)] {
+            let keys = 4096;
+            let t = attention_decode(kv, g, d, keys);
+            let bytes = 2 * keys * kv.row_bytes(d);
+            println!(
+                "attention decode, {kv}, {g} heads of {d} over {keys} keys: {:.1} us ({:.2} ns/key, {:.1} GB/s)",
+                t * 1e6,
+                t * 1e9 / keys as f64,
+                bytes as f64 / t / 1e9
+            );
+        }
+    }
 }

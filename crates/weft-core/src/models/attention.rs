@@ -113,8 +113,9 @@ struct PageScratch {
     scores: [f32; PAGE_SIZE * G],
 }
 
-/// Turns rows `0..n_rows` of `scores` (the first `n` of each) into softmax weights for the
-/// state rows from `st_row`: scaled, plus the float mask's bias of each listed slot, then one
+/// Turns rows `0..n_rows` of `scores` (the first `n` of each: the page's first `n` slots if
+/// `whole`, else the slots `rows` lists) into softmax weights for the state rows from
+/// `st_row`: scaled, plus the float mask's bias of each listed slot, then one
 /// online-softmax step per row (rescaling what the row accumulated when its max grows).
 /// Before each row it hints in a part of `ahead` (the next page's values, or nothing).
 #[allow(clippy::too_many_arguments)]
@@ -122,6 +123,7 @@ fn softmax_rows(
     ps: &mut PageScratch,
     n_rows: usize,
     n: usize,
+    whole: bool,
     scale: f32,
     bias: Option<(&[f32], usize)>,
     st: &mut State<'_>,
@@ -143,7 +145,8 @@ fn softmax_rows(
             scale = 1.0;
         }
         let r = st_row + j;
-        let c = attn::softmax_page(sc, scale, &mut st.max[r], &mut st.sum[r]);
+        let slots = (!whole).then_some(&ps.rows[..n]);
+        let c = attn::softmax_page(sc, slots, scale, &mut st.max[r], &mut st.sum[r]);
         if c != 1.0 {
             st.acc[r * head_dim..(r + 1) * head_dim]
                 .iter_mut()
@@ -230,6 +233,7 @@ fn attend_chunk<'k>(
                 ps,
                 n_rows,
                 in_page,
+                true,
                 scale,
                 None,
                 st,
@@ -252,7 +256,8 @@ fn attend_chunk<'k>(
             } else {
                 (&[][..], &[][..])
             };
-            let n = if whole(qr) {
+            let all = whole(qr);
+            let n = if all {
                 let keys = &keys[..in_page * rb];
                 attn::dots(kv_type, q, keys, gh, &mut ps.scores, PAGE_SIZE, next_keys);
                 fill_slots(&mut ps.rows[..in_page]);
@@ -280,7 +285,18 @@ fn attend_chunk<'k>(
                 continue;
             }
             let bias = qr.mask.and_then(SlotMask::bias).map(|b| (b, first));
-            softmax_rows(ps, gh, n, scale, bias, st, t * gh, head_dim, next_values);
+            softmax_rows(
+                ps,
+                gh,
+                n,
+                all,
+                scale,
+                bias,
+                st,
+                t * gh,
+                head_dim,
+                next_values,
+            );
             let acc = &mut st.acc[t * row..(t + 1) * row];
             let rows = &ps.rows[..n];
             attn::attend(kv_type, acc, head_dim, &ps.scores, PAGE_SIZE, values, rows);
