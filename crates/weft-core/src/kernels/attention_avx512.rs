@@ -1,7 +1,6 @@
 //! AVX-512 (F) twins of the score, softmax and weighted-sum kernels in `attention`, on 512-bit
-//! registers:
-//! 16 lanes a step and 32 registers, so twice the multiply-adds of the AVX2 twins per
-//! instruction (prefill attention is bound by them).
+//! registers: 16 lanes a step and 32 registers, so twice the multiply-adds of the AVX2 twins
+//! per instruction (prefill attention is bound by them).
 //!
 //! A key or value row is widened 16 values at a time: f16 with `vcvtph2ps`, Q8_0 by
 //! sign-extending 16 bytes (half a block) and multiplying by the block's scale. Head sizes that
