@@ -51,6 +51,12 @@ pub fn run(
                 *l += delta;
             }
         }
+        // Exactly `n` tokens: the text does not end early (a detector judges a fixed length).
+        for &eos in engine.stop_tokens() {
+            if let Some(l) = logits.get_mut(eos as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
         let t = sample_temperature(&logits, 1.0, &mut rng);
         g.accept(&[t]);
         out.push(t);

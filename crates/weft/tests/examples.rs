@@ -48,7 +48,7 @@ fn watermark_is_detectable() {
         3,
     )
     .expect("watermark");
-    assert_eq!(ids.len(), 48);
+    assert_eq!(ids.len(), 48, "the example never ends a text early");
     let marked = watermark::green_fraction(first, &ids);
     // The same prompt without the bonus: about half the tokens are green by chance.
     let (first, plain) = watermark::run(
@@ -59,8 +59,13 @@ fn watermark_is_detectable() {
         3,
     )
     .expect("plain");
+    assert_eq!(plain.len(), 48);
     let unmarked = watermark::green_fraction(first, &plain);
-    println!("green fraction: watermarked {marked:.2}, plain {unmarked:.2}");
+    println!(
+        "green fraction: watermarked {marked:.2} of {}, plain {unmarked:.2} of {}",
+        ids.len(),
+        plain.len()
+    );
     assert!(marked > 0.8, "watermark too weak: {marked}");
     assert!(
         unmarked < 0.75,
