@@ -587,7 +587,7 @@ mod tests {
         }
     }
 
-    /// A page whose every other slot is hidden by a score of -inf (a mask's bias) and the same
+    /// A page whose every third slot is hidden by a score of -inf (a mask's bias) and the same
     /// page with those slots left out (a mask that drops them, slots listed) give the same
     /// weights and sum, bit for bit, in every kernel set; the SIMD sets agree bit for bit, and
     /// with the scalar oracle closely.
