@@ -388,17 +388,8 @@ pub(crate) mod scalar {
     /// `((m0 + m4) + (m2 + m6)) + ((m1 + m5) + (m3 + m7))` (the order of `x86::hsum_ps`).
     pub fn slot_sum(weights: &[f32], slots: Option<&[u32]>) -> f32 {
         let mut l = [0f32; 16];
-        match slots {
-            Some(slots) => {
-                for (&w, &s) in weights.iter().zip(slots) {
-                    l[s as usize % 16] += w;
-                }
-            }
-            None => {
-                for (i, &w) in weights.iter().enumerate() {
-                    l[i % 16] += w;
-                }
-            }
+        for (i, &w) in weights.iter().enumerate() {
+            l[slots.map_or(i, |s| s[i] as usize) % 16] += w;
         }
         let m: [f32; 8] = std::array::from_fn(|i| l[i] + l[i + 8]);
         ((m[0] + m[4]) + (m[2] + m[6])) + ((m[1] + m[5]) + (m[3] + m[7]))

@@ -424,10 +424,7 @@ pub unsafe fn softmax_page(
     }
     let page_sum = match slots {
         // Lanes `l` and `l + 8`, then as `hsum_ps` (the order of the AVX2 twin).
-        None => hsum_ps(_mm256_add_ps(
-            _mm512_castps512_ps256(lanes),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(lanes))),
-        )),
+        None => hsum512(lanes),
         slots => scalar::slot_sum(scores, slots),
     };
     *sum += page_sum;

@@ -279,23 +279,24 @@ fn bench_pool_and_decode() {
 fn attention_decode(kv: super::attention::KvType, g: usize, d: usize, keys: usize) -> f64 {
     use super::attention::{attend, dots, prefetch, quantize_row, softmax_page};
     use crate::kv::PAGE_SIZE as PAGE;
-    let layers = (256 << 20) / (2 * keys * kv.row_bytes(d));
+    let rb = kv.row_bytes(d);
+    let layer_bytes = 2 * keys * rb;
+    let layers = (256 << 20) / layer_bytes;
     let mut rng = Rng::new(3);
-    let mut cache = vec![0u8; 2 * layers * keys * kv.row_bytes(d)];
+    let mut cache = vec![0u8; layers * layer_bytes];
     // One row everywhere: every page has the same scores, so the max never grows (the
     // common case of a long decode) and the timing does not depend on the data.
     let row = rng.f32s(d, 1.0);
-    for r in cache.chunks_exact_mut(kv.row_bytes(d)) {
+    for r in cache.chunks_exact_mut(rb) {
         quantize_row(kv, &row, r);
     }
     let q = rng.f32s(g * d, 0.2);
     let (mut scores, mut acc) = (vec![0f32; g * PAGE], vec![0f32; g * d]);
     let slots: Vec<u32> = (0..PAGE as u32).collect();
-    let page_bytes = PAGE * kv.row_bytes(d);
+    let page_bytes = PAGE * rb;
     let mut layer = 0;
     time(Duration::from_millis(1500), || {
-        let (k, v) = cache[layer * 2 * keys * kv.row_bytes(d)..][..2 * keys * kv.row_bytes(d)]
-            .split_at(keys * kv.row_bytes(d));
+        let (k, v) = cache[layer * layer_bytes..][..layer_bytes].split_at(keys * rb);
         layer = (layer + 1) % layers;
         let (mut max, mut sum) = ([f32::NEG_INFINITY; 8], [0f32; 8]);
         acc.fill(0.0);

@@ -202,12 +202,12 @@ pub fn one_token_pairs() -> bool {
     *PAIRS.get_or_init(|| match std::env::var("WEFT_PAIR_GEMV").as_deref() {
         Ok("1") => true,
         Ok("0") => false,
-        Ok(v) => {
-            let detected = !cpu_is_amd();
-            eprintln!("weft: WEFT_PAIR_GEMV={v:?} ignored: the choices are 0 and 1");
-            detected
+        other => {
+            if let Ok(v) = other {
+                eprintln!("weft: WEFT_PAIR_GEMV={v:?} ignored: the choices are 0 and 1");
+            }
+            !cpu_is_amd()
         }
-        Err(_) => !cpu_is_amd(),
     })
 }
 
