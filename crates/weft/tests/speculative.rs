@@ -61,7 +61,13 @@ fn greedy_with_the_ngram_drafter_equals_greedy_without_it() {
 fn greedy_speculation_accepts_drafts_when_the_output_copies_the_input() {
     let engine = engine("smollm2-135m");
     let code = "fn add(a: i32, b: i32) -> i32 {\n    let sum = a + b;\n    println!(\"{}\", sum);\n    sum\n}\n";
-    let prompt = format!("Copy this code exactly.\n```rust\n{code}```\nCopy:\n```rust\n");
+    // One worked copy before the asked one: with the instruction alone, the first token is a
+    // near-tie in llama.cpp too ("fn" -1.60 vs "let" -1.63), and a model that starts with
+    // anything but "fn" does not copy. With the worked copy, llama.cpp's greedy top-2 margin
+    // stays above 1.2 for the first 40 tokens.
+    let prompt = format!(
+        "Copy this code exactly.\n```rust\n{code}```\nCopy:\n```rust\n{code}```\nCopy:\n```rust\n"
+    );
     let run = |speculate: bool| {
         let mut ctx = engine.context();
         ctx.fill(&prompt).expect("fill");
