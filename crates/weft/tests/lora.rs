@@ -529,15 +529,16 @@ fn sixteen_adapters_in_one_batch_equal_each_alone() {
     let engine = engine(model);
     let ads = adapters(&engine, model, 12);
     // Contexts 0..12 with their own adapter, 12..16 with none.
-    let run = |i: usize| -> Vec<u32> {
+    let generate = |i: usize, adapter: Option<&Adapter>| -> Vec<u32> {
         let mut ctx = engine.context();
         ctx.fill(&format!("Story {i}: once upon a time")).unwrap();
         let mut gen = ctx.generate(Sampler::Argmax).max_tokens(12).ignore_eos();
-        if let Some(a) = ads.get(i) {
+        if let Some(a) = adapter {
             gen = gen.adapter(a, 1.0);
         }
         block_on(gen.collect_tokens()).unwrap()
     };
+    let run = |i: usize| generate(i, ads.get(i));
     let alone: Vec<Vec<u32>> = (0..16).map(run).collect();
     let before = engine.metrics();
     let together: Vec<Vec<u32>> = std::thread::scope(|s| {
@@ -552,9 +553,17 @@ fn sixteen_adapters_in_one_batch_equal_each_alone() {
         passes as f64 / steps as f64 >= 8.0,
         "{passes} passes in {steps} model calls"
     );
-    // Different adapters give different continuations.
-    let distinct: std::collections::HashSet<_> = alone.iter().collect();
-    assert!(distinct.len() > 8);
+    // The comparison above means something only if the adapters change what is generated:
+    // most of them (these are weak, random rank-16 adapters; a few leave a 12-token greedy
+    // continuation as it was) continue differently from the same prompt without an adapter.
+    let changed = (0..ads.len())
+        .filter(|&i| alone[i] != generate(i, None))
+        .count();
+    assert!(
+        changed * 2 > ads.len(),
+        "only {changed} of {} adapters change the continuation",
+        ads.len()
+    );
 }
 
 #[test]
