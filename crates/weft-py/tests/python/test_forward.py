@@ -28,8 +28,16 @@ def test_probes_and_samplers_against_llama_cpp(smollm2, reference):
     assert isinstance(logits, np.ndarray) and logits.dtype == np.float32
     assert logits.shape == (smollm2.vocab_size,)
     assert int(np.argmax(logits)) == top5[0][0]
+    # llama.cpp's own builds (flash attention on or off) differ from this reference by up to
+    # 0.88 on SmolLM2's top-5 logits (crates/weft-core/tests/greedy_reference.rs), and at this
+    # step weft's five sit 0.2-0.55 below it (as the kernels round), mostly a shift common to
+    # all five, which no sampler sees.
+    # So: each logit within 0.9, and their gaps to the top one (what softmax sees) within 0.3.
+    top = float(logits[top5[0][0]])
     for token, value in top5:
-        assert abs(float(logits[token]) - value) < 0.5
+        assert abs(float(logits[token]) - value) < 0.9, (token, float(logits[token]), value)
+        gap, ref_gap = top - float(logits[token]), top5[0][1] - value
+        assert abs(gap - ref_gap) < 0.3, (token, gap, ref_gap)
     ids, probs = out[dist_h]
     # llama.cpp's 4th and 5th are near-ties (13.40 / 13.36 and the ones below): compare the
     # first three, which stand 0.3 or more apart.
