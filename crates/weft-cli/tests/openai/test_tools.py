@@ -128,11 +128,15 @@ def test_parallel_tool_calls_false_gives_exactly_one_call(client, model):
 
 
 def test_streamed_tool_call_deltas_reassemble_into_the_same_valid_call(client, model):
+    # One call: whether a greedy small model closes its list after the first call or repeats
+    # the call until max_tokens is a near-tie (Gemma 3 goes either way as roundings move).
+    # Several calls in one stream are covered by the server's CallStream unit test.
     req = dict(
         model=model,
         messages=QUESTION,
         tools=TOOLS,
         tool_choice=NAMED_TIME,
+        parallel_tool_calls=False,
         max_tokens=160,
         **greedy(),
     )
