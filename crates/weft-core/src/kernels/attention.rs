@@ -1,12 +1,21 @@
 //! The kernels of attention over the KV cache: scores of a group of query heads against a page
 //! of keys, the online-softmax step of one head over a page, and the weighted sum of value rows.
 //!
-//! Keys and values are rows of `head_dim` elements stored as [`KvType`] says: f16 (llama.cpp's
-//! default cache) or Q8_0 (ggml's `block_q8_0`: per 32 values an f16 scale and 32 signed
-//! bytes, 34 bytes instead of 64), read as raw bytes. The AVX2 twins (`attention_avx2`) widen
-//! a key or value once for every head of the group; a query's result never depends on how many
-//! heads share the call, nor on how many keys (so a page's scores in one call equal its scores
-//! key by key, bit for bit).
+//! Keys and values are stored as [`KvType`] says: f16 (llama.cpp's default cache) or Q8_0
+//! (ggml's `block_q8_0`: per 32 values an f16 scale and 32 signed bytes, 34 bytes instead of
+//! 64), read as raw bytes, [`PAGE_SLOTS`] keys or values of one KV head to a page.
+//!
+//! Values are rows (a weighted sum adds whole rows). An f16 key page is stored by *column*:
+//! value `t` of the key in slot `s` at element `t·PAGE_SLOTS + s`, so the page's 32 values `t`
+//! fill one 64-byte line and a key's score is one lane of a vector — a dot product is a
+//! chain of multiply-adds down the lane, with no horizontal sums at the end (they were a third
+//! of the score kernel's cycles for SmolLM2's 64-value heads). Every kernel set makes the same
+//! chain, `t` in order, so f16 scores have the same bits in every set and never depend on the
+//! other keys or heads of the call. A Q8_0 key keeps its row (a scale runs along a key's 32
+//! values); its score is summed in vector lanes and reduced in a fixed order, so it too never
+//! depends on the call's other keys or heads, and the SIMD sets differ from the scalar one only
+//! in the last bits. [`write_key`] and [`key_value`] know the layout; snapshots keep keys as
+//! rows ([`key_page_to_rows`], [`key_rows_to_page`]).
 
 use std::str::FromStr;
 
@@ -15,6 +24,9 @@ use half::f16;
 #[cfg(target_arch = "x86_64")]
 use super::{attention_avx2, attention_avx512};
 use super::{use_avx2, use_avx512};
+
+/// Keys (or values) of one KV head in a page of the cache.
+pub const PAGE_SLOTS: usize = 32;
 
 /// Most query heads one call takes (the heads sharing a KV head in GQA, or a part of them).
 pub const MAX_GROUP: usize = 8;
@@ -125,6 +137,91 @@ pub fn row_value(kv: KvType, row: &[u8], i: usize) -> f32 {
     }
 }
 
+/// Stores the key `x` in slot `slot` of the key page `page` (one KV head's [`PAGE_SLOTS`] keys
+/// of `x.len()` values, laid out as the module doc says), rounded to `kv`.
+///
+/// # Panics
+/// If `page` is not a key page of `x.len()`-value keys of `kv`, or `slot` is past its end.
+pub fn write_key(kv: KvType, x: &[f32], page: &mut [u8], slot: usize) {
+    let rb = kv.row_bytes(x.len());
+    assert!(
+        kv.fits(x.len()) && page.len() == PAGE_SLOTS * rb && slot < PAGE_SLOTS,
+        "write_key: shape mismatch"
+    );
+    match kv {
+        KvType::F16 => {
+            // Rounded 256 values at a time by the vector converter, then spread down the
+            // slot's column.
+            let mut h = [0u8; 512];
+            for (c, xs) in x.chunks(256).enumerate() {
+                let h = &mut h[..2 * xs.len()];
+                super::f32_to_f16_bytes(xs, h);
+                for (i, v) in h.chunks_exact(2).enumerate() {
+                    let at = 2 * ((256 * c + i) * PAGE_SLOTS + slot);
+                    page[at..at + 2].copy_from_slice(v);
+                }
+            }
+        }
+        KvType::Q8_0 => quantize_row(kv, x, &mut page[slot * rb..(slot + 1) * rb]),
+    }
+}
+
+/// Value `t` of the key in slot `slot` of a key page of `d`-value keys stored as `kv`.
+#[inline]
+pub fn key_value(kv: KvType, page: &[u8], d: usize, slot: usize, t: usize) -> f32 {
+    match kv {
+        KvType::F16 => row_value(kv, page, t * PAGE_SLOTS + slot),
+        KvType::Q8_0 => row_value(kv, &page[slot * kv.row_bytes(d)..], t),
+    }
+}
+
+/// Copies the key page `page` (`d`-value keys stored as `kv`) to `rows`: its [`PAGE_SLOTS`]
+/// keys as rows, one after the other, the layout of values (and of a snapshot's keys).
+///
+/// # Panics
+/// If `page` or `rows` is not one page long.
+pub fn key_page_to_rows(kv: KvType, d: usize, page: &[u8], rows: &mut [u8]) {
+    let n = PAGE_SLOTS * kv.row_bytes(d);
+    assert!(
+        page.len() == n && rows.len() == n,
+        "key_page_to_rows: shape mismatch"
+    );
+    match kv {
+        KvType::F16 => {
+            for (s, row) in rows.chunks_exact_mut(2 * d).enumerate() {
+                for (t, v) in row.chunks_exact_mut(2).enumerate() {
+                    let at = 2 * (t * PAGE_SLOTS + s);
+                    v.copy_from_slice(&page[at..at + 2]);
+                }
+            }
+        }
+        KvType::Q8_0 => rows.copy_from_slice(page),
+    }
+}
+
+/// The inverse of [`key_page_to_rows`]: stores [`PAGE_SLOTS`] key rows as a key page.
+///
+/// # Panics
+/// If `rows` or `page` is not one page long.
+pub fn key_rows_to_page(kv: KvType, d: usize, rows: &[u8], page: &mut [u8]) {
+    let n = PAGE_SLOTS * kv.row_bytes(d);
+    assert!(
+        page.len() == n && rows.len() == n,
+        "key_rows_to_page: shape mismatch"
+    );
+    match kv {
+        KvType::F16 => {
+            for (s, row) in rows.chunks_exact(2 * d).enumerate() {
+                for (t, v) in row.chunks_exact(2).enumerate() {
+                    let at = 2 * (t * PAGE_SLOTS + s);
+                    page[at..at + 2].copy_from_slice(v);
+                }
+            }
+        }
+        KvType::Q8_0 => page.copy_from_slice(rows),
+    }
+}
+
 /// `ahead` as the x86 kernels take it: the first byte to prefetch, or null for none.
 #[cfg(target_arch = "x86_64")]
 fn ahead_ptr(ahead: &[u8]) -> *const u8 {
@@ -135,21 +232,25 @@ fn ahead_ptr(ahead: &[u8]) -> *const u8 {
     }
 }
 
-/// `out[j·stride + i] = Σ_t qs[j·d + t] · key_i[t]`: the scores of `g` query heads (`qs`,
-/// `g × d`) against the consecutive keys in `keys` (rows of `d` values stored as `kv`).
-/// Every score has the bits it would have with the key alone and any `g`.
+/// `out[j·stride + s] = Σ_t qs[j·d + t] · key_s[t]` for the slots `s < n` of the key page
+/// `page` (one KV head's [`PAGE_SLOTS`] keys of `d` values, stored as `kv`): the scores of `g`
+/// query heads (`qs`, `g × d`). A score has the same bits whatever `n`, `g` and the page's other
+/// keys (see the module doc).
 ///
-/// `ahead` is empty, or the keys that will be scored next (the next page of this head, as long
-/// as `keys`): the SIMD kernels prefetch its lines as they read the same lines of `keys`, so
-/// the next page streams in while this one is scored instead of in one burst that stalls.
+/// `ahead` is empty, or the key page that will be scored next (the next page of this head):
+/// the SIMD kernels prefetch its lines as they read the same lines of `page`, so the next page
+/// streams in while this one is scored instead of in one burst that stalls.
 ///
 /// # Panics
-/// If `g` is not in `1..=MAX_GROUP`, `qs.len()` is not `g·d` with `d` storable as `kv`, `keys`
-/// is not a whole number of rows, `out` is too short, or `ahead` is shorter than `keys`.
+/// If `g` is not in `1..=MAX_GROUP`, `qs.len()` is not `g·d` with `d` storable as `kv`, `page`
+/// is not one key page, `n > PAGE_SLOTS`, `out` is too short, or `ahead` is neither empty nor
+/// one page.
+#[allow(clippy::too_many_arguments)]
 pub fn dots(
     kv: KvType,
     qs: &[f32],
-    keys: &[u8],
+    page: &[u8],
+    n: usize,
     g: usize,
     out: &mut [f32],
     stride: usize,
@@ -162,31 +263,41 @@ pub fn dots(
             && d > 0
             && qs.len() == g * d
             && kv.fits(d)
-            && keys.len().is_multiple_of(rb),
+            && page.len() == PAGE_SLOTS * rb
+            && n <= PAGE_SLOTS,
         "attention::dots: shape mismatch"
     );
-    let n = keys.len() / rb;
     assert!(
         n == 0 || out.len() >= (g - 1) * stride + n,
         "attention::dots: output too short"
     );
     assert!(
-        ahead.is_empty() || ahead.len() >= keys.len(),
-        "attention::dots: `ahead` shorter than the keys"
+        ahead.is_empty() || ahead.len() == page.len(),
+        "attention::dots: `ahead` is not a page"
     );
     #[cfg(target_arch = "x86_64")]
-    let ahead = ahead_ptr(ahead);
-    #[cfg(target_arch = "x86_64")]
-    if use_avx512() {
-        // SAFETY: AVX-512 F (with AVX2/FMA/F16C) was detected; shapes are checked.
-        return unsafe { attention_avx512::dots(kv, qs, keys, g, out, stride, ahead) };
+    {
+        let ahead = ahead_ptr(ahead);
+        match kv {
+            // SAFETY (all four): the features were detected; the shapes are checked.
+            KvType::F16 if use_avx512() => {
+                return unsafe { attention_avx512::dots_f16(qs, page, n, g, out, stride, ahead) };
+            }
+            KvType::F16 if use_avx2() => {
+                return unsafe { attention_avx2::dots_f16(qs, page, n, g, out, stride, ahead) };
+            }
+            KvType::Q8_0 if use_avx512() => {
+                let keys = &page[..n * rb];
+                return unsafe { attention_avx512::dots_q8(qs, keys, g, out, stride, ahead) };
+            }
+            KvType::Q8_0 if use_avx2() => {
+                let keys = &page[..n * rb];
+                return unsafe { attention_avx2::dots_q8(qs, keys, g, out, stride, ahead) };
+            }
+            _ => {}
+        }
     }
-    #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: AVX2/FMA/F16C were detected; shapes are checked.
-        return unsafe { attention_avx2::dots(kv, qs, keys, g, out, stride, ahead) };
-    }
-    scalar::dots(kv, qs, keys, g, out, stride)
+    scalar::dots(kv, qs, page, n, g, out, stride)
 }
 
 /// `acc[j·d..][..d] += Σ_i w[j·ws + i] · values[rows[i]]` for the `g = acc.len() / d` heads:
@@ -314,7 +425,7 @@ pub(crate) mod exp_consts {
 /// Scalar reference kernels (the oracle of the AVX2 ones, and the path of other CPUs).
 pub(crate) mod scalar {
     use super::exp_consts::*;
-    use super::{row_value, KvType};
+    use super::{key_value, row_value, KvType};
 
     /// `exp(x)` computed as the vector kernels do (see [`super::exp_consts`]).
     pub fn exp(x: f32) -> f32 {
@@ -328,15 +439,27 @@ pub(crate) mod scalar {
         p * f32::from_bits(((n as i32 + 127) as u32) << 23)
     }
 
-    pub fn dots(kv: KvType, qs: &[f32], keys: &[u8], g: usize, out: &mut [f32], stride: usize) {
+    /// F16 keys: one fused multiply-add chain per score, `t` in order (the SIMD kernels'
+    /// lanes, bit for bit). Q8_0 keys: a plain sum (the SIMD kernels sum in lanes).
+    pub fn dots(
+        kv: KvType,
+        qs: &[f32],
+        page: &[u8],
+        n: usize,
+        g: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
         let d = qs.len() / g;
-        for (i, k) in keys.chunks_exact(kv.row_bytes(d)).enumerate() {
+        for s in 0..n {
             for (j, q) in qs.chunks_exact(d).enumerate() {
-                out[j * stride + i] = q
-                    .iter()
-                    .enumerate()
-                    .map(|(t, &x)| x * row_value(kv, k, t))
-                    .sum();
+                let k = |t: usize| key_value(kv, page, d, s, t);
+                out[j * stride + s] = match kv {
+                    KvType::F16 => {
+                        (q.iter().enumerate()).fold(0.0, |a, (t, &x)| x.mul_add(k(t), a))
+                    }
+                    KvType::Q8_0 => q.iter().enumerate().map(|(t, &x)| x * k(t)).sum(),
+                };
             }
         }
     }
@@ -448,13 +571,20 @@ mod tests {
         assert_eq!(scalar::exp(-100.0), 0.0);
     }
 
-    type DotsFn = fn(KvType, &[f32], &[u8], usize, &mut [f32], usize, &[u8]);
+    type DotsFn = fn(KvType, &[f32], &[u8], usize, usize, &mut [f32], usize, &[u8]);
     type AttendFn = fn(KvType, &mut [f32], usize, &[f32], usize, &[u8], &[u32]);
 
     /// The kernel sets this CPU can run, by name: the dispatching wrappers and each x86 twin.
     fn kernel_sets() -> Vec<(&'static str, DotsFn, AttendFn)> {
         #[allow(unused_mut)]
-        let mut sets: Vec<(&'static str, DotsFn, AttendFn)> = vec![("dispatch", dots, attend)];
+        let mut sets: Vec<(&'static str, DotsFn, AttendFn)> = vec![
+            ("dispatch", dots, attend),
+            (
+                "scalar",
+                |kv, q, p, n, g, o, s, _| scalar::dots(kv, q, p, n, g, o, s),
+                scalar::attend,
+            ),
+        ];
         #[cfg(target_arch = "x86_64")]
         {
             use crate::kernels::SimdLevel;
@@ -462,8 +592,12 @@ mod tests {
                 // SAFETY (both closures): AVX2/FMA/F16C are present; the shapes are valid.
                 sets.push((
                     "avx2",
-                    |kv, q, k, g, o, s, x| unsafe {
-                        attention_avx2::dots(kv, q, k, g, o, s, ahead_ptr(x))
+                    |kv, q, p, n, g, o, s, x| unsafe {
+                        let (x, rb) = (ahead_ptr(x), kv.row_bytes(q.len() / g));
+                        match kv {
+                            KvType::F16 => attention_avx2::dots_f16(q, p, n, g, o, s, x),
+                            KvType::Q8_0 => attention_avx2::dots_q8(q, &p[..n * rb], g, o, s, x),
+                        }
                     },
                     |kv, a, d, w, ws, v, r| unsafe {
                         attention_avx2::attend(kv, a, d, w, ws, v, r)
@@ -474,8 +608,12 @@ mod tests {
                 // SAFETY (both closures): AVX-512 F and AVX2 are present; the shapes are valid.
                 sets.push((
                     "avx512",
-                    |kv, q, k, g, o, s, x| unsafe {
-                        attention_avx512::dots(kv, q, k, g, o, s, ahead_ptr(x))
+                    |kv, q, p, n, g, o, s, x| unsafe {
+                        let (x, rb) = (ahead_ptr(x), kv.row_bytes(q.len() / g));
+                        match kv {
+                            KvType::F16 => attention_avx512::dots_f16(q, p, n, g, o, s, x),
+                            KvType::Q8_0 => attention_avx512::dots_q8(q, &p[..n * rb], g, o, s, x),
+                        }
                     },
                     |kv, a, d, w, ws, v, r| unsafe {
                         attention_avx512::attend(kv, a, d, w, ws, v, r)
@@ -486,10 +624,53 @@ mod tests {
         sets
     }
 
+    /// A key page of `PAGE_SLOTS` random keys of `d` values, and the keys.
+    fn key_page(rng: &mut Rng, kv: KvType, d: usize) -> (Vec<u8>, Vec<Vec<f32>>) {
+        let mut page = vec![0u8; PAGE_SLOTS * kv.row_bytes(d)];
+        let keys: Vec<Vec<f32>> = (0..PAGE_SLOTS).map(|_| rng.f32s(d, 1.0)).collect();
+        for (s, k) in keys.iter().enumerate() {
+            write_key(kv, k, &mut page, s);
+        }
+        (page, keys)
+    }
+
+    /// A key page reads back what was written (f16: exactly the f16 rounding; Q8_0: its row),
+    /// and goes to rows and back unchanged.
+    #[test]
+    fn key_pages_round_trip_through_rows() {
+        let mut rng = Rng::new(4);
+        for kv in [KvType::F16, KvType::Q8_0] {
+            for d in [32, 64, 40] {
+                if !kv.fits(d) {
+                    continue;
+                }
+                let (page, keys) = key_page(&mut rng, kv, d);
+                let mut rows = vec![0u8; page.len()];
+                key_page_to_rows(kv, d, &page, &mut rows);
+                let rb = kv.row_bytes(d);
+                for (s, k) in keys.iter().enumerate() {
+                    let mut row = vec![0u8; rb];
+                    quantize_row(kv, k, &mut row);
+                    assert_eq!(&rows[s * rb..(s + 1) * rb], &row[..], "{kv} d {d} slot {s}");
+                    for (t, &x) in k.iter().enumerate() {
+                        assert_eq!(key_value(kv, &page, d, s, t), row_value(kv, &row, t));
+                        if kv == KvType::F16 {
+                            assert_eq!(key_value(kv, &page, d, s, t), f16::from_f32(x).to_f32());
+                        }
+                    }
+                }
+                let mut back = vec![0u8; page.len()];
+                key_rows_to_page(kv, d, &rows, &mut back);
+                assert_eq!(back, page);
+            }
+        }
+    }
+
     /// Every kernel set against the scalar oracle, for both storage types, every group size
-    /// and strides, including the page-wide call against key-by-key calls (bit for bit). The
-    /// weighted sums of all sets have the same bits (one fused multiply-add per row and
-    /// element, in row order, whatever the vector width).
+    /// and strides: f16 scores bit for bit (one multiply-add chain a score in every set), Q8_0
+    /// scores closely. A score has the same bits in a call for part of the page and with its
+    /// key alone in another page. The weighted sums of all sets have the same bits (one fused
+    /// multiply-add per row and element, in row order, whatever the vector width).
     #[test]
     fn kernels_match_scalar_and_pages_match_keys() {
         let sets = kernel_sets();
@@ -503,40 +684,62 @@ mod tests {
                 if !kv.fits(d) {
                     continue;
                 }
-                let n_keys = 11;
-                let keys = rows_of(kv, &rng.f32s(n_keys * d, 1.0), d);
-                // The "next page" the page-wide score calls prefetch (it changes no result).
-                let ahead = rows_of(kv, &rng.f32s(n_keys * d, 1.0), d);
-                let rb = kv.row_bytes(d);
+                let (page, keys) = key_page(&mut rng, kv, d);
+                // The "next page" the score calls prefetch (it changes no result).
+                let (ahead, _) = key_page(&mut rng, kv, d);
+                let values = rows_of(kv, &rng.f32s(11 * d, 1.0), d);
                 let rows = [7u32, 0, 3, 9, 4, 10, 1, 2, 5];
                 for g in 1..=MAX_GROUP {
                     let qs = rng.f32s(g * d, 1.0);
-                    let stride = 13;
+                    let stride = 37;
                     let w = rng.f32s(g * 16, 1.0);
                     let init = rng.f32s(g * d, 1.0);
+                    let mut oracle = vec![0f32; g * stride];
+                    scalar::dots(kv, &qs, &page, PAGE_SLOTS, g, &mut oracle, stride);
                     let mut sums = Vec::new();
                     for &(name, dots, attend) in &sets {
-                        let (mut o1, mut o2) = (vec![0f32; g * stride], vec![0f32; g * stride]);
-                        scalar::dots(kv, &qs, &keys, g, &mut o1, stride);
-                        dots(kv, &qs, &keys, g, &mut o2, stride, &ahead);
-                        o1.iter().zip(&o2).for_each(|(&a, &b)| close(b, a));
-                        for i in 0..n_keys {
+                        let mut all = vec![0f32; g * stride];
+                        dots(kv, &qs, &page, PAGE_SLOTS, g, &mut all, stride, &ahead);
+                        for (&a, &b) in oracle.iter().zip(&all) {
+                            match kv {
+                                KvType::F16 => assert_eq!(a.to_bits(), b.to_bits(), "{name}"),
+                                KvType::Q8_0 => close(b, a),
+                            }
+                        }
+                        // Part of the page: the same bits, nothing past `n` written.
+                        let n = 11 + g;
+                        let mut part = vec![f32::NAN; g * stride];
+                        dots(kv, &qs, &page, n, g, &mut part, stride, &[]);
+                        for j in 0..g {
+                            for s in 0..stride {
+                                let (a, b) = (all[j * stride + s], part[j * stride + s]);
+                                match s < n {
+                                    true => assert_eq!(a.to_bits(), b.to_bits(), "{name} {s}"),
+                                    false => assert!(b.is_nan(), "{name}: slot {s} written"),
+                                }
+                            }
+                        }
+                        // Each key alone, in slot 0 of a page of other keys.
+                        let (mut other, _) = key_page(&mut rng, kv, d);
+                        for (s, k) in keys.iter().enumerate().step_by(5) {
+                            write_key(kv, k, &mut other, 0);
                             let mut one = vec![0f32; (g - 1) * stride + 1];
-                            let key = &keys[i * rb..(i + 1) * rb];
-                            dots(kv, &qs, key, g, &mut one, stride, &[]);
+                            dots(kv, &qs, &other, 1, g, &mut one, stride, &[]);
                             for j in 0..g {
                                 assert_eq!(
                                     one[j * stride].to_bits(),
-                                    o2[j * stride + i].to_bits(),
-                                    "{name}: {kv} d {d} g {g} key {i}"
+                                    all[j * stride + s].to_bits(),
+                                    "{name}: {kv} d {d} g {g} key {s}"
                                 );
                             }
                         }
                         let (mut a1, mut a2) = (init.clone(), init.clone());
-                        scalar::attend(kv, &mut a1, d, &w, 16, &keys, &rows);
-                        attend(kv, &mut a2, d, &w, 16, &keys, &rows);
+                        scalar::attend(kv, &mut a1, d, &w, 16, &values, &rows);
+                        attend(kv, &mut a2, d, &w, 16, &values, &rows);
                         a1.iter().zip(&a2).for_each(|(&a, &b)| close(b, a));
-                        sums.push(a2);
+                        if name != "scalar" {
+                            sums.push(a2);
+                        }
                     }
                     let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert!(

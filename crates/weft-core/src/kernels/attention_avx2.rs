@@ -1,10 +1,11 @@
 //! AVX2 + FMA + F16C twins of the attention kernels in `attention` (same contracts).
 //!
-//! A key or value row is read through [`Row`], which widens 8 or 16 of its values to `f32`:
+//! A value row or Q8_0 key row is read through [`Row`], which widens 8 of its values to `f32`:
 //! f16 with `vcvtph2ps`; Q8_0 by sign-extending 8 bytes to `i32`, converting and multiplying
 //! by the block's scale (the scale is folded in on load, so both types share one loop and a
-//! Q8_0 row costs a few more instructions but half the bytes). Every function is `unsafe` only
-//! because it needs AVX2, FMA and F16C: the safe wrappers check the shapes.
+//! Q8_0 row costs a few more instructions but half the bytes). An f16 key page, stored by
+//! column, is read 16 slots of a line at a time. Every function is `unsafe` only because it
+//! needs AVX2, FMA and F16C: the safe wrappers check the shapes.
 
 use std::arch::x86_64::*;
 
@@ -63,15 +64,103 @@ macro_rules! dispatch {
     };
 }
 
-/// AVX2 twin of [`super::attention::dots`].
+/// AVX2 twin of [`super::attention::dots`] for an f16 key page (stored by column).
+///
+/// The page is scored 16 slots at a time (two registers a head), for up to 4 heads at once:
+/// each line of the page (16 of its slots' value `t`) is widened once for those heads, each
+/// (head, slot) lane one multiply-add chain over `t` in order — the scalar kernel's chain.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the shapes must be as the safe wrapper checks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dots_f16(
+    qs: &[f32],
+    page: &[u8],
+    n: usize,
+    g: usize,
+    out: &mut [f32],
+    stride: usize,
+    ahead: *const u8,
+) {
+    let d = qs.len() / g;
+    let (qp, kp, op) = (qs.as_ptr(), page.as_ptr(), out.as_mut_ptr());
+    for half in 0..n.div_ceil(16) {
+        let lanes = (n - 16 * half).min(16);
+        let mut j = 0;
+        while j < g {
+            let h = (g - j).min(4);
+            // The page's first pass hints the next page in, a line per `t` as it reads its own.
+            let ahead = if half == 0 && j == 0 {
+                ahead
+            } else {
+                std::ptr::null()
+            };
+            let (q, k, o) = (
+                qp.add(j * d),
+                kp.add(32 * half),
+                op.add(j * stride + 16 * half),
+            );
+            match h {
+                1 => cols_tile::<1>(q, k, d, o, stride, lanes, ahead),
+                2 => cols_tile::<2>(q, k, d, o, stride, lanes, ahead),
+                3 => cols_tile::<3>(q, k, d, o, stride, lanes, ahead),
+                _ => cols_tile::<4>(q, k, d, o, stride, lanes, ahead),
+            }
+            j += h;
+        }
+    }
+}
+
+/// Scores of `H` query rows (`qp`, `H × d`) against 16 slots of a column key page (`kp`: the
+/// slots' value `t` at `kp + t·64`, 32 bytes), the first `lanes` of them written to
+/// `op[j·stride + s]`. Eight chains a head pair keep the FMA unit busy.
+// `j` indexes the query rows and the accumulators at once.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn cols_tile<const H: usize>(
+    qp: *const f32,
+    kp: *const u8,
+    d: usize,
+    op: *mut f32,
+    stride: usize,
+    lanes: usize,
+    ahead: *const u8,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; H];
+    for t in 0..d {
+        prefetch_rows(ahead, t * 64, 64);
+        let line = kp.add(t * 64);
+        let k0 = _mm256_cvtph_ps(_mm_loadu_si128(line as *const __m128i));
+        let k1 = _mm256_cvtph_ps(_mm_loadu_si128(line.add(16) as *const __m128i));
+        for j in 0..H {
+            let q = _mm256_broadcast_ss(&*qp.add(j * d + t));
+            acc[j][0] = _mm256_fmadd_ps(q, k0, acc[j][0]);
+            acc[j][1] = _mm256_fmadd_ps(q, k1, acc[j][1]);
+        }
+    }
+    for j in 0..H {
+        let o = op.add(j * stride);
+        if lanes == 16 {
+            _mm256_storeu_ps(o, acc[j][0]);
+            _mm256_storeu_ps(o.add(8), acc[j][1]);
+        } else {
+            let mut tmp = [0f32; 16];
+            _mm256_storeu_ps(tmp.as_mut_ptr(), acc[j][0]);
+            _mm256_storeu_ps(tmp.as_mut_ptr().add(8), acc[j][1]);
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), o, lanes);
+        }
+    }
+}
+
+/// AVX2 twin of [`super::attention::dots`] for Q8_0 keys (rows: `keys` holds the `n` rows
+/// to score).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the shapes must be as the safe wrapper checks.
 // `run!` with K = 1 spells `i + 1 <= n`, the same test as for the other K.
 #[allow(clippy::int_plus_one)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dots(
-    kv: KvType,
+pub unsafe fn dots_q8(
     qs: &[f32],
     keys: &[u8],
     g: usize,
@@ -80,7 +169,7 @@ pub unsafe fn dots(
     ahead: *const u8,
 ) {
     let d = qs.len() / g;
-    let rb = kv.row_bytes(d);
+    let rb = KvType::Q8_0.row_bytes(d);
     let (n, qp, kp, op) = (
         keys.len() / rb,
         qs.as_ptr(),
@@ -90,38 +179,30 @@ pub unsafe fn dots(
     // `K` keys at a time, as many as the registers allow beside the `G` query slices (16 ymm
     // registers: G + K·G accumulators + 1), the rest one by one.
     macro_rules! run {
-        ($r:ty, $g:literal, $k:literal) => {{
+        ($g:literal, $k:literal) => {{
             let mut i = 0;
             while i + $k <= n {
                 prefetch_rows(ahead, i * rb, $k * rb);
-                dots_tile::<$r, $g, $k>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
+                dots_tile::<Q8Row, $g, $k>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
                 i += $k;
             }
             while i < n {
                 prefetch_rows(ahead, i * rb, rb);
-                dots_tile::<$r, $g, 1>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
+                dots_tile::<Q8Row, $g, 1>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
                 i += 1;
             }
         }};
     }
-    macro_rules! by_group {
-        ($r:ty) => {
-            match g {
-                1 => run!($r, 1, 4),
-                2 => run!($r, 2, 4),
-                3 => run!($r, 3, 4),
-                4 => run!($r, 4, 2),
-                5 => run!($r, 5, 2),
-                6 => run!($r, 6, 1),
-                7 => run!($r, 7, 1),
-                8 => run!($r, 8, 1),
-                g => panic!("attention kernels take 1 to 8 heads, got {g}"),
-            }
-        };
-    }
-    match kv {
-        KvType::F16 => by_group!(F16Row),
-        KvType::Q8_0 => by_group!(Q8Row),
+    match g {
+        1 => run!(1, 4),
+        2 => run!(2, 4),
+        3 => run!(3, 4),
+        4 => run!(4, 2),
+        5 => run!(5, 2),
+        6 => run!(6, 1),
+        7 => run!(7, 1),
+        8 => run!(8, 1),
+        g => panic!("attention kernels take 1 to 8 heads, got {g}"),
     }
 }
 
@@ -143,7 +224,7 @@ unsafe fn dots_tile<R: Row, const G: usize, const K: usize>(
 ) {
     let mut acc = [[_mm256_setzero_ps(); G]; K];
     let mut i = 0;
-    while i + 8 <= d {
+    while i < d {
         let mut q = [_mm256_setzero_ps(); G];
         for (j, q) in q.iter_mut().enumerate() {
             *q = _mm256_loadu_ps(qp.add(j * d + i));
@@ -156,16 +237,10 @@ unsafe fn dots_tile<R: Row, const G: usize, const K: usize>(
         }
         i += 8;
     }
+    // (Q8_0 rows are whole blocks of 32: no tail.)
     for k in 0..K {
         for j in 0..G {
-            let mut s = hsum_ps(acc[k][j]);
-            for t in i..d {
-                // Only f16 rows can have a tail (Q8_0 rows are whole blocks of 32).
-                let h =
-                    half::f16::from_bits((kp.add(k * rb + 2 * t) as *const u16).read_unaligned());
-                s += *qp.add(j * d + t) * h.to_f32();
-            }
-            *op.add(j * stride + k) = s;
+            *op.add(j * stride + k) = hsum_ps(acc[k][j]);
         }
     }
 }

@@ -2,14 +2,16 @@
 //! registers: 16 lanes a step and 32 registers, so twice the multiply-adds of the AVX2 twins
 //! per instruction (prefill attention is bound by them).
 //!
-//! A key or value row is widened 16 values at a time: f16 with `vcvtph2ps`, Q8_0 by
+//! A value row or Q8_0 key row is widened 16 values at a time: f16 with `vcvtph2ps`, Q8_0 by
 //! sign-extending 16 bytes (half a block) and multiplying by the block's scale. Head sizes that
-//! are not a multiple of 16 (only odd test shapes) take the AVX2 twins.
+//! are not a multiple of 16 (only odd test shapes) take the AVX2 twins; an f16 key page (by
+//! column) is read a 32-slot line at a time whatever the head size.
 //!
 //! The weighted sum adds each value row to an element with the same fused multiply-add, in the
-//! same row order, as the AVX2 twin: its results have the same bits. The scores sum a dot
-//! product in 16 lanes instead of 8, so they differ from the AVX2 ones in the last bits; as
-//! there, a score never depends on how many heads or keys share the call.
+//! same row order, as the AVX2 twin: its results have the same bits, and so have the f16
+//! scores (one chain a lane). The Q8_0 scores sum a dot product in 16 lanes instead of 8, so
+//! they differ from the AVX2 ones in the last bits; as there, a score never depends on how many
+//! heads or keys share the call.
 
 use std::arch::x86_64::*;
 
@@ -51,14 +53,108 @@ unsafe fn hsum512(v: __m512) -> f32 {
     hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
 }
 
-/// AVX-512 twin of [`super::attention::dots`].
+/// AVX-512 twin of [`super::attention::dots`] for an f16 key page (stored by column).
+///
+/// Each line of the page (the 32 slots' value `t`) is widened once, into two registers, for
+/// all the heads; each (head, slot) lane is one multiply-add chain over `t` in order — the
+/// scalar kernel's chain, so the scores have its bits. Two chains a head (six for SmolLM2's
+/// three-head groups) keep the FMA unit busy; a page costs `d·g/8` multiply-adds and `2d`
+/// conversions, and no horizontal sums.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F and VL besides AVX2, FMA and F16C; the shapes must be as
 /// the safe wrapper checks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-pub unsafe fn dots(
-    kv: KvType,
+pub unsafe fn dots_f16(
+    qs: &[f32],
+    page: &[u8],
+    n: usize,
+    g: usize,
+    out: &mut [f32],
+    stride: usize,
+    ahead: *const u8,
+) {
+    let d = qs.len() / g;
+    let (qp, kp, op) = (qs.as_ptr(), page.as_ptr(), out.as_mut_ptr());
+    // The whole page in two registers a head, or its first 16 slots in one (a prefill's page
+    // on the diagonal, a partial last page).
+    macro_rules! by_group {
+        ($v:literal) => {
+            match g {
+                1 => cols_tile::<1, $v>(qp, kp, d, op, stride, n, ahead),
+                2 => cols_tile::<2, $v>(qp, kp, d, op, stride, n, ahead),
+                3 => cols_tile::<3, $v>(qp, kp, d, op, stride, n, ahead),
+                4 => cols_tile::<4, $v>(qp, kp, d, op, stride, n, ahead),
+                5 => cols_tile::<5, $v>(qp, kp, d, op, stride, n, ahead),
+                6 => cols_tile::<6, $v>(qp, kp, d, op, stride, n, ahead),
+                7 => cols_tile::<7, $v>(qp, kp, d, op, stride, n, ahead),
+                8 => cols_tile::<8, $v>(qp, kp, d, op, stride, n, ahead),
+                g => panic!("attention kernels take 1 to 8 heads, got {g}"),
+            }
+        };
+    }
+    match n {
+        0 => {}
+        1..=16 => by_group!(1),
+        _ => by_group!(2),
+    }
+}
+
+/// Scores of `G` query rows (`qp`, `G × d`) against the first `16·V` slots of a column key
+/// page (`kp`: the slots' value `t` in the line at `kp + t·64`), the first `n` of them written
+/// to `op[j·stride + s]`.
+// `j`, `v` index the query rows, the slot halves and the accumulators at once.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn cols_tile<const G: usize, const V: usize>(
+    qp: *const f32,
+    kp: *const u8,
+    d: usize,
+    op: *mut f32,
+    stride: usize,
+    n: usize,
+    ahead: *const u8,
+) {
+    let mut acc = [[_mm512_setzero_ps(); V]; G];
+    for t in 0..d {
+        // The next page's line `t` as this page's is read.
+        prefetch_rows(ahead, t * 64, 64);
+        let line = kp.add(t * 64);
+        let mut k = [_mm512_setzero_ps(); V];
+        for v in 0..V {
+            k[v] = _mm512_cvtph_ps(_mm256_loadu_si256(line.add(32 * v) as *const __m256i));
+        }
+        for j in 0..G {
+            let q = _mm512_set1_ps(*qp.add(j * d + t));
+            for v in 0..V {
+                acc[j][v] = _mm512_fmadd_ps(q, k[v], acc[j][v]);
+            }
+        }
+    }
+    for j in 0..G {
+        let o = op.add(j * stride);
+        if n == 16 * V {
+            for v in 0..V {
+                _mm512_storeu_ps(o.add(16 * v), acc[j][v]);
+            }
+        } else {
+            let mut tmp = [0f32; 32];
+            for v in 0..V {
+                _mm512_storeu_ps(tmp.as_mut_ptr().add(16 * v), acc[j][v]);
+            }
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), o, n);
+        }
+    }
+}
+
+/// AVX-512 twin of [`super::attention::dots`] for Q8_0 keys (rows: `keys` holds the `n`
+/// rows to score).
+///
+/// # Safety
+/// The CPU must support AVX-512 F and VL besides AVX2, FMA and F16C; the shapes must be as
+/// the safe wrapper checks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+pub unsafe fn dots_q8(
     qs: &[f32],
     keys: &[u8],
     g: usize,
@@ -67,10 +163,7 @@ pub unsafe fn dots(
     ahead: *const u8,
 ) {
     let d = qs.len() / g;
-    if !d.is_multiple_of(16) {
-        return attention_avx2::dots(kv, qs, keys, g, out, stride, ahead);
-    }
-    let rb = kv.row_bytes(d);
+    let rb = KvType::Q8_0.row_bytes(d);
     let (n, qp, kp, op) = (
         keys.len() / rb,
         qs.as_ptr(),
@@ -80,38 +173,30 @@ pub unsafe fn dots(
     // `K` keys at a time, as many as 32 registers allow beside a query slice (K·G
     // accumulators + K keys + 1), the rest one by one.
     macro_rules! run {
-        ($r:ty, $g:literal, $k:literal) => {{
+        ($g:literal, $k:literal) => {{
             let mut i = 0;
             while i + $k <= n {
                 prefetch_rows(ahead, i * rb, $k * rb);
-                dots_tile::<$r, $g, $k>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
+                dots_tile::<Q8Row, $g, $k>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
                 i += $k;
             }
             while i < n {
                 prefetch_rows(ahead, i * rb, rb);
-                dots_tile::<$r, $g, 1>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
+                dots_tile::<Q8Row, $g, 1>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
                 i += 1;
             }
         }};
     }
-    macro_rules! by_group {
-        ($r:ty) => {
-            match g {
-                1 => run!($r, 1, 8),
-                2 => run!($r, 2, 8),
-                3 => run!($r, 3, 6),
-                4 => run!($r, 4, 4),
-                5 => run!($r, 5, 4),
-                6 => run!($r, 6, 3),
-                7 => run!($r, 7, 3),
-                8 => run!($r, 8, 2),
-                g => panic!("attention kernels take 1 to 8 heads, got {g}"),
-            }
-        };
-    }
-    match kv {
-        KvType::F16 => by_group!(F16Row),
-        KvType::Q8_0 => by_group!(Q8Row),
+    match g {
+        1 => run!(1, 8),
+        2 => run!(2, 8),
+        3 => run!(3, 6),
+        4 => run!(4, 4),
+        5 => run!(5, 4),
+        6 => run!(6, 3),
+        7 => run!(7, 3),
+        8 => run!(8, 2),
+        g => panic!("attention kernels take 1 to 8 heads, got {g}"),
     }
 }
 

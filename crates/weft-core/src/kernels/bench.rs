@@ -277,7 +277,7 @@ fn bench_pool_and_decode() {
 /// `models::attention` walks it: scores with the next page's keys hinted, the softmax of each
 /// head, the weighted sum of the values. Seconds per layer.
 fn attention_decode(kv: super::attention::KvType, g: usize, d: usize, keys: usize) -> f64 {
-    use super::attention::{attend, dots, prefetch, quantize_row, softmax_page};
+    use super::attention::{attend, dots, prefetch, quantize_row, softmax_page, write_key};
     use crate::kv::PAGE_SIZE as PAGE;
     let rb = kv.row_bytes(d);
     let layer_bytes = 2 * keys * rb;
@@ -287,8 +287,16 @@ fn attention_decode(kv: super::attention::KvType, g: usize, d: usize, keys: usiz
     // One row everywhere: every page has the same scores, so the max never grows (the
     // common case of a long decode) and the timing does not depend on the data.
     let row = rng.f32s(d, 1.0);
-    for r in cache.chunks_exact_mut(rb) {
-        quantize_row(kv, &row, r);
+    let mut key_page = vec![0u8; PAGE * rb];
+    for s in 0..PAGE {
+        write_key(kv, &row, &mut key_page, s);
+    }
+    for layer in cache.chunks_exact_mut(layer_bytes) {
+        let (k, v) = layer.split_at_mut(keys * rb);
+        k.chunks_exact_mut(PAGE * rb)
+            .for_each(|p| p.copy_from_slice(&key_page));
+        v.chunks_exact_mut(rb)
+            .for_each(|r| quantize_row(kv, &row, r));
     }
     let q = rng.f32s(g * d, 0.2);
     let (mut scores, mut acc) = (vec![0f32; g * PAGE], vec![0f32; g * d]);
@@ -305,7 +313,7 @@ fn attention_decode(kv: super::attention::KvType, g: usize, d: usize, keys: usiz
             let next = k
                 .get((p + 1) * page_bytes..(p + 2) * page_bytes)
                 .unwrap_or(&[]);
-            dots(kv, &q, kp, g, &mut scores, PAGE, next);
+            dots(kv, &q, kp, PAGE, g, &mut scores, PAGE, next);
             let next_v = v
                 .get((p + 1) * page_bytes..(p + 2) * page_bytes)
                 .unwrap_or(&[]);

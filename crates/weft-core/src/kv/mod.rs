@@ -30,7 +30,7 @@ use storage::Storage;
 pub use transfer::{GroupState, SeqState};
 
 /// Tokens per page.
-pub const PAGE_SIZE: usize = 32;
+pub const PAGE_SIZE: usize = kernels::PAGE_SLOTS;
 
 /// Identifies a sequence in a [`KvCache`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -62,7 +62,8 @@ impl KvLayout {
         self.kv_type.row_bytes(self.head_dim)
     }
 
-    /// Bytes of one page of one layer's keys (or values): every KV head's [`PAGE_SIZE`] rows.
+    /// Bytes of one page of one layer's keys (or values): every KV head's [`PAGE_SIZE`] rows
+    /// (a KV head's keys stored as [`crate::kernels::attention`] lays out a key page).
     pub fn page_bytes(&self) -> usize {
         PAGE_SIZE * self.n_kv_heads * self.row_bytes()
     }
@@ -423,10 +424,11 @@ impl KvCache {
         let li = self.layer_slot[layer].1;
         let group = &mut self.groups[g];
         for h in 0..nh {
-            let at = ((page as usize * nh + h) * PAGE_SIZE + off) * rb;
-            for (dst, src) in [(&mut group.keys[li], k), (&mut group.values[li], v)] {
-                kernels::quantize_row(kv_type, &src[h * hd..(h + 1) * hd], &mut dst[at..at + rb]);
-            }
+            let at = (page as usize * nh + h) * PAGE_SIZE * rb;
+            let key_page = &mut group.keys[li][at..at + PAGE_SIZE * rb];
+            kernels::write_key(kv_type, &k[h * hd..(h + 1) * hd], key_page, off);
+            let row = &mut group.values[li][at + off * rb..at + (off + 1) * rb];
+            kernels::quantize_row(kv_type, &v[h * hd..(h + 1) * hd], row);
         }
         Ok(())
     }
@@ -483,8 +485,10 @@ pub struct SeqView<'a> {
 }
 
 impl<'a> SeqView<'a> {
-    /// The keys and values of KV head `head` for the slots of page `i` of the table
-    /// ([`PAGE_SIZE`] rows of [`SeqView::kv_type`] each), or `None` for a released page.
+    /// The keys and values of KV head `head` for the slots of page `i` of the table, or `None`
+    /// for a released page: [`PAGE_SIZE`] keys as a key page (see
+    /// [`crate::kernels::attention`]) and [`PAGE_SIZE`] value rows, stored as
+    /// [`SeqView::kv_type`].
     pub fn page(&self, i: usize, head: usize) -> Option<(&'a [u8], &'a [u8])> {
         let page = (*self.table.get(i)?)? as usize;
         let n = PAGE_SIZE * self.row_bytes;
@@ -517,9 +521,9 @@ pub(super) mod tests {
         }
     }
 
-    /// Value `i` of an f16 page.
-    fn at(page: &[u8], i: usize) -> f32 {
-        kernels::row_value(KvType::F16, page, i)
+    /// Value 0 of the key in `slot` of an f16 key page of the test layout (head_dim 2).
+    fn key0(page: &[u8], slot: usize) -> f32 {
+        kernels::key_value(KvType::F16, page, 2, slot, 0)
     }
 
     fn positions(r: std::ops::Range<u32>) -> Vec<u32> {
@@ -556,17 +560,17 @@ pub(super) mod tests {
         assert_eq!(kv.usage()[0].free, 6);
         let (ka, _) = kv.view(0, a).unwrap().page(1, 0).unwrap();
         let (kb, _) = kv.view(0, b).unwrap().page(1, 0).unwrap();
-        assert_eq!(ka[..32], kb[..32]);
+        assert_eq!(ka, kb);
         // Writing into the shared partial page copies it for the writer only.
         kv.append(a, &[40]).unwrap();
         kv.write(0, a, 40, &[7.0, 7.0], &[0.0, 0.0]).unwrap();
         assert_eq!(kv.usage()[0].free, 5);
-        // Slot 40 is slot 8 of page 1; a slot holds head_dim = 2 values.
+        // Slot 40 is slot 8 of page 1.
         let (ka, _) = kv.view(0, a).unwrap().page(1, 0).unwrap();
         let (kb, _) = kv.view(0, b).unwrap().page(1, 0).unwrap();
-        assert_eq!(at(ka, 16), 7.0);
+        assert_eq!(key0(ka, 8), 7.0);
         assert_eq!(
-            at(kb, 16),
+            key0(kb, 8),
             0.0,
             "the fork does not see the parent's new slot"
         );
@@ -577,9 +581,9 @@ pub(super) mod tests {
         kv.write(0, b, 20, &[99.0, 99.0], &[0.0, 0.0]).unwrap();
         let (ka, _) = kv.view(0, a).unwrap().page(0, 0).unwrap();
         let (kb, _) = kv.view(0, b).unwrap().page(0, 0).unwrap();
-        assert_eq!(at(ka, 40), 20.0, "parent untouched");
-        assert_eq!(at(kb, 40), 99.0);
-        assert_eq!(at(kb, 38), 19.0, "copy kept the earlier slots");
+        assert_eq!(key0(ka, 20), 20.0, "parent untouched");
+        assert_eq!(key0(kb, 20), 99.0);
+        assert_eq!(key0(kb, 19), 19.0, "copy kept the earlier slots");
         kv.free_sequence(a);
         kv.free_sequence(b);
         assert!(kv.usage().iter().all(|u| u.free == u.total));

@@ -1,14 +1,16 @@
 //! Moving one sequence's keys and values out of the cache and back in: the KV half of a
 //! session snapshot.
 //!
-//! An export copies the pages a sequence holds (every layer, keys and values as stored)
-//! together with the slot positions; an import allocates fresh pages for them in an empty
-//! sequence. Imported pages are never published to the prefix cache: they may come from
+//! An export copies the pages a sequence holds (every layer, keys and values in the cache's
+//! type, keys turned from the cache's key pages into rows so a state reads like values and
+//! outlives a change of the key layout) together with the slot positions; an import
+//! allocates fresh pages for them in an empty sequence. Imported pages are never published to the prefix cache: they may come from
 //! another machine whose kernels round differently, and sharing them would break the cache's
 //! promise of bit-identical outputs.
 
-use super::{KvCache, KvType, PageId, SeqId, Storage, PAGE_SIZE};
+use super::{KvCache, KvLayout, KvType, PageId, SeqId, Storage, PAGE_SIZE};
 use crate::error::{Error, Result};
+use crate::kernels::attention as kernels;
 
 /// One sequence's KV state, detached from any pool.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,8 +30,8 @@ pub struct GroupState {
     /// page already released).
     pub present: Vec<bool>,
     /// Per layer of the group: the keys of the present pages, one after the other, each
-    /// `n_kv_heads × PAGE_SIZE` rows of `kv_type` (the cache's own page layout,
-    /// [`super::KvLayout::page_bytes`] bytes).
+    /// `n_kv_heads × PAGE_SIZE` rows of `kv_type` (a KV head's rows together, slot by slot;
+    /// [`super::KvLayout::page_bytes`] bytes a page).
     pub keys: Vec<Vec<u8>>,
     /// Per layer of the group: the values, laid out as `keys`.
     pub values: Vec<Vec<u8>>,
@@ -45,18 +47,18 @@ impl KvCache {
             .iter()
             .zip(&s.tables)
             .map(|(group, table)| {
-                let copy = |store: &Storage| -> Vec<u8> {
-                    let mut out = Vec::with_capacity(table.iter().flatten().count() * n);
-                    for &page in table.iter().flatten() {
+                let copy = |store: &Storage, keys: bool| -> Vec<u8> {
+                    let mut out = vec![0u8; table.iter().flatten().count() * n];
+                    for (&page, o) in table.iter().flatten().zip(out.chunks_exact_mut(n)) {
                         let at = page as usize * n;
-                        out.extend_from_slice(&store[at..at + n]);
+                        to_rows(&self.layout, keys, &store[at..at + n], o);
                     }
                     out
                 };
                 GroupState {
                     present: table.iter().map(Option::is_some).collect(),
-                    keys: group.keys.iter().map(copy).collect(),
-                    values: group.values.iter().map(copy).collect(),
+                    keys: group.keys.iter().map(|s| copy(s, true)).collect(),
+                    values: group.values.iter().map(|s| copy(s, false)).collect(),
                 }
             })
             .collect();
@@ -143,7 +145,11 @@ impl KvCache {
                 };
                 let at = page as usize * n;
                 for (store, src) in group.keys.iter_mut().zip(&gs.keys) {
-                    store[at..at + n].copy_from_slice(&src[k * n..(k + 1) * n]);
+                    from_rows(
+                        &self.layout,
+                        &src[k * n..(k + 1) * n],
+                        &mut store[at..at + n],
+                    );
                 }
                 for (store, src) in group.values.iter_mut().zip(&gs.values) {
                     store[at..at + n].copy_from_slice(&src[k * n..(k + 1) * n]);
@@ -162,6 +168,26 @@ impl KvCache {
         s.max_pos = s.positions.iter().copied().max();
         s.unshareable = true;
         Ok(())
+    }
+}
+
+/// Copies one page of one layer (every KV head's slots) to `rows`: values as they are, keys
+/// from the cache's key pages to rows.
+fn to_rows(layout: &KvLayout, keys: bool, page: &[u8], rows: &mut [u8]) {
+    if !keys {
+        return rows.copy_from_slice(page);
+    }
+    let head = PAGE_SIZE * layout.row_bytes();
+    for (p, r) in page.chunks_exact(head).zip(rows.chunks_exact_mut(head)) {
+        kernels::key_page_to_rows(layout.kv_type, layout.head_dim, p, r);
+    }
+}
+
+/// The inverse of [`to_rows`] for keys: every KV head's key rows to its key page.
+fn from_rows(layout: &KvLayout, rows: &[u8], page: &mut [u8]) {
+    let head = PAGE_SIZE * layout.row_bytes();
+    for (r, p) in rows.chunks_exact(head).zip(page.chunks_exact_mut(head)) {
+        kernels::key_rows_to_page(layout.kv_type, layout.head_dim, r, p);
     }
 }
 
@@ -196,6 +222,17 @@ mod tests {
         kv.import(b, &state).unwrap();
         assert_eq!(kv.export(b).unwrap(), state);
         assert_eq!(kv.positions(b).unwrap(), kv.positions(a).unwrap());
+        // The state holds keys as rows (slot 3: [3, -3] in f16); the import rebuilt the pages.
+        let f16s = |x: &[f32]| -> Vec<u8> {
+            x.iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect()
+        };
+        assert_eq!(state.groups[0].keys[0][12..16], f16s(&[3.0, -3.0]));
+        for i in 0..n.div_ceil(PAGE_SIZE) {
+            let (va, vb) = (kv.view(0, a).unwrap(), kv.view(0, b).unwrap());
+            assert_eq!(va.page(i, 0), vb.page(i, 0), "page {i}");
+        }
 
         // Too few free pages: an error, and the pool is as before.
         kv.free_sequence(a);

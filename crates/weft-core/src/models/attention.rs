@@ -186,7 +186,7 @@ fn attend_chunk<'k>(
 ) {
     let view = &tile[0].view;
     let last = pages.end.saturating_sub(1);
-    let (kv_type, rb) = (view.kv_type, view.kv_type.row_bytes(head_dim));
+    let kv_type = view.kv_type;
     let n_slots = view.positions.len();
     // Whether a key at position `p` is inside the layer's window around position `pos`.
     let in_window = |pos: u32, p: u32| {
@@ -218,17 +218,10 @@ fn attend_chunk<'k>(
         };
         if tile.len() > 1 && tile.iter().all(whole) {
             let n_rows = tile.len() * gh;
-            let keys = &keys[..in_page * rb];
-            // Scores query by query (the kernel reuses each query slice for 4 keys at 3 rows
-            // or fewer, not at 6 or 8); the weighted sum for all rows at once.
-            for t in 0..tile.len() {
-                let (q, sc) = (
-                    &qs[t * row..(t + 1) * row],
-                    &mut ps.scores[t * gh * PAGE_SIZE..],
-                );
-                let ahead = if t == 0 { next_keys } else { &[] };
-                attn::dots(kv_type, q, keys, gh, sc, PAGE_SIZE, ahead);
-            }
+            // The scores and the weighted sum for all rows at once (each line of keys widened
+            // once for every head of every query).
+            let (q, sc) = (&qs[..n_rows * head_dim], &mut ps.scores[..]);
+            attn::dots(kv_type, q, keys, in_page, n_rows, sc, PAGE_SIZE, next_keys);
             softmax_rows(
                 ps,
                 n_rows,
@@ -257,24 +250,19 @@ fn attend_chunk<'k>(
                 (&[][..], &[][..])
             };
             let all = whole(qr);
+            // The visible slots: the whole page, or those the mask (causal, or the token's
+            // own) and the layer's window let through.
             let n = if all {
-                let keys = &keys[..in_page * rb];
-                attn::dots(kv_type, q, keys, gh, &mut ps.scores, PAGE_SIZE, next_keys);
                 fill_slots(&mut ps.rows[..in_page]);
                 in_page
             } else {
                 let mut n = 0;
                 for (s, &p) in slots.iter().enumerate() {
-                    // Causal (or the token's own mask), and within the layer's window.
                     let allowed = match qr.mask {
                         None => p <= qr.token.pos,
                         Some(m) => m.allows(first + s),
                     };
                     if allowed && in_window(qr.token.pos, p) {
-                        let k = &keys[s * rb..(s + 1) * rb];
-                        let ahead = next_keys.get(s * rb..(s + 1) * rb).unwrap_or(&[]);
-                        let sc = &mut ps.scores[n..];
-                        attn::dots(kv_type, q, k, gh, sc, PAGE_SIZE, ahead);
                         ps.rows[n] = s as u32;
                         n += 1;
                     }
@@ -283,6 +271,28 @@ fn attend_chunk<'k>(
             };
             if n == 0 {
                 continue;
+            }
+            // The page's scores up to its last visible slot in one call (a key's score does
+            // not depend on the others); for a part of the page, the visible slots' then moved
+            // to the front — slots ascend, so each score moves down or stays, in place, front
+            // to back.
+            let upto = ps.rows[n - 1] as usize + 1;
+            attn::dots(
+                kv_type,
+                q,
+                keys,
+                upto,
+                gh,
+                &mut ps.scores,
+                PAGE_SIZE,
+                next_keys,
+            );
+            if !all {
+                for sc in ps.scores.chunks_exact_mut(PAGE_SIZE).take(gh) {
+                    for (i, &r) in ps.rows[..n].iter().enumerate() {
+                        sc[i] = sc[r as usize];
+                    }
+                }
             }
             let bias = qr.mask.and_then(SlotMask::bias).map(|b| (b, first));
             softmax_rows(
