@@ -188,11 +188,8 @@ pub fn key_page_to_rows(kv: KvType, d: usize, page: &[u8], rows: &mut [u8]) {
     );
     match kv {
         KvType::F16 => {
-            for (s, row) in rows.chunks_exact_mut(2 * d).enumerate() {
-                for (t, v) in row.chunks_exact_mut(2).enumerate() {
-                    let at = 2 * (t * PAGE_SLOTS + s);
-                    v.copy_from_slice(&page[at..at + 2]);
-                }
+            for (r, p) in f16_key_offsets(d) {
+                rows[r..r + 2].copy_from_slice(&page[p..p + 2]);
             }
         }
         KvType::Q8_0 => rows.copy_from_slice(page),
@@ -211,15 +208,19 @@ pub fn key_rows_to_page(kv: KvType, d: usize, rows: &[u8], page: &mut [u8]) {
     );
     match kv {
         KvType::F16 => {
-            for (s, row) in rows.chunks_exact(2 * d).enumerate() {
-                for (t, v) in row.chunks_exact(2).enumerate() {
-                    let at = 2 * (t * PAGE_SLOTS + s);
-                    page[at..at + 2].copy_from_slice(v);
-                }
+            for (r, p) in f16_key_offsets(d) {
+                page[p..p + 2].copy_from_slice(&rows[r..r + 2]);
             }
         }
         KvType::Q8_0 => page.copy_from_slice(rows),
     }
+}
+
+/// For every value `t` of every slot `s` of an f16 key page of `d`-value keys: its byte offset
+/// in the page's keys as rows (`s·d + t`) and in the page itself (`t·PAGE_SLOTS + s`).
+fn f16_key_offsets(d: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..PAGE_SLOTS)
+        .flat_map(move |s| (0..d).map(move |t| (2 * (s * d + t), 2 * (t * PAGE_SLOTS + s))))
 }
 
 /// `ahead` as the x86 kernels take it: the first byte to prefetch, or null for none.
