@@ -4,9 +4,9 @@
 //! An export copies the pages a sequence holds (every layer, keys and values in the cache's
 //! type, keys turned from the cache's key pages into rows so a state reads like values and
 //! outlives a change of the key layout) together with the slot positions; an import
-//! allocates fresh pages for them in an empty sequence. Imported pages are never published to the prefix cache: they may come from
-//! another machine whose kernels round differently, and sharing them would break the cache's
-//! promise of bit-identical outputs.
+//! allocates fresh pages for them in an empty sequence. Imported pages are never published to
+//! the prefix cache: they may come from another machine whose kernels round differently, and
+//! sharing them would break the cache's promise of bit-identical outputs.
 
 use super::{KvCache, KvLayout, KvType, PageId, SeqId, Storage, PAGE_SIZE};
 use crate::error::{Error, Result};
