@@ -10,8 +10,8 @@
 use std::arch::x86_64::*;
 
 use super::attention::exp_consts::*;
-use super::attention::{scalar, KvType, Q8_BLOCK};
-use super::x86::{hsum_ps, prefetch_rows};
+use super::attention::{scalar, KvType, PAGE_SLOTS, Q8_BLOCK};
+use super::x86::{hsum_ps, prefetch_rows, SpreadHints};
 
 /// How a row type is widened.
 trait Row {
@@ -249,6 +249,7 @@ unsafe fn dots_tile<R: Row, const G: usize, const K: usize>(
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the shapes must be as the safe wrapper checks.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn attend(
     kv: KvType,
@@ -258,6 +259,7 @@ pub unsafe fn attend(
     ws: usize,
     values: &[u8],
     rows: &[u32],
+    ahead: *const u8,
 ) {
     if !d.is_multiple_of(8) {
         // Only odd test shapes get here: the models' head sizes are multiples of 32.
@@ -265,14 +267,16 @@ pub unsafe fn attend(
     }
     let g = acc.len() / d;
     let (ap, vp, rb) = (acc.as_mut_ptr(), values.as_ptr(), kv.row_bytes(d));
-    dispatch!(kv, g, attend_g(ap, d, w.as_ptr(), ws, vp, rb, rows));
+    let ahead = (ahead, PAGE_SLOTS * rb);
+    dispatch!(kv, g, attend_g(ap, d, w.as_ptr(), ws, vp, rb, rows, ahead));
 }
 
 /// For each 8-wide slice of the head dimension (two at a time), the `G` heads' accumulators
 /// stay in registers while every listed value row is widened once and added to all of them
-/// with its per-head weight (`wp[j·ws + i]`).
+/// with its per-head weight (`wp[j·ws + i]`). The page `ahead` (its first byte, or null, and
+/// its length) is hinted in spread evenly over the row steps of every walk.
 // `j` indexes the weights and both accumulator arrays at once.
-#[allow(clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn attend_g<R: Row, const G: usize>(
     ap: *mut f32,
@@ -282,8 +286,13 @@ unsafe fn attend_g<R: Row, const G: usize>(
     vp: *const u8,
     rb: usize,
     rows: &[u32],
+    ahead: (*const u8, usize),
 ) {
-    let mut c = 0;
+    let pairs = if G <= 6 { d / 16 } else { 0 };
+    let walks = pairs + (d - 16 * pairs) / 8;
+    let hints = SpreadHints::new(ahead.0, ahead.1, walks * rows.len());
+    // `c`: the walk's first value; `k`: its first hint step.
+    let (mut c, mut k) = (0, 0);
     // Two slices need 2·G accumulators, two values and a weight in 16 registers: up to G = 6;
     // above that one slice at a time (an element's operations are the same either way).
     while G <= 6 && c + 16 <= d {
@@ -294,6 +303,7 @@ unsafe fn attend_g<R: Row, const G: usize>(
             }
         }
         for (i, &r) in rows.iter().enumerate() {
+            hints.at(k + i);
             let row = vp.add(r as usize * rb);
             let (v0, v1) = (R::load8(row, c), R::load8(row, c + 8));
             for j in 0..G {
@@ -307,7 +317,7 @@ unsafe fn attend_g<R: Row, const G: usize>(
                 _mm256_storeu_ps(ap.add(j * d + c + 8 * h), *a);
             }
         }
-        c += 16;
+        (c, k) = (c + 16, k + rows.len());
     }
     while c + 8 <= d {
         let mut a = [_mm256_setzero_ps(); G];
@@ -315,6 +325,7 @@ unsafe fn attend_g<R: Row, const G: usize>(
             *a = _mm256_loadu_ps(ap.add(j * d + c));
         }
         for (i, &r) in rows.iter().enumerate() {
+            hints.at(k + i);
             let v = R::load8(vp.add(r as usize * rb), c);
             for (j, a) in a.iter_mut().enumerate() {
                 *a = _mm256_fmadd_ps(_mm256_broadcast_ss(&*wp.add(j * ws + i)), v, *a);
@@ -323,7 +334,7 @@ unsafe fn attend_g<R: Row, const G: usize>(
         for (j, a) in a.iter().enumerate() {
             _mm256_storeu_ps(ap.add(j * d + c), *a);
         }
-        c += 8;
+        (c, k) = (c + 8, k + rows.len());
     }
 }
 

@@ -16,9 +16,9 @@
 use std::arch::x86_64::*;
 
 use super::attention::exp_consts::*;
-use super::attention::{scalar, KvType, Q8_BLOCK};
+use super::attention::{scalar, KvType, PAGE_SLOTS, Q8_BLOCK};
 use super::attention_avx2;
-use super::x86::{hsum_ps, prefetch_rows};
+use super::x86::{hsum_ps, prefetch_rows, SpreadHints};
 
 /// How a row type is widened, 16 values at a time.
 trait Row16 {
@@ -304,6 +304,7 @@ unsafe fn hsum16(v: [__m512; 16]) -> [f32; 16] {
 /// The CPU must support AVX-512 F and VL besides AVX2, FMA and F16C; the shapes must be as
 /// the safe wrapper checks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn attend(
     kv: KvType,
     acc: &mut [f32],
@@ -312,9 +313,10 @@ pub unsafe fn attend(
     ws: usize,
     values: &[u8],
     rows: &[u32],
+    ahead: *const u8,
 ) {
     if !d.is_multiple_of(16) {
-        return attention_avx2::attend(kv, acc, d, w, ws, values, rows);
+        return attention_avx2::attend(kv, acc, d, w, ws, values, rows, ahead);
     }
     let g = acc.len() / d;
     let (ap, vp, wp, rb) = (
@@ -323,17 +325,18 @@ pub unsafe fn attend(
         w.as_ptr(),
         kv.row_bytes(d),
     );
+    let ahead = (ahead, PAGE_SLOTS * rb);
     macro_rules! by_group {
         ($r:ty) => {
             match g {
-                1 => attend_g::<$r, 1>(ap, d, wp, ws, vp, rb, rows),
-                2 => attend_g::<$r, 2>(ap, d, wp, ws, vp, rb, rows),
-                3 => attend_g::<$r, 3>(ap, d, wp, ws, vp, rb, rows),
-                4 => attend_g::<$r, 4>(ap, d, wp, ws, vp, rb, rows),
-                5 => attend_g::<$r, 5>(ap, d, wp, ws, vp, rb, rows),
-                6 => attend_g::<$r, 6>(ap, d, wp, ws, vp, rb, rows),
-                7 => attend_g::<$r, 7>(ap, d, wp, ws, vp, rb, rows),
-                8 => attend_g::<$r, 8>(ap, d, wp, ws, vp, rb, rows),
+                1 => attend_g::<$r, 1>(ap, d, wp, ws, vp, rb, rows, ahead),
+                2 => attend_g::<$r, 2>(ap, d, wp, ws, vp, rb, rows, ahead),
+                3 => attend_g::<$r, 3>(ap, d, wp, ws, vp, rb, rows, ahead),
+                4 => attend_g::<$r, 4>(ap, d, wp, ws, vp, rb, rows, ahead),
+                5 => attend_g::<$r, 5>(ap, d, wp, ws, vp, rb, rows, ahead),
+                6 => attend_g::<$r, 6>(ap, d, wp, ws, vp, rb, rows, ahead),
+                7 => attend_g::<$r, 7>(ap, d, wp, ws, vp, rb, rows, ahead),
+                8 => attend_g::<$r, 8>(ap, d, wp, ws, vp, rb, rows, ahead),
                 g => panic!("attention kernels take 1 to 8 heads, got {g}"),
             }
         };
@@ -350,6 +353,11 @@ pub unsafe fn attend(
 /// its per-head weight (`wp[j·ws + i]`, broadcast once for the `S` slices). Walking the rows
 /// once per 64 values rather than per 32 halves the broadcasts and the row walks (SmolLM2's
 /// 64-value heads: one walk).
+///
+/// `ahead` is a page (its first byte, or null, and its length) to hint in, spread evenly over
+/// the row steps of every walk: a decode passes the next page's values, so they stream in
+/// while this page's are summed (see [`super::attention::attend`]).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn attend_g<R: Row16, const G: usize>(
     ap: *mut f32,
@@ -359,25 +367,31 @@ unsafe fn attend_g<R: Row16, const G: usize>(
     vp: *const u8,
     rb: usize,
     rows: &[u32],
+    ahead: (*const u8, usize),
 ) {
-    let mut c = 0;
+    let wide = if G <= 4 { d / 64 } else { 0 };
+    let walks = wide + (d - 64 * wide) / 32 + (d % 32) / 16;
+    let hints = SpreadHints::new(ahead.0, ahead.1, walks * rows.len());
+    // `c`: the walk's first value; `k`: its first hint step.
+    let (mut c, mut k) = (0, 0);
     if G <= 4 {
         while c + 64 <= d {
-            attend_slices::<R, G, 4>(ap.add(c), d, wp, ws, vp, rb, rows, c);
-            c += 64;
+            attend_slices::<R, G, 4>(ap.add(c), d, wp, ws, vp, rb, rows, c, &hints, k);
+            (c, k) = (c + 64, k + rows.len());
         }
     }
     while c + 32 <= d {
-        attend_slices::<R, G, 2>(ap.add(c), d, wp, ws, vp, rb, rows, c);
-        c += 32;
+        attend_slices::<R, G, 2>(ap.add(c), d, wp, ws, vp, rb, rows, c, &hints, k);
+        (c, k) = (c + 32, k + rows.len());
     }
     if c < d {
         // One 16-wide slice left (d is a multiple of 16).
-        attend_slices::<R, G, 1>(ap.add(c), d, wp, ws, vp, rb, rows, c);
+        attend_slices::<R, G, 1>(ap.add(c), d, wp, ws, vp, rb, rows, c, &hints, k);
     }
 }
 
-/// [`attend_g`] for the `S` slices from value `c` (`ap` at the first head's value `c`).
+/// [`attend_g`] for the `S` slices from value `c` (`ap` at the first head's value `c`); row
+/// `i` takes hint step `k0 + i`.
 // `j` indexes the weights and the accumulators at once.
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 #[inline(always)]
@@ -390,6 +404,8 @@ unsafe fn attend_slices<R: Row16, const G: usize, const S: usize>(
     rb: usize,
     rows: &[u32],
     c: usize,
+    hints: &SpreadHints,
+    k0: usize,
 ) {
     let mut a = [[_mm512_setzero_ps(); G]; S];
     for (h, a) in a.iter_mut().enumerate() {
@@ -398,6 +414,7 @@ unsafe fn attend_slices<R: Row16, const G: usize, const S: usize>(
         }
     }
     for (i, &r) in rows.iter().enumerate() {
+        hints.at(k0 + i);
         let row = vp.add(r as usize * rb);
         let mut v = [_mm512_setzero_ps(); S];
         for (h, v) in v.iter_mut().enumerate() {

@@ -275,9 +275,9 @@ fn bench_pool_and_decode() {
 /// One decode's attention over `keys` keys of `layers` layers (each its own K and V pages, so
 /// they come from DRAM), one KV head of `g` query heads of `d` values, page by page as
 /// `models::attention` walks it: scores with the next page's keys hinted, the softmax of each
-/// head, the weighted sum of the values. Seconds per layer.
+/// head, the weighted sum of the values with the next page's values hinted. Seconds per layer.
 fn attention_decode(kv: super::attention::KvType, g: usize, d: usize, keys: usize) -> f64 {
-    use super::attention::{attend, dots, prefetch, quantize_row, softmax_page, write_key};
+    use super::attention::{attend, dots, quantize_row, softmax_page, write_key};
     use crate::kv::PAGE_SIZE as PAGE;
     let rb = kv.row_bytes(d);
     let layer_bytes = 2 * keys * rb;
@@ -310,15 +310,14 @@ fn attention_decode(kv: super::attention::KvType, g: usize, d: usize, keys: usiz
         acc.fill(0.0);
         for p in 0..keys / PAGE {
             let kp = &k[p * page_bytes..][..page_bytes];
-            let next = k
+            let next_k: &[u8] = k
                 .get((p + 1) * page_bytes..(p + 2) * page_bytes)
                 .unwrap_or(&[]);
-            dots(kv, &q, kp, PAGE, g, &mut scores, PAGE, next);
-            let next_v = v
+            let next_v: &[u8] = v
                 .get((p + 1) * page_bytes..(p + 2) * page_bytes)
                 .unwrap_or(&[]);
+            dots(kv, &q, kp, PAGE, g, &mut scores, PAGE, next_k);
             for j in 0..g {
-                prefetch(&next_v[(j * next_v.len() / g)..((j + 1) * next_v.len() / g)]);
                 let c = softmax_page(
                     &mut scores[j * PAGE..(j + 1) * PAGE],
                     None,
@@ -328,15 +327,8 @@ fn attention_decode(kv: super::attention::KvType, g: usize, d: usize, keys: usiz
                 );
                 acc[j * d..(j + 1) * d].iter_mut().for_each(|a| *a *= c);
             }
-            attend(
-                kv,
-                &mut acc,
-                d,
-                &scores,
-                PAGE,
-                &v[p * page_bytes..][..page_bytes],
-                &slots,
-            );
+            let vp = &v[p * page_bytes..][..page_bytes];
+            attend(kv, &mut acc, d, &scores, PAGE, vp, &slots, next_v);
         }
         std::hint::black_box(&acc);
     })

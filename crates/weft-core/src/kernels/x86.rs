@@ -241,6 +241,39 @@ pub unsafe fn prefetch_rows(p: *const u8, at: usize, len: usize) {
     prefetch_lines::<_MM_HINT_T1>(p as usize + at, len)
 }
 
+/// Hints of a page spread evenly over the steps of a kernel's loop: `steps` calls of
+/// [`SpreadHints::at`] hint the `len` bytes at `p` (as [`prefetch_rows`] does) a part each, in
+/// order, so the lines stream in at the pace of the arithmetic instead of in one burst that
+/// fills the core's miss buffers and stalls it.
+#[derive(Clone, Copy)]
+pub struct SpreadHints {
+    p: *const u8,
+    len: usize,
+    /// Bytes hinted per step: whole lines.
+    per: usize,
+}
+
+impl SpreadHints {
+    /// `len` bytes at `p` (null: no hints) over `steps` steps.
+    #[inline(always)]
+    pub fn new(p: *const u8, len: usize, steps: usize) -> Self {
+        let per = len.div_ceil(steps.max(1)).next_multiple_of(64);
+        Self { p, len, per }
+    }
+
+    /// The hints of step `k` (none past the last step).
+    ///
+    /// # Safety
+    /// None beyond the caller's: a prefetch reads nothing architecturally, whatever the address.
+    #[inline(always)]
+    pub unsafe fn at(&self, k: usize) {
+        let at = k * self.per;
+        if at < self.len {
+            prefetch_rows(self.p, at, self.per.min(self.len - at));
+        }
+    }
+}
+
 /// Hints the cache lines of the `len` bytes from address `start` with `HINT`.
 #[inline(always)]
 unsafe fn prefetch_lines<const HINT: i32>(start: usize, len: usize) {

@@ -13,10 +13,11 @@
 //! fit [`attn::MAX_GROUP`] rows with their heads), so each value row of a page they all see is
 //! widened once for all of them; a decode-like batch prefetches each next page, which the
 //! hardware prefetchers cannot see coming (a page of one head is a few KiB, the next one
-//! `n_kv_heads` pages away). The score kernel prefetches the next keys line by line as it
-//! reads the same lines of the current page (a burst of a whole page at once filled the core's
-//! miss buffers and stalled the arithmetic it was meant to overlap); the next values are hinted
-//! a part per head between the softmax steps, which read no memory.
+//! `n_kv_heads` pages away). The score kernel hints the next page's keys in, line by line as it
+//! reads the current page's, and the weighted sum the next page's values spread over its rows:
+//! hints all through the arithmetic (a burst of a whole page at once filled the core's miss
+//! buffers and stalled the arithmetic it was meant to overlap, and hints issued by one kernel
+//! alone left the memory idle while the other one ran).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -117,7 +118,6 @@ struct PageScratch {
 /// `whole`, else the slots `rows` lists) into softmax weights for the state rows from
 /// `st_row`: scaled, plus the float mask's bias of each listed slot, then one
 /// online-softmax step per row (rescaling what the row accumulated when its max grows).
-/// Before each row it hints in a part of `ahead` (the next page's values, or nothing).
 #[allow(clippy::too_many_arguments)]
 fn softmax_rows(
     ps: &mut PageScratch,
@@ -129,12 +129,8 @@ fn softmax_rows(
     st: &mut State<'_>,
     st_row: usize,
     head_dim: usize,
-    ahead: &[u8],
 ) {
-    // A part of the next page's values before each row (see `attn::prefetch`).
-    let mut parts = ahead.chunks(ahead.len().div_ceil(n_rows.max(1)).max(1));
     for j in 0..n_rows {
-        attn::prefetch(parts.next().unwrap_or(&[]));
         let sc = &mut ps.scores[j * PAGE_SIZE..j * PAGE_SIZE + n];
         // The scale is applied by the softmax step, unless a bias must come after it.
         let mut scale = scale;
@@ -199,8 +195,9 @@ fn attend_chunk<'k>(
             continue; // released sliding-window page: nothing visible there
         };
         // The next page's keys and values (a decode: the hardware prefetchers cannot see that
-        // page coming): the score kernel hints the keys line by line as it reads this page's,
-        // `softmax_rows` the values a part per head.
+        // page coming): the score kernel hints the next keys in as it reads this page's, and
+        // the weighted sum the next values, so the hints run all through the arithmetic (see
+        // `attn::attend`).
         let next = match tile[0].prefetch {
             false => None,
             true if page == last => then(),
@@ -222,22 +219,18 @@ fn attend_chunk<'k>(
             // once for every head of every query).
             let (q, sc) = (&qs[..n_rows * head_dim], &mut ps.scores[..]);
             attn::dots(kv_type, q, keys, in_page, n_rows, sc, PAGE_SIZE, next_keys);
-            softmax_rows(
-                ps,
-                n_rows,
-                in_page,
-                true,
-                scale,
-                None,
-                st,
-                0,
-                head_dim,
-                next_values,
-            );
+            softmax_rows(ps, n_rows, in_page, true, scale, None, st, 0, head_dim);
             fill_slots(&mut ps.rows[..in_page]);
-            let rows = &ps.rows[..in_page];
+            let (rows, w) = (&ps.rows[..in_page], &ps.scores);
             attn::attend(
-                kv_type, st.acc, head_dim, &ps.scores, PAGE_SIZE, values, rows,
+                kv_type,
+                st.acc,
+                head_dim,
+                w,
+                PAGE_SIZE,
+                values,
+                rows,
+                next_values,
             );
             continue;
         }
@@ -295,21 +288,19 @@ fn attend_chunk<'k>(
                 }
             }
             let bias = qr.mask.and_then(SlotMask::bias).map(|b| (b, first));
-            softmax_rows(
-                ps,
-                gh,
-                n,
-                all,
-                scale,
-                bias,
-                st,
-                t * gh,
+            softmax_rows(ps, gh, n, all, scale, bias, st, t * gh, head_dim);
+            let acc = &mut st.acc[t * row..(t + 1) * row];
+            let (rows, w) = (&ps.rows[..n], &ps.scores);
+            attn::attend(
+                kv_type,
+                acc,
                 head_dim,
+                w,
+                PAGE_SIZE,
+                values,
+                rows,
                 next_values,
             );
-            let acc = &mut st.acc[t * row..(t + 1) * row];
-            let rows = &ps.rows[..n];
-            attn::attend(kv_type, acc, head_dim, &ps.scores, PAGE_SIZE, values, rows);
         }
     }
 }
