@@ -495,6 +495,15 @@ impl<'a> SeqView<'a> {
         let at = (page * self.n_kv_heads + head) * n;
         Some((self.keys.get(at..at + n)?, self.values.get(at..at + n)?))
     }
+
+    /// The index of the first page still in the cache (the table's length if none is): a
+    /// sliding-window layer releases the pages that fall out of its window, from the front.
+    pub fn first_live_page(&self) -> usize {
+        self.table
+            .iter()
+            .position(Option::is_some)
+            .unwrap_or(self.table.len())
+    }
 }
 
 #[cfg(test)]

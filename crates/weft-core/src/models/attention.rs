@@ -400,11 +400,14 @@ pub fn attention<'k>(
             prefetch,
         });
     }
+    // The chunks a query walks: from the first with a page in the cache (a sliding-window
+    // layer has released the pages before its window: at depth 4,096, 14 of Gemma 3's 17
+    // chunks there) to the last. A chunk of released pages adds nothing to a state, so
+    // leaving it out keeps every bit.
     let chunks_of = |qr: &Query<'_>| {
-        qr.view
-            .positions
-            .len()
-            .div_ceil(PAGE_SIZE * chunk_pages(&qr.view))
+        let cp = chunk_pages(&qr.view);
+        let n = qr.view.positions.len().div_ceil(PAGE_SIZE * cp);
+        (qr.view.first_live_page() / cp).min(n)..n
     };
     // Work units: blocks of up to `BLOCK_TILES` tiles of consecutive queries of one sequence
     // (a tile: as many queries as fit `G` rows with their heads) × KV head, walking the chunks
@@ -425,7 +428,11 @@ pub fn attention<'k>(
         resolved
             .iter()
             .enumerate()
-            .flat_map(|(i, qr)| (0..chunks_of(qr).max(1)).map(move |c| (i as u32, c as u32)))
+            .flat_map(|(i, qr)| {
+                let c = chunks_of(qr);
+                // At least one item per query, so each gets a state to finish.
+                (c.start..c.end.max(c.start + 1)).map(move |c| (i as u32, c as u32))
+            })
             .collect()
     } else {
         // (first query, number of queries): blocks of up to `BLOCK_TILES` tiles.
@@ -558,8 +565,9 @@ pub fn attention<'k>(
             for st in &mut states[..tiles] {
                 st.reset();
             }
-            let n_chunks = chunks_of(&block[0]);
-            for c in 0..n_chunks {
+            let chunks = chunks_of(&block[0]);
+            let n_chunks = chunks.end;
+            for c in chunks {
                 for (t, st) in states[..tiles].iter_mut().enumerate() {
                     // The last tile of a chunk goes on to the next chunk's first page, the
                     // last one of all to the next item's.
