@@ -67,7 +67,7 @@ mod x86;
 #[cfg(test)]
 mod bench;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 use std::sync::OnceLock;
 

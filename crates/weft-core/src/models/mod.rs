@@ -5,6 +5,8 @@
 //! cache, writes their keys and values into it and returns logits for the rows asked for.
 
 pub mod attention;
+#[cfg(test)]
+mod attention_bench;
 pub mod bert;
 pub mod gemma3;
 pub mod layers;
