@@ -305,6 +305,29 @@ fn attend_chunk<'k>(
     }
 }
 
+/// The first page of `qr`'s sequence that can hold a key it sees: on a sliding-window layer,
+/// for a query without a mask, the first page with a position inside its window (the cache
+/// keeps the pages of a second window behind it, for rewinds: at depth 4,096 Gemma 3's local
+/// layers hold 33 pages, of which the first 16 or 17 are out of a decode's window); else the
+/// first page the layer still holds (it has released the pages before that).
+fn first_seen_page(qr: &Query<'_>) -> usize {
+    let view = &qr.view;
+    let live = view.first_live_page();
+    let (Some(window), None) = (view.window, qr.mask) else {
+        return live;
+    };
+    let pos = qr.token.pos;
+    // Visible: causal (`p <= pos`) and inside the window, as `attend_chunk` decides it.
+    let seen = |&p: &u32| p <= pos && u64::from(pos - p) < window as u64;
+    let pages = view.positions.chunks(PAGE_SIZE);
+    let n_pages = pages.len();
+    pages
+        .enumerate()
+        .skip(live)
+        .find(|(_, slots)| slots.iter().any(seen))
+        .map_or(n_pages, |(i, _)| i)
+}
+
 /// Writes rows `st_row..st_row + gh` of `st` (weighted sums divided by their softmax sums) to
 /// rows `first_row..first_row + gh` of `out` (`head_dim` each).
 ///
@@ -400,14 +423,14 @@ pub fn attention<'k>(
             prefetch,
         });
     }
-    // The chunks a query walks: from the first with a page in the cache (a sliding-window
-    // layer has released the pages before its window: at depth 4,096, 14 of Gemma 3's 17
-    // chunks there) to the last. A chunk of released pages adds nothing to a state, so
-    // leaving it out keeps every bit.
-    let chunks_of = |qr: &Query<'_>| {
-        let cp = chunk_pages(&qr.view);
-        let n = qr.view.positions.len().div_ceil(PAGE_SIZE * cp);
-        (qr.view.first_live_page() / cp).min(n)..n
+    // The chunks the queries of a block walk (they share a sequence): from the first holding a
+    // key one of them can see (see `first_seen_page`) to the last. A chunk of keys no query
+    // sees adds nothing to a state, so leaving it out keeps every bit.
+    let chunks_of = |block: &[Query<'_>]| {
+        let cp = chunk_pages(&block[0].view);
+        let n = block[0].view.positions.len().div_ceil(PAGE_SIZE * cp);
+        let first = block.iter().map(first_seen_page).min().unwrap_or(0);
+        (first / cp).min(n)..n
     };
     // Work units: blocks of up to `BLOCK_TILES` tiles of consecutive queries of one sequence
     // (a tile: as many queries as fit `G` rows with their heads) × KV head, walking the chunks
@@ -429,7 +452,7 @@ pub fn attention<'k>(
             .iter()
             .enumerate()
             .flat_map(|(i, qr)| {
-                let c = chunks_of(qr);
+                let c = chunks_of(std::slice::from_ref(qr));
                 // At least one item per query, so each gets a state to finish.
                 (c.start..c.end.max(c.start + 1)).map(move |c| (i as u32, c as u32))
             })
@@ -565,7 +588,7 @@ pub fn attention<'k>(
             for st in &mut states[..tiles] {
                 st.reset();
             }
-            let chunks = chunks_of(&block[0]);
+            let chunks = chunks_of(block);
             let n_chunks = chunks.end;
             for c in chunks {
                 for (t, st) in states[..tiles].iter_mut().enumerate() {

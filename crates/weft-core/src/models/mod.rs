@@ -7,6 +7,8 @@
 pub mod attention;
 #[cfg(test)]
 mod attention_bench;
+#[cfg(test)]
+mod attention_tests;
 pub mod bert;
 pub mod gemma3;
 pub mod layers;
