@@ -309,7 +309,8 @@ fn attend_chunk<'k>(
 /// for a query without a mask, the first page with a position inside its window (the cache
 /// keeps the pages of a second window behind it, for rewinds: at depth 4,096 Gemma 3's local
 /// layers hold 33 pages, of which the first 16 or 17 are out of a decode's window); else the
-/// first page the layer still holds (it has released the pages before that).
+/// first page the layer still holds (it has released the pages before that). It scans the
+/// positions of the pages it passes, so it is asked for a lone decode's query only.
 fn first_seen_page(qr: &Query<'_>) -> usize {
     let view = &qr.view;
     let live = view.first_live_page();
@@ -423,13 +424,17 @@ pub fn attention<'k>(
             prefetch,
         });
     }
-    // The chunks the queries of a block walk (they share a sequence): from the first holding a
-    // key one of them can see (see `first_seen_page`) to the last. A chunk of keys no query
-    // sees adds nothing to a state, so leaving it out keeps every bit.
-    let chunks_of = |block: &[Query<'_>]| {
-        let cp = chunk_pages(&block[0].view);
-        let n = block[0].view.positions.len().div_ceil(PAGE_SIZE * cp);
-        let first = block.iter().map(first_seen_page).min().unwrap_or(0);
+    // The chunks a query walks, from the first holding a key it can see to the last: from its
+    // first page still in the cache for a block of queries (they share a sequence and so its
+    // page table), from `first_seen_page` for a lone decode. A chunk of keys no query sees
+    // adds nothing to a state, so leaving it out keeps every bit.
+    let chunks_of = |qr: &Query<'_>, lone: bool| {
+        let cp = chunk_pages(&qr.view);
+        let n = qr.view.positions.len().div_ceil(PAGE_SIZE * cp);
+        let first = match lone {
+            true => first_seen_page(qr),
+            false => qr.view.first_live_page(),
+        };
         (first / cp).min(n)..n
     };
     // Work units: blocks of up to `BLOCK_TILES` tiles of consecutive queries of one sequence
@@ -452,7 +457,7 @@ pub fn attention<'k>(
             .iter()
             .enumerate()
             .flat_map(|(i, qr)| {
-                let c = chunks_of(std::slice::from_ref(qr));
+                let c = chunks_of(qr, true);
                 // At least one item per query, so each gets a state to finish.
                 (c.start..c.end.max(c.start + 1)).map(move |c| (i as u32, c as u32))
             })
@@ -588,7 +593,7 @@ pub fn attention<'k>(
             for st in &mut states[..tiles] {
                 st.reset();
             }
-            let chunks = chunks_of(block);
+            let chunks = chunks_of(&block[0], false);
             let n_chunks = chunks.end;
             for c in chunks {
                 for (t, st) in states[..tiles].iter_mut().enumerate() {
