@@ -14,7 +14,7 @@ use crate::gguf::GgmlType;
 use crate::threadpool::ThreadPool;
 
 /// Runs `f` repeatedly for about `budget`; returns seconds per call (best of 3 rounds).
-fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
+pub(crate) fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
     f();
     let mut best = f64::INFINITY;
     for _ in 0..3 {
@@ -158,11 +158,7 @@ fn bench() {
         case("gemm128 Q4_K 640x2048", Q4_K, 640, 2048, 128, false),
         case("gemm128 Q6_K 640x2048", Q6_K, 640, 2048, 128, false),
     ];
-    let threads: Vec<usize> = std::env::var("WEFT_BENCH_THREADS")
-        .unwrap_or_else(|_| "1,2".into())
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
+    let threads = bench_threads();
     let filter = std::env::var("WEFT_BENCH_FILTER").unwrap_or_default();
     println!("kernels: {:?}", super::simd_level());
     for c in cases.iter().filter(|c| c.name.contains(filter.as_str())) {
@@ -174,6 +170,15 @@ fn bench() {
             }
         }
     }
+}
+
+/// The thread counts `WEFT_BENCH_THREADS` names (default 1 and 2).
+pub(crate) fn bench_threads() -> Vec<usize> {
+    std::env::var("WEFT_BENCH_THREADS")
+        .unwrap_or_else(|_| "1,2".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
 }
 
 /// Seconds per `pool.run` of an empty job.

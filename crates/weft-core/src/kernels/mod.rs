@@ -65,7 +65,7 @@ mod legacy_avx2;
 mod x86;
 
 #[cfg(test)]
-mod bench;
+pub(crate) mod bench;
 #[cfg(test)]
 pub(crate) mod testutil;
 

@@ -6,12 +6,12 @@
 //! Set against `kernels::bench::bench_attention_decode` (the kernels alone on one thread), it
 //! tells what the real path adds. `WEFT_BENCH_THREADS=1,2` picks the thread counts.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::attention::attention;
 use super::BatchToken;
+use crate::kernels::bench::{bench_threads, time};
 use crate::kernels::testutil::Rng;
-
 use crate::kv::{GroupSpec, KvCache, KvLayout, KvType};
 use crate::threadpool::ThreadPool;
 
@@ -58,7 +58,7 @@ fn decode_attention(pool: &ThreadPool, n_kv: usize, group: usize, d: usize, dept
     };
     let scale = 1.0 / (d as f32).sqrt();
     let mut layer = 0;
-    let mut step = || {
+    time(Duration::from_millis(1500), || {
         attention(
             pool,
             &kv,
@@ -73,30 +73,13 @@ fn decode_attention(pool: &ThreadPool, n_kv: usize, group: usize, d: usize, dept
         )
         .expect("attention");
         layer = (layer + 1) % layers;
-    };
-    for _ in 0..layers {
-        step();
-    }
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let (start, mut n) = (Instant::now(), 0u32);
-        while start.elapsed() < Duration::from_millis(500) {
-            step();
-            n += 1;
-        }
-        best = best.min(start.elapsed().as_secs_f64() / f64::from(n));
-    }
-    best
+    })
 }
 
 #[test]
 #[ignore = "micro-benchmark; run with --release -- --ignored --nocapture"]
 fn bench_decode_attention() {
-    let threads: Vec<usize> = std::env::var("WEFT_BENCH_THREADS")
-        .unwrap_or_else(|_| "1,2".into())
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
+    let threads = bench_threads();
     // SmolLM2's layer shape (3 KV heads of 3 query heads, 64 values) and Gemma 3's global
     // layers' (1 KV head of 4 query heads, 256 values).
     for (name, n_kv, group, d) in [("smollm2", 3, 3, 64), ("gemma3", 1, 4, 256)] {
