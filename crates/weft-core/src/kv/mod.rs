@@ -10,9 +10,13 @@
 //! parent and copies only the partial last one; a write to a shared page copies it first.
 //!
 //! Storage is f16, as llama.cpp's default KV cache, or Q8_0 (ggml's 8-bit blocks, half the
-//! bytes; [`KvType`]), chosen per cache. Within a page a head's slots are contiguous
-//! (`[kv_head][slot][row]`, a row being `head_dim` values in that type), so attention streams
-//! one head's keys page by page.
+//! bytes; [`KvType`]), chosen per cache. A layer's keys (and its values) are stored head by
+//! head, each head's pages in page order (`[kv_head][page][slot][row]`, a row being `head_dim`
+//! values in that type; [`head_page`]). The pages a sequence is given (lowest free first) mostly
+//! follow one another, so a decode reads each head's keys and values as two long runs that the
+//! hardware prefetchers follow. With the heads side by side within a page
+//! (`[page][kv_head]`), SmolLM2's decode read a 4 KiB run out of every 12 KiB, and its
+//! attention at depth 4,096 took 25% longer (one layer, 1 or 2 threads, AMD EPYC Zen 5).
 
 mod page_pool;
 mod prefix;
@@ -20,6 +24,7 @@ mod storage;
 mod transfer;
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use crate::error::{Error, Result};
 use crate::kernels::attention as kernels;
@@ -31,6 +36,13 @@ pub use transfer::{GroupState, SeqState};
 
 /// Tokens per page.
 pub const PAGE_SIZE: usize = kernels::PAGE_SLOTS;
+
+/// Where KV head `head`'s rows of page `page` lie in one layer's key (or value) storage of
+/// `n_pages` pages, `head_bytes` bytes (`PAGE_SIZE` rows) each: heads outermost, then pages.
+fn head_page(n_pages: usize, page: usize, head: usize, head_bytes: usize) -> Range<usize> {
+    let at = (head * n_pages + page) * head_bytes;
+    at..at + head_bytes
+}
 
 /// Identifies a sequence in a [`KvCache`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -270,12 +282,13 @@ impl KvCache {
             .seqs
             .get_mut(&seq)
             .ok_or(Error::UnknownSequence { seq: seq.0 })?;
+        let n_heads = self.layout.n_kv_heads;
         for (g, group) in self.groups.iter_mut().enumerate() {
             let table = &mut s.tables[g];
             if start % PAGE_SIZE != 0 {
                 if let Some(Some(last)) = table.last_mut() {
                     if group.pool.refcount(*last) > 1 {
-                        *last = group.copy_page(*last)?;
+                        *last = group.copy_page(*last, n_heads)?;
                     }
                 }
             }
@@ -423,11 +436,12 @@ impl KvCache {
             .ok_or(Error::UnknownSequence { seq: seq.0 })?;
         let li = self.layer_slot[layer].1;
         let group = &mut self.groups[g];
+        let n_pages = group.pool.n_pages();
         for h in 0..nh {
-            let at = (page as usize * nh + h) * PAGE_SIZE * rb;
-            let key_page = &mut group.keys[li][at..at + PAGE_SIZE * rb];
+            let at = head_page(n_pages, page as usize, h, PAGE_SIZE * rb);
+            let key_page = &mut group.keys[li][at.clone()];
             kernels::write_key(kv_type, &k[h * hd..(h + 1) * hd], key_page, off);
-            let row = &mut group.values[li][at + off * rb..at + (off + 1) * rb];
+            let row = &mut group.values[li][at.start + off * rb..at.start + (off + 1) * rb];
             kernels::quantize_row(kv_type, &v[h * hd..(h + 1) * hd], row);
         }
         Ok(())
@@ -443,6 +457,7 @@ impl KvCache {
             table: &s.tables[g],
             keys: &group.keys[li],
             values: &group.values[li],
+            n_pages: group.pool.n_pages(),
             n_kv_heads: self.layout.n_kv_heads,
             row_bytes: self.layout.row_bytes(),
             kv_type: self.layout.kv_type,
@@ -452,16 +467,22 @@ impl KvCache {
 }
 
 impl Group {
-    /// Copies `page` (in every layer) to a fresh page and drops one holder of the original.
-    fn copy_page(&mut self, page: PageId) -> Result<PageId> {
+    /// Copies `page` (in every layer, for each of the `n_heads` KV heads) to a fresh page and
+    /// drops one holder of the original.
+    fn copy_page(&mut self, page: PageId, n_heads: usize) -> Result<PageId> {
         let fresh = self.pool.allocate().ok_or(Error::KvCacheFull {
             needed_pages: 1,
             free_pages: 0,
         })?;
+        let n_pages = self.pool.n_pages();
         for store in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            let n = store.len() / self.pool.n_pages();
-            let (src, dst) = (page as usize * n, fresh as usize * n);
-            store.copy_within(src..src + n, dst);
+            // Each head's rows of the page: the storage's share of one (head, page).
+            let n = store.len() / n_pages / n_heads;
+            for h in 0..n_heads {
+                let src = head_page(n_pages, page as usize, h, n);
+                let dst = head_page(n_pages, fresh as usize, h, n);
+                store.copy_within(src, dst.start);
+            }
         }
         self.pool.release(page);
         Ok(fresh)
@@ -476,6 +497,8 @@ pub struct SeqView<'a> {
     table: &'a [Option<PageId>],
     keys: &'a [u8],
     values: &'a [u8],
+    /// Pages in the layer's storage (see [`head_page`]).
+    n_pages: usize,
     n_kv_heads: usize,
     row_bytes: usize,
     /// How the rows are stored.
@@ -491,9 +514,11 @@ impl<'a> SeqView<'a> {
     /// [`SeqView::kv_type`].
     pub fn page(&self, i: usize, head: usize) -> Option<(&'a [u8], &'a [u8])> {
         let page = (*self.table.get(i)?)? as usize;
-        let n = PAGE_SIZE * self.row_bytes;
-        let at = (page * self.n_kv_heads + head) * n;
-        Some((self.keys.get(at..at + n)?, self.values.get(at..at + n)?))
+        if head >= self.n_kv_heads {
+            return None;
+        }
+        let at = head_page(self.n_pages, page, head, PAGE_SIZE * self.row_bytes);
+        Some((self.keys.get(at.clone())?, self.values.get(at)?))
     }
 
     /// The index of the first page still in the cache (the table's length if none is): a
@@ -631,6 +656,63 @@ pub(super) mod tests {
             );
         }
         kv.free_sequence(s);
+    }
+
+    #[test]
+    fn each_head_keeps_its_rows_through_writes_forks_and_snapshots() {
+        // Two KV heads: head h's key in slot s is [100·h + s, 0], its value [-(100·h + s), 1].
+        let l = KvLayout {
+            n_kv_heads: 2,
+            ..layout(None)
+        };
+        let mut kv = KvCache::new(l, 8 * PAGE_SIZE).unwrap();
+        let a = kv.new_sequence();
+        let n = PAGE_SIZE + 9;
+        kv.append(a, &positions(0..n as u32)).unwrap();
+        let kv_of = |s: usize| {
+            let x = |h: usize| (100 * h + s) as f32;
+            ([x(0), 0.0, x(1), 0.0], [-x(0), 1.0, -x(1), 1.0])
+        };
+        for slot in 0..n {
+            let (k, v) = kv_of(slot);
+            kv.write(0, a, slot, &k, &v).unwrap();
+        }
+        let check = |kv: &KvCache, seq: SeqId, n: usize| {
+            let view = kv.view(0, seq).unwrap();
+            for slot in 0..n {
+                for h in 0..2 {
+                    let (keys, values) = view.page(slot / PAGE_SIZE, h).unwrap();
+                    let want = (100 * h + slot) as f32;
+                    assert_eq!(key0(keys, slot % PAGE_SIZE), want, "key {slot} {h}");
+                    let v = kernels::row_value(KvType::F16, values, 2 * (slot % PAGE_SIZE));
+                    assert_eq!(v, -want, "value {slot} {h}");
+                }
+            }
+            assert!(view.page(0, 2).is_none(), "no third head");
+        };
+        check(&kv, a, n);
+        // A fork writing into the shared partial page copies both heads' rows of it.
+        let b = kv.fork(a).unwrap();
+        kv.append(b, &[n as u32]).unwrap();
+        let (k, v) = kv_of(n);
+        kv.write(0, b, n, &k, &v).unwrap();
+        check(&kv, a, n);
+        check(&kv, b, n + 1);
+        // A snapshot holds each page as head 0's rows, then head 1's; it comes back whole.
+        let state = kv.export(b).unwrap();
+        let head_rows = PAGE_SIZE * kv.layout().row_bytes();
+        let first_key = |at: usize| {
+            let b = &state.groups[0].keys[0][at..at + 2];
+            half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+        };
+        assert_eq!((first_key(0), first_key(head_rows)), (0.0, 100.0));
+        let c = kv.new_sequence();
+        kv.import(c, &state).unwrap();
+        check(&kv, c, n + 1);
+        for s in [a, b, c] {
+            kv.free_sequence(s);
+        }
+        assert!(kv.usage().iter().all(|u| u.free == u.total));
     }
 
     #[test]

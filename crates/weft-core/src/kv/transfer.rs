@@ -8,7 +8,7 @@
 //! the prefix cache: they may come from another machine whose kernels round differently, and
 //! sharing them would break the cache's promise of bit-identical outputs.
 
-use super::{KvCache, KvLayout, KvType, PageId, SeqId, Storage, PAGE_SIZE};
+use super::{head_page, KvCache, KvLayout, KvType, PageId, SeqId, Storage, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::kernels::attention as kernels;
 
@@ -41,17 +41,24 @@ impl KvCache {
     /// Copies out the pages and positions of `seq`.
     pub fn export(&self, seq: SeqId) -> Result<SeqState> {
         let s = self.seq(seq)?;
-        let n = self.layout.page_bytes();
+        // A page of the state: each KV head's rows in turn.
+        let (n, head) = (
+            self.layout.page_bytes(),
+            PAGE_SIZE * self.layout.row_bytes(),
+        );
         let groups = self
             .groups
             .iter()
             .zip(&s.tables)
             .map(|(group, table)| {
+                let n_pages = group.pool.n_pages();
                 let copy = |store: &Storage, keys: bool| -> Vec<u8> {
                     let mut out = vec![0u8; table.iter().flatten().count() * n];
                     for (&page, o) in table.iter().flatten().zip(out.chunks_exact_mut(n)) {
-                        let at = page as usize * n;
-                        to_rows(&self.layout, keys, &store[at..at + n], o);
+                        for (h, o) in o.chunks_exact_mut(head).enumerate() {
+                            let at = head_page(n_pages, page as usize, h, head);
+                            to_rows(&self.layout, keys, &store[at], o);
+                        }
                     }
                     out
                 };
@@ -92,7 +99,10 @@ impl KvCache {
             ));
         }
         let n_slots = state.positions.len();
-        let n = self.layout.page_bytes();
+        let (n, head) = (
+            self.layout.page_bytes(),
+            PAGE_SIZE * self.layout.row_bytes(),
+        );
         let mut needed = Vec::with_capacity(self.groups.len());
         for (g, (group, gs)) in self.groups.iter().zip(&state.groups).enumerate() {
             if gs.present.len() != n_slots.div_ceil(PAGE_SIZE) {
@@ -143,16 +153,15 @@ impl KvCache {
                         free_pages: 0,
                     });
                 };
-                let at = page as usize * n;
-                for (store, src) in group.keys.iter_mut().zip(&gs.keys) {
-                    from_rows(
-                        &self.layout,
-                        &src[k * n..(k + 1) * n],
-                        &mut store[at..at + n],
-                    );
-                }
-                for (store, src) in group.values.iter_mut().zip(&gs.values) {
-                    store[at..at + n].copy_from_slice(&src[k * n..(k + 1) * n]);
+                let n_pages = group.pool.n_pages();
+                for (h, at) in (k * n..(k + 1) * n).step_by(head).enumerate() {
+                    let to = head_page(n_pages, page as usize, h, head);
+                    for (store, src) in group.keys.iter_mut().zip(&gs.keys) {
+                        from_rows(&self.layout, &src[at..at + head], &mut store[to.clone()]);
+                    }
+                    for (store, src) in group.values.iter_mut().zip(&gs.values) {
+                        store[to.clone()].copy_from_slice(&src[at..at + head]);
+                    }
                 }
                 table.push(Some(page));
                 k += 1;
@@ -171,24 +180,18 @@ impl KvCache {
     }
 }
 
-/// Copies one page of one layer (every KV head's slots) to `rows`: values as they are, keys
-/// from the cache's key pages to rows.
+/// Copies one KV head's page of one layer to `rows`: values as they are, keys from the cache's
+/// key page to rows.
 fn to_rows(layout: &KvLayout, keys: bool, page: &[u8], rows: &mut [u8]) {
-    if !keys {
-        return rows.copy_from_slice(page);
-    }
-    let head = PAGE_SIZE * layout.row_bytes();
-    for (p, r) in page.chunks_exact(head).zip(rows.chunks_exact_mut(head)) {
-        kernels::key_page_to_rows(layout.kv_type, layout.head_dim, p, r);
+    match keys {
+        true => kernels::key_page_to_rows(layout.kv_type, layout.head_dim, page, rows),
+        false => rows.copy_from_slice(page),
     }
 }
 
-/// The inverse of [`to_rows`] for keys: every KV head's key rows to its key page.
+/// The inverse of [`to_rows`] for keys: one KV head's key rows to its key page.
 fn from_rows(layout: &KvLayout, rows: &[u8], page: &mut [u8]) {
-    let head = PAGE_SIZE * layout.row_bytes();
-    for (r, p) in rows.chunks_exact(head).zip(page.chunks_exact_mut(head)) {
-        kernels::key_rows_to_page(layout.kv_type, layout.head_dim, r, p);
-    }
+    kernels::key_rows_to_page(layout.kv_type, layout.head_dim, rows, page);
 }
 
 #[cfg(test)]
