@@ -12,7 +12,7 @@
 //! Storage is f16, as llama.cpp's default KV cache, or Q8_0 (ggml's 8-bit blocks, half the
 //! bytes; [`KvType`]), chosen per cache. A layer's keys (and its values) are stored head by
 //! head, each head's pages in page order (`[kv_head][page][slot][row]`, a row being `head_dim`
-//! values in that type; [`head_page`]). The pages a sequence is given (lowest free first) mostly
+//! values in that type; `head_page`). The pages a sequence is given (lowest free first) mostly
 //! follow one another, so a decode reads each head's keys and values as two long runs that the
 //! hardware prefetchers follow. With the heads side by side within a page
 //! (`[page][kv_head]`), SmolLM2's decode read a 4 KiB run out of every 12 KiB, and its
