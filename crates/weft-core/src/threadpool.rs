@@ -85,10 +85,13 @@ pub struct ThreadPool {
     shares: Box<[Share]>,
 }
 
-/// One thread's share of a [`ThreadPool::run_chunks`] call, alone on its cache lines: its
+/// One thread's share of a [`ThreadPool::run_shares`] call, alone on its cache lines: its
 /// owner takes chunks from the front without touching a line another thread is using.
 #[repr(align(128))]
 struct Share(AtomicU64);
+
+/// What [`ThreadPool::run_shares`] hands each worker: each call claims the worker's next chunk.
+pub type Claim<'a> = dyn FnMut() -> Option<usize> + 'a;
 
 impl Share {
     fn pack(front: usize, back: usize) -> u64 {
@@ -214,14 +217,31 @@ impl ThreadPool {
     /// # Panics
     /// If `n_chunks` does not fit in 32 bits, or as [`ThreadPool::run`] does.
     pub fn run_chunks(&self, n_chunks: usize, work: &(dyn Fn(usize) + Sync)) {
+        self.run_shares(n_chunks, &|next| {
+            while let Some(c) = next() {
+                work(c);
+            }
+        });
+    }
+
+    /// [`ThreadPool::run_chunks`] for a worker that claims its chunks itself: `f` runs once on
+    /// each thread, and each call of the `next` it is given claims that thread's next chunk
+    /// (front to back through its own share, then through halves taken over from the others';
+    /// `None` once no chunk is left). A worker may claim a chunk before it is done with the
+    /// one in hand, to prefetch what the next one reads. Every chunk is claimed exactly once.
+    ///
+    /// # Panics
+    /// If `n_chunks` does not fit in 32 bits, or as [`ThreadPool::run`] does.
+    pub fn run_shares(&self, n_chunks: usize, f: &(dyn Fn(&mut Claim<'_>) + Sync)) {
         let n = self.shared.n_threads;
         if n == 1 {
-            (0..n_chunks).for_each(work);
+            let mut chunks = 0..n_chunks;
+            f(&mut || chunks.next());
             return;
         }
         assert!(
             u32::try_from(n_chunks).is_ok(),
-            "run_chunks: too many chunks"
+            "run_shares: too many chunks"
         );
         let _serial = self.run_lock.lock().unwrap_or_else(PoisonError::into_inner);
         for (i, share) in self.shares.iter().enumerate() {
@@ -230,20 +250,19 @@ impl ThreadPool {
             share.0.store(Share::pack(front, back), Ordering::Relaxed);
         }
         let shares = &self.shares;
-        self.run_locked(&|i, n| loop {
-            while let Some(c) = shares[i].take_first() {
-                work(c);
-            }
-            // Done with its share: take over the back half of another's.
-            let stolen = (1..n).find_map(|k| shares[(i + k) % n].steal_half());
-            let Some((front, back)) = stolen else {
-                return;
-            };
-            // Only this thread writes its share while the share is empty (the others change
-            // a share only while chunks are left in it).
-            shares[i]
-                .0
-                .store(Share::pack(front, back), Ordering::Relaxed);
+        self.run_locked(&|i, n| {
+            f(&mut || loop {
+                if let Some(c) = shares[i].take_first() {
+                    return Some(c);
+                }
+                // Done with its share: take over the back half of another's.
+                let (front, back) = (1..n).find_map(|k| shares[(i + k) % n].steal_half())?;
+                // Only this thread writes its share while the share is empty (the others
+                // change a share only while chunks are left in it).
+                shares[i]
+                    .0
+                    .store(Share::pack(front, back), Ordering::Relaxed);
+            })
         });
     }
 
@@ -522,6 +541,35 @@ mod tests {
                         "{n} threads, {n_chunks} chunks, slow chunk {slow:?}"
                     );
                 }
+            }
+        }
+    }
+
+    /// A worker claiming its own chunks (one ahead of the one in hand) gets each chunk once,
+    /// and a lone thread gets them in order.
+    #[test]
+    fn run_shares_claims_every_chunk_once() {
+        for n in [1, 2, 3] {
+            let pool = ThreadPool::new(n);
+            for n_chunks in [0, 1, 5, 16, 100] {
+                let counts: Vec<AtomicU32> = (0..n_chunks).map(|_| AtomicU32::new(0)).collect();
+                pool.run_shares(n_chunks, &|next| {
+                    let mut ahead = next();
+                    let mut last = None;
+                    while let Some(c) = ahead {
+                        ahead = next();
+                        if n == 1 {
+                            assert_eq!(c, last.map_or(0, |l| l + 1));
+                        }
+                        counts[c].fetch_add(1, Ordering::Relaxed);
+                        last = Some(c);
+                    }
+                    assert_eq!(next(), None, "nothing left once `next` said so");
+                });
+                assert!(
+                    counts.iter().all(|c| c.load(Ordering::Relaxed) == 1),
+                    "{n} threads, {n_chunks} chunks"
+                );
             }
         }
     }

@@ -485,11 +485,8 @@ pub fn attention<'k>(
     let mut partial = vec![0f32; if split { items * stride } else { 0 }];
     let partial_out = SharedOut(partial.as_mut_ptr());
     let shared = SharedOut(out.as_mut_ptr());
-    // Items are handed out by an atomic counter, last first: in a causal prefill the later
-    // queries see the most keys, so the longest items start first and the short ones fill in
-    // behind them (a static split gave one thread 3/4 of a 4,096-token prompt's work).
-    let next = AtomicUsize::new(0);
-    pool.run(&|_, _| {
+    // A thread's work: the items `next` hands it, one after the other.
+    let work = |next: &mut dyn FnMut() -> Option<usize>| {
         let (shared, partial_out) = (&shared, &partial_out);
         // Each tile's query rows side by side and its running state; one chunk's state.
         let tile_len = G * head_dim;
@@ -510,11 +507,6 @@ pub fn attention<'k>(
             rows: [0; PAGE_SIZE],
             scores: [0.0; PAGE_SIZE * G],
         };
-        // Takes the next item off the counter.
-        let claim = || {
-            let taken = next.fetch_add(1, Ordering::Relaxed);
-            (taken < items).then(|| items - 1 - taken)
-        };
         // An item's first query, KV head, sub-group, query count and chunk (`None`: all).
         let item_at = |item: usize| {
             let (unit, rest) = (item / (n_kv_head * n_sub), item % (n_kv_head * n_sub));
@@ -533,11 +525,11 @@ pub fn attention<'k>(
             view.page(chunk.unwrap_or(0) * chunk_pages(view), kvh)
         };
         let mut claimed: Option<usize> = None;
-        while let Some(item) = claimed.take().or_else(claim) {
+        while let Some(item) = claimed.take().or_else(&mut *next) {
             let (q0, kvh, sg, nq, chunk) = item_at(item);
             // Claims the next item and names its first page (called on this item's last page).
             let mut claim_ahead = || {
-                claimed = claim();
+                claimed = next();
                 claimed.and_then(first_page)
             };
             let (h0, gh) = (kvh * group + sg * sub, sub.min(group - sg * sub));
@@ -628,7 +620,30 @@ pub fn attention<'k>(
             }
         }
         SCRATCH.set(bufs);
-    });
+    };
+    if split {
+        // Each thread walks a contiguous share of the items, ordered KV head by KV head and
+        // chunk by chunk, so its pages follow one another in memory (the cache keeps a head's
+        // pages in page order) and the hardware prefetchers run on across items; a thread
+        // done early takes over half of the other's share. Handed out one at a time from a
+        // shared counter, the items of a SmolLM2 decode at depth 4,096 alternated between the
+        // threads, and its attention took 8% longer (median of 6 alternating rounds).
+        let (per, n_units) = (n_kv_head * n_sub, units.len());
+        pool.run_shares(items, &|next| {
+            work(&mut || next().map(|j| (j % n_units) * per + j / n_units))
+        });
+    } else {
+        // Items are handed out by an atomic counter, last first: in a causal prefill the later
+        // queries see the most keys, so the longest items start first and the short ones fill
+        // in behind them (a static split gave one thread 3/4 of a 4,096-token prompt's work).
+        let next = AtomicUsize::new(0);
+        pool.run(&|_, _| {
+            work(&mut || {
+                let taken = next.fetch_add(1, Ordering::Relaxed);
+                (taken < items).then(|| items - 1 - taken)
+            })
+        });
+    }
     if split {
         // Merge each (query, KV head, sub-group)'s chunk states in chunk order, as a single
         // thread walking the chunks would have.
