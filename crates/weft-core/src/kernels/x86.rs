@@ -223,7 +223,8 @@ pub unsafe fn load256<T>(p: *const T) -> __m256i {
 /// Hints the cache lines of bytes `at..at + len` from `p` into L2 (`prefetcht1`); nothing when
 /// `p` is null. Attention passes the next page's rows here as it reads the same rows of this
 /// page. Into L2 rather than L1: a decode at depth streams its KV pages mostly on these hints (a
-/// page of one head is too short for the hardware prefetchers), and on a Xeon (model 167)
+/// page of one head is short, and the hardware prefetchers alone fall behind even when a head's
+/// pages are consecutive; see `models::attention`), and on a Xeon (model 167)
 /// SmolLM2's decode at depth 4,096 ran 0.3–6% faster (median 3% over 9 alternating pairs) and
 /// Gemma 3's −1.4–4% (median 2% over 6) with `t1` than with `t0`; tg128 unchanged. Hinting
 /// every second or fourth line into L2, leaving the rest to the hardware, was 7–20% slower.

@@ -16,7 +16,7 @@
 //! follow one another, so a decode reads each head's keys and values as two long runs that the
 //! hardware prefetchers follow. With the heads side by side within a page
 //! (`[page][kv_head]`), SmolLM2's decode read a 4 KiB run out of every 12 KiB, and its
-//! attention at depth 4,096 took 25% longer (one layer, 1 or 2 threads, AMD EPYC Zen 5).
+//! attention at depth 4,096 took 20–35% longer on one thread and 5–25% on two (AMD EPYC Zen 5).
 
 mod page_pool;
 mod prefix;

@@ -14,7 +14,7 @@
 //! widened once for all of them; a decode-like batch prefetches each next page, which the
 //! hardware prefetchers do not bring in early enough on their own (a page of one head is a few
 //! KiB; the next one follows it in memory only when the sequence got consecutive pages, and
-//! without the hints SmolLM2's decode attention at depth 4,096 took 20–40% longer even then,
+//! without the hints SmolLM2's decode attention at depth 4,096 took 15–50% longer even then,
 //! Gemma 3's twice as long). The score kernel hints the next page's keys in, line by line as it
 //! reads the current page's, and the weighted sum the next page's values spread over its rows:
 //! hints all through the arithmetic (a burst of a whole page at once filled the core's miss
