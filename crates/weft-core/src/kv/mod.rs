@@ -532,11 +532,12 @@ impl<'a> SeqView<'a> {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// Two layers of one KV head of size 2: layer 0 with full attention, layer 1 with `window`.
-    pub(in crate::kv) fn layout(window: Option<usize>) -> KvLayout {
+    /// Two layers of one KV head of size 2: layer 0 with full attention, layer 1 with `window`
+    /// (other tests change the heads, their size or the KV type).
+    pub(crate) fn layout(window: Option<usize>) -> KvLayout {
         KvLayout {
             n_layers: 2,
             n_kv_heads: 1,

@@ -27,7 +27,7 @@ use super::layers::SharedOut;
 use super::{BatchToken, SlotMask};
 use crate::kernels::attention as attn;
 use crate::kv::{KvCache, SeqView, PAGE_SIZE};
-use crate::threadpool::ThreadPool;
+use crate::threadpool::{Claim, ThreadPool};
 
 /// Largest head dimension attention supports.
 pub const MAX_HEAD_DIM: usize = 512;
@@ -486,7 +486,7 @@ pub fn attention<'k>(
     let partial_out = SharedOut(partial.as_mut_ptr());
     let shared = SharedOut(out.as_mut_ptr());
     // A thread's work: the items `next` hands it, one after the other.
-    let work = |next: &mut dyn FnMut() -> Option<usize>| {
+    let work = |next: &mut Claim<'_>| {
         let (shared, partial_out) = (&shared, &partial_out);
         // Each tile's query rows side by side and its running state; one chunk's state.
         let tile_len = G * head_dim;

@@ -9,7 +9,7 @@ use half::f16;
 use super::attention::attention;
 use super::{BatchToken, SlotMask};
 use crate::kernels::testutil::Rng;
-use crate::kv::{GroupSpec, KvCache, KvLayout, KvType, SeqId};
+use crate::kv::{KvCache, KvLayout, SeqId};
 use crate::threadpool::ThreadPool;
 
 const N_KV: usize = 2;
@@ -29,21 +29,11 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    // Layer 0 with full attention, layer 1 with the window.
     let layout = KvLayout {
-        n_layers: 2,
         n_kv_heads: N_KV,
         head_dim: D,
-        groups: vec![
-            GroupSpec {
-                layers: vec![0],
-                window: None,
-            },
-            GroupSpec {
-                layers: vec![1],
-                window: Some(WINDOW),
-            },
-        ],
-        kv_type: KvType::F16,
+        ..crate::kv::tests::layout(Some(WINDOW))
     };
     let mut kv = KvCache::new(layout, N).expect("cache");
     let seq = kv.new_sequence();
