@@ -18,12 +18,15 @@
 //! - `--bandwidth`: every decode row reports the GB/s it achieved (weights read once per step
 //!   plus each sequence's keys and values at its mean depth, times steps per second) and its
 //!   share of the streaming read bandwidth: the rate a buffer of the step's own bytes is read
-//!   at, probed right before the row's test and again right after it (the higher of the two).
+//!   at, probed before each repetition and after the last; each repetition is rated against
+//!   the higher of the two probes beside it, and the row shows the median share (the JSON
+//!   also the median bound and every probe).
 //!   A model of ~100 MB partly stays in a large last-level cache between steps (against a
 //!   single 256 MiB probe, SmolLM2's tg128 ran at 110–113% of its "limit"), and a shared VM's
-//!   bus can switch between a slow and a fast state every few minutes (an AMD EPYC host's
-//!   read 46–53 or 66–78 GB/s), so a probe from other minutes — the 256 MiB one taken before
-//!   all tests, still printed — rated one decode at 62% and the next at 87% of its bound.
+//!   bus can switch between a slow and a fast state within seconds (an AMD EPYC host's read
+//!   46–58 or 66–78 GB/s; one row's probes 57.6 before and 77.6 after it), so a probe from
+//!   other seconds — the 256 MiB one taken before all tests, still printed — rated one decode
+//!   at 62% and the next at 87% of its bound.
 //!
 //! Prompt tokens are pseudo-random ids, as llama-bench uses. Each test runs `-r` times after
 //! one warm-up; the table shows the median and the standard deviation.
@@ -479,9 +482,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let depth = t.prompt.max(t.depth) + t.gen / 2;
             weight_bytes + t.parallel as u64 * kv_layout.bytes_read_at(depth)
         });
-        // The rate the step's bytes are read at, probed right before the row and again right
-        // after it: the limit of the row is the higher of the two, the same minutes' bus.
-        let probe = |when: &str| {
+        // The rate the step's bytes are read at, probed before each repetition and after the
+        // last: each repetition is rated against the higher of the probes on either side of
+        // it, the bus of its own seconds.
+        let probe = |when: String| {
             let (Some(_), Some(bytes)) = (limit, step_bytes) else {
                 return None;
             };
@@ -494,9 +498,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             Some(here)
         };
-        let before = probe("before");
         let mut samples = Vec::with_capacity(args.repetitions);
-        for _ in 0..args.repetitions {
+        let mut probes = Vec::with_capacity(args.repetitions + 1);
+        for r in 1..=args.repetitions {
+            probes.extend(probe(format!("before repetition {r}")));
             let tps = if t.gen == 0 {
                 t.prompt as f64 / bench.prefill(t.prompt, t.depth)?
             } else if t.api {
@@ -507,12 +512,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             samples.push(tps);
         }
+        probes.extend(probe(format!("after repetition {}", args.repetitions)));
         let (median, sd) = median_and_sd(samples.clone());
+        // Bytes per second read at the median speed; each repetition's bound and share of it.
         let achieved = step_bytes.map(|b| b as f64 * median / t.parallel as f64);
-        let limit = match (before, probe("after")) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            _ => limit,
-        };
+        let rated = (probes.len() == samples.len() + 1).then(|| {
+            let bounds: Vec<f64> = probes.windows(2).map(|w| w[0].max(w[1])).collect();
+            let shares = samples
+                .iter()
+                .zip(&bounds)
+                .map(|(&tps, &bw)| step_bytes.unwrap_or(0) as f64 * tps / t.parallel as f64 / bw);
+            (
+                median_and_sd(bounds.clone()).0,
+                median_and_sd(shares.collect()).0,
+            )
+        });
+        // (bound, share); a prefill row shows neither.
+        let limit = rated.or(limit.map(|bw| (bw, f64::NAN)));
         if args.json {
             let mut json = serde_json::json!({
                 "model": model, "test": t.name, "threads": threads, "n_prompt": t.prompt,
@@ -521,15 +537,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "kv_type": kv_layout.kv_type.name(),
                 "tps_median": median, "tps_stddev": sd, "samples": samples,
             });
-            if let (Some(bw), Some(a)) = (limit, achieved) {
+            if let (Some((bw, share)), Some(a)) = (limit, achieved) {
                 json["gbps"] = (a / 1e9).into();
                 json["bandwidth_gbps"] = (bw / 1e9).into();
-                json["of_limit"] = (a / bw).into();
+                json["of_limit"] = share.into();
+                json["probes_gbps"] = probes.iter().map(|p| p / 1e9).collect::<Vec<_>>().into();
             }
             println!("{json}");
         } else {
             let extra = match (limit, achieved) {
-                (Some(bw), Some(a)) => format!(" {:.1} | {:.0}% |", a / 1e9, 100.0 * a / bw),
+                (Some((_, share)), Some(a)) => format!(" {:.1} | {:.0}% |", a / 1e9, 100.0 * share),
                 (Some(_), None) => " | |".to_string(),
                 _ => String::new(),
             };
