@@ -24,7 +24,7 @@
 //!   A model of ~100 MB partly stays in a large last-level cache between steps (against a
 //!   single 256 MiB probe, SmolLM2's tg128 ran at 110–113% of its "limit"), and a shared VM's
 //!   bus can switch between a slow and a fast state within seconds (an AMD EPYC host's read
-//!   46–58 or 66–78 GB/s; one row's probes 57.6 before and 77.6 after it), so a probe from
+//!   46–58 or 66–85 GB/s; one row's probes 57.6 before and 77.6 after it), so a probe from
 //!   other seconds — the 256 MiB one taken before all tests, still printed — rated one decode
 //!   at 62% and the next at 87% of its bound.
 //!
