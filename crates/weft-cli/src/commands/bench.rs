@@ -435,15 +435,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
-    // The bound decode runs into: weights once per step, plus each sequence's keys and values.
-    let limit = args.bandwidth.then(|| {
+    // The machine's bandwidth, for the record: each decode row is rated against probes of its
+    // own step's bytes, taken around its repetitions.
+    if args.bandwidth {
         let bw = weft::bandwidth::read_bandwidth(threads, 8, weft::bandwidth::BUFFER_BYTES);
         eprintln!(
             "streaming read bandwidth: {:.1} GB/s ({threads} threads)",
             bw / 1e9
         );
-        bw
-    });
+    }
     let kv_layout = bench.runner.kv().layout().clone();
     let model = &args.model.model;
     // Which kernels ran, as llama-bench names its backend (and the CPU's wider extensions).
@@ -467,7 +467,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         kv_layout.kv_type
     );
     if !args.json {
-        if limit.is_some() {
+        if args.bandwidth {
             println!("| model | size | params | threads | test | t/s | GB/s | of limit |");
             println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         } else {
@@ -482,13 +482,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let depth = t.prompt.max(t.depth) + t.gen / 2;
             weight_bytes + t.parallel as u64 * kv_layout.bytes_read_at(depth)
         });
+        // The bytes per second a decode at `tps` tokens per second reads.
+        let rate = |tps: f64| step_bytes.map(|b| b as f64 * tps / t.parallel as f64);
         // The rate the step's bytes are read at, probed before each repetition and after the
         // last: each repetition is rated against the higher of the probes on either side of
         // it, the bus of its own seconds.
         let probe = |when: String| {
-            let (Some(_), Some(bytes)) = (limit, step_bytes) else {
-                return None;
-            };
+            let bytes = step_bytes.filter(|_| args.bandwidth)?;
             let here = weft::bandwidth::read_bandwidth(threads, 4, bytes as usize);
             eprintln!(
                 "streaming read bandwidth over {:.0} MB (a step of {}) {when}: {:.1} GB/s",
@@ -514,21 +514,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         probes.extend(probe(format!("after repetition {}", args.repetitions)));
         let (median, sd) = median_and_sd(samples.clone());
-        // Bytes per second read at the median speed; each repetition's bound and share of it.
-        let achieved = step_bytes.map(|b| b as f64 * median / t.parallel as f64);
+        let achieved = rate(median);
+        // Each repetition's bound and share of it; the row's medians (a decode row probed).
         let rated = (probes.len() == samples.len() + 1).then(|| {
             let bounds: Vec<f64> = probes.windows(2).map(|w| w[0].max(w[1])).collect();
-            let shares = samples
+            let shares: Vec<f64> = samples
                 .iter()
                 .zip(&bounds)
-                .map(|(&tps, &bw)| step_bytes.unwrap_or(0) as f64 * tps / t.parallel as f64 / bw);
-            (
-                median_and_sd(bounds.clone()).0,
-                median_and_sd(shares.collect()).0,
-            )
+                .filter_map(|(&tps, &bw)| Some(rate(tps)? / bw))
+                .collect();
+            (median_and_sd(bounds).0, median_and_sd(shares).0)
         });
-        // (bound, share); a prefill row shows neither.
-        let limit = rated.or(limit.map(|bw| (bw, f64::NAN)));
         if args.json {
             let mut json = serde_json::json!({
                 "model": model, "test": t.name, "threads": threads, "n_prompt": t.prompt,
@@ -537,7 +533,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "kv_type": kv_layout.kv_type.name(),
                 "tps_median": median, "tps_stddev": sd, "samples": samples,
             });
-            if let (Some((bw, share)), Some(a)) = (limit, achieved) {
+            if let (Some((bw, share)), Some(a)) = (rated, achieved) {
                 json["gbps"] = (a / 1e9).into();
                 json["bandwidth_gbps"] = (bw / 1e9).into();
                 json["of_limit"] = share.into();
@@ -545,9 +541,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             println!("{json}");
         } else {
-            let extra = match (limit, achieved) {
+            let extra = match (rated, achieved) {
                 (Some((_, share)), Some(a)) => format!(" {:.1} | {:.0}% |", a / 1e9, 100.0 * share),
-                (Some(_), None) => " | |".to_string(),
+                _ if args.bandwidth => " | |".to_string(),
                 _ => String::new(),
             };
             println!(
