@@ -439,6 +439,14 @@ fn bench_runs_at_depth_and_reports_bandwidth() {
             "{r}"
         );
         assert!(bw > 0.0 && of_limit > 0.0, "{r}");
+        // With two threads, each probe also times a cache line's round trip between them
+        // (left out when the busy machine did not run both within its budget).
+        if let Some(apart) = r.get("threads_apart_ns") {
+            let apart = floats(apart);
+            assert!(r["threads"].as_u64() > Some(1), "{r}");
+            assert!(!apart.is_empty() && apart.len() <= probes.len(), "{r}");
+            assert!(apart.iter().all(|&ns| ns > 0.0 && ns < 1e8), "{r}");
+        }
     }
     // The model's weights are read once per token (SmolLM2 ties its embeddings: all of its
     // tensors, ~92 MiB); at depth 48 the keys and values of ~50 positions come on top.

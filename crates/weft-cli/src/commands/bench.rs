@@ -26,7 +26,11 @@
 //!   bus can switch between a slow and a fast state within seconds (an AMD EPYC host's read
 //!   46–58 or 66–85 GB/s; one row's probes 57.6 before and 77.6 after it), so a probe from
 //!   other seconds — the 256 MiB one taken before all tests, still printed — rated one decode
-//!   at 62% and the next at 87% of its bound.
+//!   at 62% and the next at 87% of its bound. With two or more threads each probe also times
+//!   a cache line's round trip between two threads (JSON: `threads_apart_ns`): on that host the
+//!   fast bus came with threads ~370 ns apart, the slow one with ~100 ns — the vCPUs moving
+//!   between core complexes, each with its own link to memory (see
+//!   `weft::bandwidth::core_round_trip`).
 //!
 //! Prompt tokens are pseudo-random ids, as llama-bench uses. Each test runs `-r` times after
 //! one warm-up; the table shows the median and the standard deviation.
@@ -67,7 +71,8 @@ pub struct Args {
     )]
     n_depth: Vec<usize>,
     /// Measure the streaming read bandwidth (of the machine, and of each decode row's bytes
-    /// per step) and report each decode row's GB/s and share of it.
+    /// per step) and report each decode row's GB/s and share of it; with two or more threads
+    /// each probe also times a cache line's round trip between two threads.
     #[arg(long)]
     bandwidth: bool,
     /// Parallel sequence counts for aggregate decode (`pp128+tgN xP`).
@@ -437,11 +442,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // The machine's bandwidth, for the record: each decode row is rated against probes of its
     // own step's bytes, taken around its repetitions.
+    // A cache line's round trip between two threads, in ns (one thread: none): a shared VM's
+    // vCPUs can move between core complexes, which changes both the bus and the cost of each
+    // hand-over between the threads (see `weft::bandwidth::core_round_trip`).
+    let round_trip = || {
+        let ns = weft::bandwidth::core_round_trip(20_000);
+        (threads > 1 && ns.is_finite()).then_some(ns)
+    };
     if args.bandwidth {
         let bw = weft::bandwidth::read_bandwidth(threads, 8, weft::bandwidth::BUFFER_BYTES);
         eprintln!(
-            "streaming read bandwidth: {:.1} GB/s ({threads} threads)",
-            bw / 1e9
+            "streaming read bandwidth: {:.1} GB/s ({threads} threads){}",
+            bw / 1e9,
+            round_trip().map_or(String::new(), |ns| format!(
+                "; a cache line's round trip between two threads: {ns:.0} ns"
+            ))
         );
     }
     let kv_layout = bench.runner.kv().layout().clone();
@@ -487,21 +502,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // The rate the step's bytes are read at, probed before each repetition and after the
         // last: each repetition is rated against the higher of the probes on either side of
         // it, the bus of its own seconds.
+        // With the bus, how far apart two threads run then (see `core_round_trip`).
         let probe = |when: String| {
             let bytes = step_bytes.filter(|_| args.bandwidth)?;
             let here = weft::bandwidth::read_bandwidth(threads, 4, bytes as usize);
+            let apart = round_trip();
             eprintln!(
-                "streaming read bandwidth over {:.0} MB (a step of {}) {when}: {:.1} GB/s",
+                "streaming read bandwidth over {:.0} MB (a step of {}) {when}: {:.1} GB/s{}",
                 bytes as f64 / 1e6,
                 t.name,
-                here / 1e9
+                here / 1e9,
+                apart.map_or(String::new(), |ns| format!(
+                    "; round trip between threads {ns:.0} ns"
+                ))
             );
-            Some(here)
+            Some((here, apart))
         };
         let mut samples = Vec::with_capacity(args.repetitions);
-        let mut probes = Vec::with_capacity(args.repetitions + 1);
+        let (mut probes, mut aparts) = (Vec::new(), Vec::new());
+        let mut record = |p: Option<(f64, Option<f64>)>| {
+            if let Some((bw, apart)) = p {
+                probes.push(bw);
+                aparts.extend(apart);
+            }
+        };
         for r in 1..=args.repetitions {
-            probes.extend(probe(format!("before repetition {r}")));
+            record(probe(format!("before repetition {r}")));
             let tps = if t.gen == 0 {
                 t.prompt as f64 / bench.prefill(t.prompt, t.depth)?
             } else if t.api {
@@ -512,7 +538,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             samples.push(tps);
         }
-        probes.extend(probe(format!("after repetition {}", args.repetitions)));
+        record(probe(format!("after repetition {}", args.repetitions)));
         let (median, sd) = median_and_sd(samples.clone());
         let achieved = rate(median);
         // Each repetition's bound and share of it; the row's medians (a decode row probed).
@@ -538,6 +564,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 json["bandwidth_gbps"] = (bw / 1e9).into();
                 json["of_limit"] = share.into();
                 json["probes_gbps"] = probes.iter().map(|p| p / 1e9).collect::<Vec<_>>().into();
+                if !aparts.is_empty() {
+                    json["threads_apart_ns"] = aparts.clone().into();
+                }
             }
             println!("{json}");
         } else {

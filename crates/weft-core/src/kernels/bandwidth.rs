@@ -2,7 +2,8 @@
 //! step must read (the weights once per step, each sequence's keys and values). `weft bench
 //! --bandwidth` divides the second by the first to say how close a decode runs to the limit.
 
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::gguf::GgufFile;
 use crate::kv::KvLayout;
@@ -55,6 +56,65 @@ pub fn read_bandwidth(threads: usize, rounds: usize, bytes: usize) -> f64 {
         }
     }
     best
+}
+
+/// Nanoseconds for one cache line to go from one thread to another and back: two threads
+/// pass a counter to and fro `trips` times (after 200 untimed trips), each waiting for the
+/// other's write. On a shared VM this says where the threads run: on the 2-vCPU AMD EPYC
+/// (Zen 5) host the two vCPUs were sometimes 75–125 ns apart (one core complex, sharing its
+/// link to memory: two threads streamed ~52 GB/s) and sometimes 360–420 ns (two complexes,
+/// each with its own link: ~80 GB/s), switching within seconds — which is what made the
+/// bus look slow or fast. Gives up after 100 ms (a busy machine that does not run both
+/// threads at once) and returns the mean of the trips made by then, or NaN for none.
+pub fn core_round_trip(trips: usize) -> f64 {
+    /// The counter, alone on its cache lines.
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    const WARM_UP: u64 = 200;
+    const BUDGET: Duration = Duration::from_millis(100);
+    let line = Line(AtomicU64::new(0));
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // The partner answers each odd value with the next even one.
+        s.spawn(|| {
+            let mut expect = 1;
+            loop {
+                if line.0.load(Ordering::Acquire) == expect {
+                    line.0.store(expect + 1, Ordering::Release);
+                    expect += 2;
+                } else if stop.load(Ordering::Relaxed) {
+                    return;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let begun = Instant::now();
+        let mut timed: Option<(Instant, u64)> = None;
+        let mut i = 0u64;
+        'trips: while i < WARM_UP + trips as u64 {
+            if i == WARM_UP {
+                timed = Some((Instant::now(), i));
+            }
+            line.0.store(2 * i + 1, Ordering::Release);
+            let mut spins = 0u32;
+            while line.0.load(Ordering::Acquire) != 2 * i + 2 {
+                std::hint::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(1 << 12) && begun.elapsed() > BUDGET {
+                    break 'trips;
+                }
+            }
+            i += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        match timed {
+            Some((start, first)) if i > first => {
+                start.elapsed().as_nanos() as f64 / (i - first) as f64
+            }
+            _ => f64::NAN,
+        }
+    })
 }
 
 /// The wrapping sum of `xs`, in eight independent lanes so the loads stream (the loop is
@@ -153,6 +213,15 @@ mod tests {
             let bw = read_bandwidth(2, 1, bytes);
             assert!(bw.is_finite() && bw > 1e8, "{bytes} bytes: {bw} B/s");
         }
+    }
+
+    #[test]
+    fn a_round_trip_takes_a_positive_time() {
+        // Two threads on any machine (one core: they take turns, within the budget).
+        let ns = core_round_trip(2000);
+        assert!(ns.is_nan() || (ns > 0.0 && ns < 1e8), "{ns} ns");
+        // No trips asked: nothing timed.
+        assert!(core_round_trip(0).is_nan());
     }
 
     #[test]
