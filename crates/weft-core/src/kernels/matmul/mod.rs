@@ -69,8 +69,20 @@ const TOKEN_BLOCK_BYTES: usize = 128 * 1024;
 
 /// Row chunks per thread: enough for a slowed-down thread to hand work to the others, and
 /// for the threads to finish together. A claim is cheap (see [`ThreadPool::run_chunks`]):
-/// 16 decoded SmolLM2 3–5% faster than 8 (32: no faster).
+/// 16 decoded SmolLM2 3–5% faster than 8 (32: no faster). Products of several tokens (a
+/// prefill, a batched decode) keep 16; one-token products take [`DECODE_CHUNKS_PER_THREAD`].
 const CHUNKS_PER_THREAD: usize = 16;
+
+/// Row chunks per thread of a one-token product (a decode step's matmuls). Fewer claims, and
+/// fewer of the steals at a run's end that move each thread's share line to the other core
+/// and back: where the two threads sit on different core complexes (a cache line's round
+/// trip ~370 ns instead of ~100, see `bandwidth::core_round_trip`), 4 chunks a thread decoded
+/// 1.5–2.5% faster than 16 (SmolLM2 tg, 8 pairs of 2-step slices alternated within a run),
+/// 1–5% at depth 4,096 (SmolLM2, 6 pairs) and 1.5–3.5% (Gemma 3 at depth, 9 pairs; its tg,
+/// 6 pairs: 1.5–4%); with them on one complex 4 and 16 were alike (SmolLM2 tg -1–+1%, at
+/// depth 0–8%; Gemma 0–1%), 2 was 2–3% slower; beside a busy-loop process no slower. On a
+/// 2-vCPU AMD EPYC Zen 5.
+const DECODE_CHUNKS_PER_THREAD: usize = 4;
 
 /// Most weight bytes in one chunk: a large matrix (an LM head of 30–180 MB) is cut finer than
 /// [`CHUNKS_PER_THREAD`] would, so the threads finish within a fraction of a small chunk of
@@ -360,7 +372,8 @@ fn token_block(cols: usize) -> usize {
 }
 
 /// Calls `work(u0, u1)` for chunks of `n_units` units (rows or row groups), a multiple of
-/// `granule` units each and about [`CHUNKS_PER_THREAD`] per thread, on the pool's threads
+/// `granule` units each and about [`CHUNKS_PER_THREAD`] per thread (for one token
+/// [`DECODE_CHUNKS_PER_THREAD`]), on the pool's threads
 /// (each walks a contiguous share and then helps with the others', see
 /// [`ThreadPool::run_chunks`]) — or all on the caller when the matmul is small.
 fn split(
@@ -373,7 +386,11 @@ fn split(
 ) {
     let serial = pool.n_threads() == 1 || w.rows * w.cols * n_tokens < SERIAL_WORK;
     let n_threads = if serial { 1 } else { pool.n_threads() };
-    let n_chunks = (n_threads * CHUNKS_PER_THREAD).max(w.data.len().div_ceil(MAX_CHUNK_BYTES));
+    let per_thread = match n_tokens {
+        1 => DECODE_CHUNKS_PER_THREAD,
+        _ => CHUNKS_PER_THREAD,
+    };
+    let n_chunks = (n_threads * per_thread).max(w.data.len().div_ceil(MAX_CHUNK_BYTES));
     let chunk = n_units.div_ceil(n_chunks).div_ceil(granule).max(1) * granule;
     let n_chunks = n_units.div_ceil(chunk);
     let body = |c: usize| work(c * chunk, ((c + 1) * chunk).min(n_units));
