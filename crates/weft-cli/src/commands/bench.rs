@@ -28,8 +28,8 @@
 //!   other seconds — the 256 MiB one taken before all tests, still printed — rated one decode
 //!   at 62% and the next at 87% of its bound. With two or more threads each probe also times
 //!   a cache line's round trip between two threads (JSON: `threads_apart_ns`): on that host the
-//!   fast bus came with threads ~370 ns apart, the slow one with ~100 ns — the vCPUs moving
-//!   between core complexes, each with its own link to memory (see
+//!   fast bus came with threads ~370 ns apart, the slow one with ~50 ns — most likely the
+//!   vCPUs moving between core complexes, each with its own link to memory (see
 //!   `weft::bandwidth::core_round_trip`).
 //!
 //! Prompt tokens are pseudo-random ids, as llama-bench uses. Each test runs `-r` times after
@@ -446,8 +446,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // vCPUs can move between core complexes, which changes both the bus and the cost of each
     // hand-over between the threads (see `weft::bandwidth::core_round_trip`).
     let round_trip = || {
+        if threads < 2 {
+            return None;
+        }
         let ns = weft::bandwidth::core_round_trip(20_000);
-        (threads > 1 && ns.is_finite()).then_some(ns)
+        ns.is_finite().then_some(ns)
     };
     if args.bandwidth {
         let bw = weft::bandwidth::read_bandwidth(threads, 8, weft::bandwidth::BUFFER_BYTES);

@@ -61,10 +61,10 @@ pub fn read_bandwidth(threads: usize, rounds: usize, bytes: usize) -> f64 {
 /// Nanoseconds for one cache line to go from one thread to another and back: two threads
 /// pass a counter to and fro `trips` times (after 200 untimed trips), each waiting for the
 /// other's write. On a shared VM this says where the threads run: on the 2-vCPU AMD EPYC
-/// (Zen 5) host the two vCPUs were sometimes 75–125 ns apart (one core complex, sharing its
-/// link to memory: two threads streamed ~52 GB/s) and sometimes 360–420 ns (two complexes,
-/// each with its own link: ~80 GB/s), switching within seconds — which is what made the
-/// bus look slow or fast. Gives up after 100 ms (a busy machine that does not run both
+/// (Zen 5) host this took 44–59 ns in some minutes (most likely one core complex, sharing
+/// its link to memory: two threads streamed 44–61 GB/s) and 344–412 ns in others (two
+/// complexes, each with its own link: 68–97 GB/s), switching within seconds — which is what
+/// made the bus look slow or fast. Gives up after 100 ms (a busy machine that does not run both
 /// threads at once) and returns the mean of the trips made by then, or NaN for none.
 pub fn core_round_trip(trips: usize) -> f64 {
     /// The counter, alone on its cache lines.
