@@ -440,8 +440,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
-    // The machine's bandwidth, for the record: each decode row is rated against probes of its
-    // own step's bytes, taken around its repetitions.
     // A cache line's round trip between two threads, in ns (one thread: none): a shared VM's
     // vCPUs can move between core complexes, which changes both the bus and the cost of each
     // hand-over between the threads (see `weft::bandwidth::core_round_trip`).
@@ -452,6 +450,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let ns = weft::bandwidth::core_round_trip(20_000);
         ns.is_finite().then_some(ns)
     };
+    // The machine's bandwidth, for the record: each decode row is rated against probes of its
+    // own step's bytes, taken around its repetitions.
     if args.bandwidth {
         let bw = weft::bandwidth::read_bandwidth(threads, 8, weft::bandwidth::BUFFER_BYTES);
         eprintln!(
@@ -504,8 +504,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let rate = |tps: f64| step_bytes.map(|b| b as f64 * tps / t.parallel as f64);
         // The rate the step's bytes are read at, probed before each repetition and after the
         // last: each repetition is rated against the higher of the probes on either side of
-        // it, the bus of its own seconds.
-        // With the bus, how far apart two threads run then (see `core_round_trip`).
+        // it, the bus of its own seconds. Each probe also says how far apart two threads run
+        // then.
         let probe = |when: String| {
             let bytes = step_bytes.filter(|_| args.bandwidth)?;
             let here = weft::bandwidth::read_bandwidth(threads, 4, bytes as usize);

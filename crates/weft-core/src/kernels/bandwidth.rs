@@ -64,8 +64,8 @@ pub fn read_bandwidth(threads: usize, rounds: usize, bytes: usize) -> f64 {
 /// (Zen 5) host this took 44–59 ns in some minutes (most likely one core complex, sharing
 /// its link to memory: two threads streamed 44–61 GB/s) and 344–412 ns in others (two
 /// complexes, each with its own link: 68–97 GB/s), switching within seconds — which is what
-/// made the bus look slow or fast. Gives up after 100 ms (a busy machine that does not run both
-/// threads at once) and returns the mean of the trips made by then, or NaN for none.
+/// made the bus look slow or fast. Gives up after 100 ms (a busy machine that does not run
+/// both threads at once) and returns the mean of the trips made by then, or NaN for none.
 pub fn core_round_trip(trips: usize) -> f64 {
     /// The counter, alone on its cache lines.
     #[repr(align(128))]
