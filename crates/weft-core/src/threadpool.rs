@@ -13,15 +13,18 @@
 //! instead of collapsing as it does with pure spinning.
 //!
 //! Protocol (per run, generation `g`): the caller stores the job, then publishes `g`. Each
-//! index `i >= 1` is *claimed* exactly once by moving `claimed[i]` from `g - 1` to `g` — by its
-//! worker when it wakes up, or by the caller after its own index 0. `remaining` counts the
-//! claimed-by-worker indices still running plus the unclaimed ones; the caller returns once it
-//! is zero, so the job (which borrows the caller's stack) is never used after `run` returns.
+//! index `i >= 1` is *claimed* exactly once by moving `slots[i].claimed` from `g - 1` to `g` —
+//! by its worker when it wakes up, or by the caller after its own index 0. A worker stores `g`
+//! in `slots[i].done` when it has finished; the caller returns once every index it did not run
+//! itself is done, so the job (which borrows the caller's stack) is never used after `run`
+//! returns. Each run moves few cache lines between the threads (the generation's, each slot's,
+//! and whatever the job reads): on a VM whose two vCPUs sit on different core complexes each
+//! costs ~200 ns, and a decode step makes ~150 runs.
 
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -36,28 +39,44 @@ const SPINS_PER_CHECK: u32 = 32;
 /// The job of the current run: the caller's closure with its lifetime erased.
 type Job = *const (dyn Fn(usize, usize) + Sync + 'static);
 
-/// State shared by the caller and the workers.
+/// State shared by the caller and the workers. What a worker reads at every run (the
+/// generation, the job, the thread count, the slots, the caller's sleep flag, the shutdown
+/// flag) comes first, on one cache line the caller writes once a run: a worker waking up
+/// fetches one line, not two.
+#[repr(C, align(128))]
 struct Shared {
-    n_threads: usize,
     /// Generation of the last published job; workers wait for it to change.
     generation: AtomicU64,
-    /// Set (before a final generation bump) when the pool is dropped.
-    shutdown: AtomicBool,
-    /// Per thread index: the generation whose job that index last claimed (index 0 unused).
-    claimed: Box<[AtomicU64]>,
-    /// Per thread index: whether that worker is parked (or about to park).
-    sleeping: Box<[AtomicBool]>,
-    /// Indices of the current run not finished yet (index 0 excluded).
-    remaining: AtomicUsize,
     /// The job of the current run. Written only by `run` while no index of any run is claimed
     /// and unfinished; read only by a thread that has just claimed an index of the current run.
     job: UnsafeCell<Option<Job>>,
-    /// The caller is parked (or about to park) waiting for `remaining` to reach zero.
+    n_threads: usize,
+    /// Per thread index: its claim, share and end.
+    slots: Box<[Slot]>,
+    /// The caller is parked (or about to park) waiting for a worker to be done.
     caller_sleeping: AtomicBool,
-    /// The thread to unpark when `remaining` reaches zero while `caller_sleeping`.
+    /// Set (before a final generation bump) when the pool is dropped.
+    shutdown: AtomicBool,
+    /// Per thread index: whether that worker is parked (or about to park).
+    sleeping: Box<[AtomicBool]>,
+    /// The thread a worker unparks when it is done while `caller_sleeping`.
     caller: Mutex<Option<Thread>>,
     /// The first panic payload caught on a worker during the current run.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+/// Thread index `i`'s claim, share of chunks and end, alone on their cache lines. Its worker
+/// owns the line; the others read it once at the end of their own work (to take over chunks
+/// left, then to wait for it to be done), so it moves between the cores twice a run — where
+/// the two threads sit on different core complexes each move costs ~200 ns.
+#[repr(align(128))]
+struct Slot {
+    /// The generation whose job this index last claimed (index 0: unused).
+    claimed: AtomicU64,
+    /// The generation whose job this index's worker last finished (index 0: unused).
+    done: AtomicU64,
+    /// The chunks of the current [`ThreadPool::run_shares`] it has not started.
+    share: Share,
 }
 
 // SAFETY: every field but `job` is Sync. `job` is only written by `run` (serialized by
@@ -80,41 +99,51 @@ pub struct ThreadPool {
     workers: Vec<JoinHandle<()>>,
     /// Serializes `run` calls.
     run_lock: Mutex<()>,
-    /// Per thread index: the chunks of the current [`ThreadPool::run_chunks`] it has not
-    /// started, as `front << 32 | back` (written only while `run_lock` is held).
-    shares: Box<[Share]>,
+    /// `run_shares` calls so far: tags each run's shares.
+    share_runs: AtomicU64,
 }
 
-/// One thread's share of a [`ThreadPool::run_shares`] call, alone on its cache lines: its
-/// owner takes chunks from the front without touching a line another thread is using.
-#[repr(align(128))]
+/// One thread's share of a [`ThreadPool::run_shares`] call: its owner takes chunks from the
+/// front without touching a line another thread is using (see [`Share::pack`]).
 struct Share(AtomicU64);
 
 /// What [`ThreadPool::run_shares`] hands each worker: each call claims the worker's next chunk.
 pub type Claim<'a> = dyn FnMut() -> Option<usize> + 'a;
 
+/// Bits of a chunk index in a [`Share`]: `run_shares` takes fewer than 2^24 chunks.
+const CHUNK_BITS: u32 = 24;
+
 impl Share {
-    fn pack(front: usize, back: usize) -> u64 {
-        ((front as u64) << 32) | back as u64
+    /// `tag << 48 | front << 24 | back`: the chunks `front..back` of run `tag` (the low 16
+    /// bits of the pool's count of `run_shares` calls).
+    fn pack(tag: u64, front: usize, back: usize) -> u64 {
+        (tag & 0xffff) << (2 * CHUNK_BITS) | (front as u64) << CHUNK_BITS | back as u64
     }
 
-    fn unpack(v: u64) -> (usize, usize) {
-        ((v >> 32) as usize, (v & 0xffff_ffff) as usize)
+    fn unpack(v: u64) -> (u64, usize, usize) {
+        let mask = (1u64 << CHUNK_BITS) - 1;
+        let chunk = |shift: u32| ((v >> shift) & mask) as usize;
+        (v >> (2 * CHUNK_BITS), chunk(CHUNK_BITS), chunk(0))
     }
 
-    /// Replaces the chunks left, `(front, back)`, by `cut(front, back)` when any are left;
-    /// returns what was there.
-    fn update(&self, cut: impl Fn(usize, usize) -> (usize, usize)) -> Option<(usize, usize)> {
+    /// Replaces the chunks left of run `tag`, `(front, back)`, by `cut(front, back)` when any
+    /// are left; returns what was there. A share another run left behind (its owner has not
+    /// set this run's yet) counts as empty.
+    fn update(
+        &self,
+        tag: u64,
+        cut: impl Fn(usize, usize) -> (usize, usize),
+    ) -> Option<(usize, usize)> {
         let mut cur = self.0.load(Ordering::Relaxed);
         loop {
-            let (front, back) = Share::unpack(cur);
-            if front >= back {
+            let (t, front, back) = Share::unpack(cur);
+            if t != tag & 0xffff || front >= back {
                 return None;
             }
             let (f, b) = cut(front, back);
             match self.0.compare_exchange_weak(
                 cur,
-                Share::pack(f, b),
+                Share::pack(tag, f, b),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
@@ -125,8 +154,8 @@ impl Share {
     }
 
     /// Takes the first chunk left (the owner's next chunk).
-    fn take_first(&self) -> Option<usize> {
-        self.update(|front, back| (front + 1, back))
+    fn take_first(&self, tag: u64) -> Option<usize> {
+        self.update(tag, |front, back| (front + 1, back))
             .map(|(front, _)| front)
     }
 
@@ -134,9 +163,9 @@ impl Share {
     /// share: it walks them front to back too, so a thread that ends up doing another's work
     /// (beside a busy process) still streams long ranges rather than one chunk at a time
     /// from the back (which cost 10% of SmolLM2's decode there).
-    fn steal_half(&self) -> Option<(usize, usize)> {
+    fn steal_half(&self, tag: u64) -> Option<(usize, usize)> {
         let mid = |front: usize, back: usize| front + (back - front) / 2;
-        self.update(|front, back| (front, mid(front, back)))
+        self.update(tag, |front, back| (front, mid(front, back)))
             .map(|(front, back)| (mid(front, back), back))
     }
 }
@@ -153,9 +182,14 @@ impl ThreadPool {
             n_threads,
             generation: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
-            claimed: (0..n_threads).map(|_| AtomicU64::new(0)).collect(),
+            slots: (0..n_threads)
+                .map(|_| Slot {
+                    claimed: AtomicU64::new(0),
+                    done: AtomicU64::new(0),
+                    share: Share(AtomicU64::new(0)),
+                })
+                .collect(),
             sleeping: (0..n_threads).map(|_| AtomicBool::new(false)).collect(),
-            remaining: AtomicUsize::new(0),
             job: UnsafeCell::new(None),
             caller_sleeping: AtomicBool::new(false),
             caller: Mutex::new(None),
@@ -174,7 +208,7 @@ impl ThreadPool {
             shared,
             workers,
             run_lock: Mutex::new(()),
-            shares: (0..n_threads).map(|_| Share(AtomicU64::new(0))).collect(),
+            share_runs: AtomicU64::new(0),
         }
     }
 
@@ -241,29 +275,38 @@ impl ThreadPool {
             f(&mut || chunks.next());
             return;
         }
-        assert!(
-            u32::try_from(n_chunks).is_ok(),
-            "run_shares: too many chunks"
-        );
+        assert!(n_chunks < 1 << CHUNK_BITS, "run_shares: too many chunks");
         let _serial = self.run_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        for (i, share) in self.shares.iter().enumerate() {
-            // Published to the workers by the run's generation store.
-            let (front, back) = (n_chunks * i / n, n_chunks * (i + 1) / n);
-            share.0.store(Share::pack(front, back), Ordering::Relaxed);
-        }
-        let shares = &self.shares;
+        // Only changed under `run_lock`.
+        let tag = self.share_runs.fetch_add(1, Ordering::Relaxed) + 1;
+        let slots = &self.shared.slots;
+        let share = |i: usize| &slots[i].share;
         self.run_locked(&|i, n| {
+            // Each index sets its own share, so its line need not move to the caller and back
+            // before the work starts (until it does, the others find the last run's share
+            // there, another tag, and leave it alone), and takes its first chunk with a plain
+            // store: a locked instruction here would wait for this thread's earlier stores,
+            // the caller's of the generation among them, to reach the other core.
+            let (front, back) = (n_chunks * i / n, n_chunks * (i + 1) / n);
+            let mut first = (front < back).then_some(front);
+            let rest = front + usize::from(first.is_some());
+            share(i)
+                .0
+                .store(Share::pack(tag, rest, back), Ordering::Relaxed);
             f(&mut || loop {
-                if let Some(c) = shares[i].take_first() {
+                if let Some(c) = first.take() {
+                    return Some(c);
+                }
+                if let Some(c) = share(i).take_first(tag) {
                     return Some(c);
                 }
                 // Done with its share: take over the back half of another's.
-                let (front, back) = (1..n).find_map(|k| shares[(i + k) % n].steal_half())?;
+                let (front, back) = (1..n).find_map(|k| share((i + k) % n).steal_half(tag))?;
                 // Only this thread writes its share while the share is empty (the others
                 // change a share only while chunks are left in it).
-                shares[i]
+                share(i)
                     .0
-                    .store(Share::pack(front, back), Ordering::Relaxed);
+                    .store(Share::pack(tag, front, back), Ordering::Relaxed);
             })
         });
     }
@@ -274,7 +317,7 @@ impl ThreadPool {
         let sh = &*self.shared;
         let gen = sh.generation.load(Ordering::Relaxed) + 1;
         // SAFETY: the closure outlives every use of this pointer: `run` does not return before
-        // `remaining` is zero, i.e. before every index of this generation has finished, and no
+        // every index of this generation has finished (run here or marked done), and no
         // thread reads the slot for another generation (see `Shared::job`). Only the lifetime
         // is erased; the pointer's type is otherwise unchanged.
         let job: Job =
@@ -282,27 +325,34 @@ impl ThreadPool {
         // SAFETY: no thread reads the slot now (every index of the previous run has finished
         // and this generation is not published yet), and `run_lock` excludes other writers.
         unsafe { *sh.job.get() = Some(job) };
-        sh.remaining.store(n - 1, Ordering::Relaxed);
-        // Publish: SeqCst pairs with the workers' `sleeping` store then `generation` load.
-        sh.generation.store(gen, Ordering::SeqCst);
+        // Publish. Release, not SeqCst: a full fence here would hold the caller until the
+        // line had moved to this core. The price: a worker about to park may miss it (its
+        // `sleeping` store and our load below pass each other) and sleep through this run —
+        // which the caller then runs in its stead, as for any index not claimed in time —
+        // until a later run sees it asleep and wakes it.
+        sh.generation.store(gen, Ordering::Release);
         for (i, worker) in self.workers.iter().enumerate() {
-            if sh.sleeping[i + 1].load(Ordering::SeqCst) {
+            if sh.sleeping[i + 1].load(Ordering::Relaxed) {
                 worker.thread().unpark();
             }
         }
 
         let mut panic = panic::catch_unwind(AssertUnwindSafe(|| f(0, n))).err();
         // Run the indices whose worker has not claimed them yet (a load first: a claimed
-        // index's line then stays shared instead of moving here and back for a failed CAS).
+        // index's line then stays shared instead of moving here and back for a failed CAS),
+        // then wait for the others' workers.
         for i in 1..n {
-            if sh.claimed[i].load(Ordering::Relaxed) != gen && claim(sh, i, gen) {
+            if sh.slots[i].claimed.load(Ordering::Relaxed) != gen && claim(sh, i, gen) {
                 if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| f(i, n))) {
                     panic.get_or_insert(p);
                 }
-                sh.remaining.fetch_sub(1, Ordering::SeqCst);
+            } else {
+                wait_for_worker(sh, i, gen);
             }
         }
-        wait_for_workers(sh);
+        // The workers read our share at the end of their work; take its line back now,
+        // while the caller goes on alone, rather than at the next run's first claim.
+        own_line(&sh.slots[0]);
 
         let worker_panic = sh
             .panic
@@ -340,7 +390,8 @@ impl std::fmt::Debug for ThreadPool {
 
 /// Claims thread index `i` for generation `gen`: true for exactly one claimer per generation.
 fn claim(sh: &Shared, i: usize, gen: u64) -> bool {
-    sh.claimed[i]
+    sh.slots[i]
+        .claimed
         .compare_exchange(gen - 1, gen, Ordering::AcqRel, Ordering::Relaxed)
         .is_ok()
 }
@@ -359,15 +410,16 @@ fn worker_loop(sh: &Shared, index: usize) {
         }
         // SAFETY: the claim succeeded, so run `gen` is still waiting for this index and the
         // slot holds its job (written before `gen` was published, which we acquired); the
-        // closure lives until that run returns, which is after we decrement `remaining`.
+        // closure lives until that run returns, which is after we store `done`.
         let job = unsafe { &*(*sh.job.get()).expect("a published run has a job") };
         if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| job(index, sh.n_threads))) {
             let mut slot = sh.panic.lock().unwrap_or_else(PoisonError::into_inner);
             slot.get_or_insert(p);
         }
-        if sh.remaining.fetch_sub(1, Ordering::SeqCst) == 1
-            && sh.caller_sleeping.load(Ordering::SeqCst)
-        {
+        // SeqCst store then load, against the caller's `caller_sleeping` store then `done`
+        // load: either it sees this run done or we see it asleep.
+        sh.slots[index].done.store(gen, Ordering::SeqCst);
+        if sh.caller_sleeping.load(Ordering::SeqCst) {
             let caller = sh.caller.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(t) = caller.as_ref() {
                 t.unpark();
@@ -376,13 +428,37 @@ fn worker_loop(sh: &Shared, index: usize) {
     }
 }
 
+/// Asks for `line`'s cache line on this core, writable (x86's `prefetchw`; a hint, nothing
+/// elsewhere): a line another core has just read then costs nothing to write later.
+#[inline]
+fn own_line<T>(line: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults, and `line` is a valid reference anyway.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+        _mm_prefetch::<_MM_HINT_ET0>((line as *const T).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = line;
+}
+
+/// Spins of a worker's wait after which it takes its slot's line back: by then (~0.4 µs; a
+/// spin pauses ~24 ns on the Zen 5 host) the caller has read it to see the last run done,
+/// and the next run's claim then finds the line on this core.
+const OWN_SLOT_AFTER_SPINS: u32 = 16;
+
 /// Waits (spin, then yield, then park) until the generation differs from `seen`; returns it.
 fn wait_for_generation(sh: &Shared, index: usize, seen: u64) -> u64 {
     let mut backoff = Backoff::new();
+    let mut spins = 0u32;
     loop {
         let gen = sh.generation.load(Ordering::Acquire);
         if gen != seen {
             return gen;
+        }
+        spins = spins.wrapping_add(1);
+        if spins == OWN_SLOT_AFTER_SPINS {
+            own_line(&sh.slots[index]);
         }
         if backoff.snooze() {
             continue;
@@ -397,17 +473,19 @@ fn wait_for_generation(sh: &Shared, index: usize, seen: u64) -> u64 {
     }
 }
 
-/// Waits (spin, then yield, then park) until every worker-run index of this run has finished.
-fn wait_for_workers(sh: &Shared) {
+/// Waits (spin, then yield, then park) until the worker of index `i`, which claimed run
+/// `gen`, has finished it.
+fn wait_for_worker(sh: &Shared, i: usize, gen: u64) {
+    let done = &sh.slots[i].done;
     let mut backoff = Backoff::new();
-    while sh.remaining.load(Ordering::Acquire) != 0 {
+    while done.load(Ordering::Acquire) != gen {
         if backoff.snooze() {
             continue;
         }
         *sh.caller.lock().unwrap_or_else(PoisonError::into_inner) = Some(thread::current());
-        // SeqCst store then load, against the last worker's SeqCst decrement then load.
+        // SeqCst store then load, against the worker's SeqCst `done` store then load.
         sh.caller_sleeping.store(true, Ordering::SeqCst);
-        if sh.remaining.load(Ordering::SeqCst) != 0 {
+        if done.load(Ordering::SeqCst) != gen {
             thread::park();
         }
         sh.caller_sleeping.store(false, Ordering::SeqCst);
@@ -579,14 +657,44 @@ mod tests {
     /// what is left (at least one chunk), until none is left.
     #[test]
     fn a_share_is_taken_from_the_front_and_halved_from_the_back() {
-        let share = Share(AtomicU64::new(Share::pack(2, 9)));
-        assert_eq!(share.take_first(), Some(2));
-        assert_eq!(share.steal_half(), Some((6, 9)));
-        assert_eq!(share.take_first(), Some(3));
-        assert_eq!(share.steal_half(), Some((5, 6)));
-        assert_eq!(share.steal_half(), Some((4, 5)));
-        assert_eq!(share.take_first(), None);
-        assert_eq!(share.steal_half(), None);
+        let share = Share(AtomicU64::new(Share::pack(7, 2, 9)));
+        assert_eq!(
+            share.take_first(6),
+            None,
+            "another run's share counts as empty"
+        );
+        assert_eq!(share.steal_half(8), None);
+        assert_eq!(share.take_first(7), Some(2));
+        assert_eq!(share.steal_half(7), Some((6, 9)));
+        assert_eq!(share.take_first(7), Some(3));
+        assert_eq!(share.steal_half(7), Some((5, 6)));
+        assert_eq!(share.steal_half(7), Some((4, 5)));
+        assert_eq!(share.take_first(7), None);
+        assert_eq!(share.steal_half(7), None);
+    }
+
+    /// A run whose worker panics leaves chunks in the shares; the next run must neither take
+    /// them (they would be out of its range) nor lose any of its own.
+    #[test]
+    fn shares_left_by_a_panicking_run_are_not_taken() {
+        let pool = ThreadPool::new(2);
+        for round in 0..50 {
+            let r = panic::catch_unwind(AssertUnwindSafe(|| {
+                pool.run_shares(64, &|next| {
+                    if let Some(c) = next() {
+                        assert!(c < 64);
+                        panic!("boom");
+                    }
+                })
+            }));
+            assert!(r.is_err());
+            let n_chunks = 3 + round % 5;
+            let counts: Vec<AtomicU32> = (0..n_chunks).map(|_| AtomicU32::new(0)).collect();
+            pool.run_chunks(n_chunks, &|c| {
+                counts[c].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+        }
     }
 
     #[test]

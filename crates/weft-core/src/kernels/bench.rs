@@ -186,6 +186,31 @@ fn pool_latency(pool: &ThreadPool) -> f64 {
     time(Duration::from_millis(300), || pool.run(&|_, _| {}))
 }
 
+/// Seconds a `run_chunks` of 8 chunks of pure arithmetic takes beyond the arithmetic itself,
+/// with the caller alone for 4 chunks' time between runs (as for a decode step's norms): what
+/// handing work to the other threads and back costs, about 0.1 µs on the 2-vCPU Zen 5 host
+/// with its vCPUs on one core complex and 0.8–1 µs with them on two.
+fn pool_handover(pool: &ThreadPool) -> f64 {
+    // ~0.35 µs of dependent multiply-adds on the Zen 5.
+    let chunk = |c: usize| {
+        let mut x = c as u64 | 1;
+        for _ in 0..1700 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+        }
+        std::hint::black_box(x);
+    };
+    let budget = Duration::from_millis(300);
+    let one = time(budget, || chunk(3));
+    let run = time(budget, || {
+        pool.run_chunks(8, &chunk);
+        (0..4).for_each(chunk);
+    });
+    let work = (8usize.div_ceil(pool.n_threads()) + 4) as f64 * one;
+    run - work
+}
+
 /// The matmuls of one SmolLM2-135M decode step: 30 blocks of q, k, v, o, gate, up, down
 /// (Q4_1), then the tied Q8_0 output projection.
 struct DecodeStep {
@@ -243,6 +268,12 @@ fn bench_pool_and_decode() {
         println!(
             "pool.run (empty job), {n} threads: {:.2} us",
             pool_latency(&pool) * 1e6
+        );
+        println!(
+            "hand-over of 8 chunks, {n} threads: {:.2} us beyond the work \
+             (a cache line's round trip between two threads: {:.0} ns)",
+            pool_handover(&pool) * 1e6,
+            super::bandwidth::core_round_trip(20_000)
         );
     }
     let step = DecodeStep::new();
