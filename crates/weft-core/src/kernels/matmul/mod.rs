@@ -77,11 +77,13 @@ const CHUNKS_PER_THREAD: usize = 16;
 /// fewer of the steals at a run's end that move each thread's share line to the other core
 /// and back: where the two threads sit on different core complexes (a cache line's round
 /// trip ~370 ns instead of ~50, see `bandwidth::core_round_trip`), 4 chunks a thread decoded
-/// 0.5–2.5% faster than 16 (SmolLM2 tg, 8 pairs of 2-step slices alternated within a run),
-/// 1–5% at depth 4,096 (SmolLM2, 6 pairs), −1–+5% (median +1.8%; Gemma 3 at depth, 20
-/// pairs) and 1.3–4.4% (Gemma's tg, 6 pairs); with them on one complex 4 and 16 were alike
-/// (SmolLM2 tg −2–+1%, at depth 0–8%; Gemma within 1%) and 2 was 0.4–4.5% slower; beside a
-/// busy-loop process no slower. On a 2-vCPU AMD EPYC Zen 5.
+/// SmolLM2 2.6% faster than 16 (tg1024, the two alternated in blocks of 16 steps within a
+/// run, 6 runs in each order: +0.1–1.6% with 4 first, +3.6–5.3% with 16 first — the first
+/// setting's blocks take the steps that fault in a new KV page). A first measurement, in
+/// 2-step slices (which favour the second setting), gave 1–5% at depth 4,096 (SmolLM2), a
+/// median +1.8% for Gemma 3 at depth and 1.3–4.4% for its tg; with the threads on one
+/// complex 4 and 16 were alike and 2 was 0.4–4.5% slower; beside a busy-loop process no
+/// slower. On a 2-vCPU AMD EPYC Zen 5.
 const DECODE_CHUNKS_PER_THREAD: usize = 4;
 
 /// Most weight bytes in one chunk: a large matrix (an LM head of 30–180 MB) is cut finer than
