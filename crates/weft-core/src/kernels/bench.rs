@@ -188,8 +188,9 @@ fn pool_latency(pool: &ThreadPool) -> f64 {
 
 /// Seconds a `run_chunks` of 8 chunks of pure arithmetic takes beyond the arithmetic itself,
 /// with the caller alone for 4 chunks' time between runs (as for a decode step's norms): what
-/// handing work to the other threads and back costs, about 0.1 µs on the 2-vCPU Zen 5 host
-/// with its vCPUs on one core complex and 0.8–1 µs with them on two.
+/// handing work to the other threads and back costs: under 0.1 µs on the 2-vCPU Zen 5 host
+/// with its vCPUs on one core complex, 0.66–0.75 µs with them on two (0.8–1.2 µs before the
+/// pool kept each thread's claim, share and end on a line of its own).
 fn pool_handover(pool: &ThreadPool) -> f64 {
     // ~0.35 µs of dependent multiply-adds on the Zen 5.
     let chunk = |c: usize| {
