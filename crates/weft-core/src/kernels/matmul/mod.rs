@@ -78,13 +78,12 @@ const CHUNKS_PER_THREAD: usize = 16;
 /// and back: where the two threads sit on different core complexes (a cache line's round
 /// trip ~370 ns instead of ~50, see `bandwidth::core_round_trip`), 4 chunks a thread decoded
 /// SmolLM2 2.6% faster than 16 (tg1024, the two alternated in blocks of 16 steps within a
-/// run, 6 runs in each order: +0.1–1.6% with 4 first, +3.6–5.3% with 16 first — whichever
-/// goes first loses ~2%, hence both orders). A first measurement, in 2-step slices (whose
-/// first setting also takes every step that faults in a new KV page), gave 1–5% at depth
-/// 4,096 (SmolLM2), a
-/// median +1.8% for Gemma 3 at depth and 1.3–4.4% for its tg; with the threads on one
-/// complex 4 and 16 were alike and 2 was 0.4–4.5% slower; beside a busy-loop process no
-/// slower. On a 2-vCPU AMD EPYC Zen 5.
+/// run, 6 runs in each order: +0.1–1.6% with 4 first, +3.6–5.3% with 16 first — the first
+/// setting's blocks take every step that faults in a new KV page, hence both orders). A first
+/// measurement, in 2-step slices (the same bias, in one order only), gave 1–5% at depth
+/// 4,096 (SmolLM2), a median +1.8% for Gemma 3 at depth and 1.3–4.4% for its tg; with the
+/// threads on one complex 4 and 16 were alike and 2 was 0.4–4.5% slower; beside a busy-loop
+/// process no slower. On a 2-vCPU AMD EPYC Zen 5.
 const DECODE_CHUNKS_PER_THREAD: usize = 4;
 
 /// Most weight bytes in one chunk: a large matrix (an LM head of 30–180 MB) is cut finer than
