@@ -99,7 +99,9 @@ pub struct ThreadPool {
     workers: Vec<JoinHandle<()>>,
     /// Serializes `run` calls.
     run_lock: Mutex<()>,
-    /// `run_shares` calls so far: tags each run's shares.
+    /// `run_shares` calls so far: tags each run's shares. Its own count, not the generation
+    /// (which plain runs advance too): two consecutive calls' tags then always differ, also in
+    /// the 16 bits a share keeps, so a share the last call left is never taken for this one's.
     share_runs: AtomicU64,
 }
 
