@@ -29,6 +29,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
+mod phases;
+mod shares;
+
+pub use shares::Claim;
+use shares::Share;
+
 /// How long a waiting thread spins on the atomic before it starts yielding.
 const SPIN_TIME: Duration = Duration::from_micros(50);
 /// How long (after spinning) a waiting thread calls `yield_now` before it parks.
@@ -77,7 +83,15 @@ struct Slot {
     done: AtomicU64,
     /// The chunks of the current [`ThreadPool::run_shares`] it has not started.
     share: Share,
+    /// The chunks of the current [`ThreadPool::run_phases`] it has finished, tagged with the
+    /// run's generation: on a line of its own, written once a phase, so a thread waiting for
+    /// it at a barrier does not pull the share's line away from a thread still taking chunks.
+    progress: Padded<AtomicU64>,
 }
+
+/// A value alone on its cache lines.
+#[repr(align(128))]
+struct Padded<T>(T);
 
 // SAFETY: every field but `job` is Sync. `job` is only written by `run` (serialized by
 // `run_lock`) while no thread may read it (all indices of the previous run are finished and the
@@ -105,73 +119,6 @@ pub struct ThreadPool {
     share_runs: AtomicU64,
 }
 
-/// One thread's share of a [`ThreadPool::run_shares`] call: its owner takes chunks from the
-/// front without touching a line another thread is using (see [`Share::pack`]).
-struct Share(AtomicU64);
-
-/// What [`ThreadPool::run_shares`] hands each worker: each call claims the worker's next chunk.
-pub type Claim<'a> = dyn FnMut() -> Option<usize> + 'a;
-
-/// Bits of a chunk index in a [`Share`]: `run_shares` takes fewer than 2^24 chunks.
-const CHUNK_BITS: u32 = 24;
-
-impl Share {
-    /// `tag << 48 | front << 24 | back`: the chunks `front..back` of run `tag` (the low 16
-    /// bits of the pool's count of `run_shares` calls).
-    fn pack(tag: u64, front: usize, back: usize) -> u64 {
-        (tag & 0xffff) << (2 * CHUNK_BITS) | (front as u64) << CHUNK_BITS | back as u64
-    }
-
-    fn unpack(v: u64) -> (u64, usize, usize) {
-        let mask = (1u64 << CHUNK_BITS) - 1;
-        let chunk = |shift: u32| ((v >> shift) & mask) as usize;
-        (v >> (2 * CHUNK_BITS), chunk(CHUNK_BITS), chunk(0))
-    }
-
-    /// Replaces the chunks left of run `tag`, `(front, back)`, by `cut(front, back)` when any
-    /// are left; returns what was there. A share another run left behind (its owner has not
-    /// set this run's yet) counts as empty.
-    fn update(
-        &self,
-        tag: u64,
-        cut: impl Fn(usize, usize) -> (usize, usize),
-    ) -> Option<(usize, usize)> {
-        let mut cur = self.0.load(Ordering::Relaxed);
-        loop {
-            let (t, front, back) = Share::unpack(cur);
-            if t != tag & 0xffff || front >= back {
-                return None;
-            }
-            let (f, b) = cut(front, back);
-            match self.0.compare_exchange_weak(
-                cur,
-                Share::pack(tag, f, b),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Some((front, back)),
-                Err(seen) => cur = seen,
-            }
-        }
-    }
-
-    /// Takes the first chunk left (the owner's next chunk).
-    fn take_first(&self, tag: u64) -> Option<usize> {
-        self.update(tag, |front, back| (front + 1, back))
-            .map(|(front, _)| front)
-    }
-
-    /// Takes the back half of the chunks left (at least one), for a thread done with its own
-    /// share: it walks them front to back too, so a thread that ends up doing another's work
-    /// (beside a busy process) still streams long ranges rather than one chunk at a time
-    /// from the back (which cost 10% of SmolLM2's decode there).
-    fn steal_half(&self, tag: u64) -> Option<(usize, usize)> {
-        let mid = |front: usize, back: usize| front + (back - front) / 2;
-        self.update(tag, |front, back| (front, mid(front, back)))
-            .map(|(front, back)| (mid(front, back), back))
-    }
-}
-
 impl ThreadPool {
     /// A pool of `n_threads` threads in all, counting the calling thread:
     /// `ThreadPool::new(2)` starts 1 worker. `n_threads == 0` is treated as 1.
@@ -189,6 +136,7 @@ impl ThreadPool {
                     claimed: AtomicU64::new(0),
                     done: AtomicU64::new(0),
                     share: Share(AtomicU64::new(0)),
+                    progress: Padded(AtomicU64::new(0)),
                 })
                 .collect(),
             sleeping: (0..n_threads).map(|_| AtomicBool::new(false)).collect(),
@@ -237,80 +185,6 @@ impl ThreadPool {
         }
         let _serial = self.run_lock.lock().unwrap_or_else(PoisonError::into_inner);
         self.run_locked(f);
-    }
-
-    /// Calls `work(c)` once for every chunk `c` in `0..n_chunks`, on all the pool's threads,
-    /// and returns when all calls have finished.
-    ///
-    /// Thread `i` owns the `i`-th contiguous share of the chunks and walks it front to back;
-    /// a thread done with its own share then takes over the back half of another's (as its
-    /// new share), and so on until no chunk is left. So in the common case each thread streams
-    /// one contiguous range (which the hardware prefetchers follow) and claims its chunks on
-    /// a cache line no other thread touches, while a thread slowed down (by another process
-    /// on its core) still hands its work to the rest. A single shared counter cost ~50 ns a
-    /// chunk on a 2-core VM: the line moved between the cores at every claim.
-    ///
-    /// # Panics
-    /// If `n_chunks` does not fit in 32 bits, or as [`ThreadPool::run`] does.
-    pub fn run_chunks(&self, n_chunks: usize, work: &(dyn Fn(usize) + Sync)) {
-        self.run_shares(n_chunks, &|next| {
-            while let Some(c) = next() {
-                work(c);
-            }
-        });
-    }
-
-    /// [`ThreadPool::run_chunks`] for a worker that claims its chunks itself: `f` runs once on
-    /// each thread, and each call of the `next` it is given claims that thread's next chunk
-    /// (front to back through its own share, then through halves taken over from the others';
-    /// `None` when it finds none left to take, the worker's cue to return: the rest are being
-    /// run by the threads that took them). A worker may claim a chunk before it is done with
-    /// the one in hand, to prefetch what the next one reads. Every chunk is claimed exactly
-    /// once.
-    ///
-    /// # Panics
-    /// If `n_chunks` does not fit in 32 bits, or as [`ThreadPool::run`] does.
-    pub fn run_shares(&self, n_chunks: usize, f: &(dyn Fn(&mut Claim<'_>) + Sync)) {
-        let n = self.shared.n_threads;
-        if n == 1 {
-            let mut chunks = 0..n_chunks;
-            f(&mut || chunks.next());
-            return;
-        }
-        assert!(n_chunks < 1 << CHUNK_BITS, "run_shares: too many chunks");
-        let _serial = self.run_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        // Only changed under `run_lock`.
-        let tag = self.share_runs.fetch_add(1, Ordering::Relaxed) + 1;
-        let slots = &self.shared.slots;
-        let share = |i: usize| &slots[i].share;
-        self.run_locked(&|i, n| {
-            // Each index sets its own share, so its line need not move to the caller and back
-            // before the work starts (until it does, the others find the last run's share
-            // there, another tag, and leave it alone), and takes its first chunk with a plain
-            // store: a locked instruction here would wait for this thread's earlier stores,
-            // the caller's of the generation among them, to reach the other core.
-            let (front, back) = (n_chunks * i / n, n_chunks * (i + 1) / n);
-            let mut first = (front < back).then_some(front);
-            let rest = front + usize::from(first.is_some());
-            share(i)
-                .0
-                .store(Share::pack(tag, rest, back), Ordering::Relaxed);
-            f(&mut || loop {
-                if let Some(c) = first.take() {
-                    return Some(c);
-                }
-                if let Some(c) = share(i).take_first(tag) {
-                    return Some(c);
-                }
-                // Done with its share: take over the back half of another's.
-                let (front, back) = (1..n).find_map(|k| share((i + k) % n).steal_half(tag))?;
-                // Only this thread writes its share while the share is empty (the others
-                // change a share only while chunks are left in it).
-                share(i)
-                    .0
-                    .store(Share::pack(tag, front, back), Ordering::Relaxed);
-            })
-        });
     }
 
     /// [`ThreadPool::run`] on more than one thread, with `run_lock` held by the caller.
@@ -601,102 +475,6 @@ mod tests {
             hits.fetch_add(1, Ordering::SeqCst);
         });
         assert_eq!(hits.load(Ordering::SeqCst), 2);
-    }
-
-    /// Every chunk runs exactly once, whatever the thread and chunk counts, also when the
-    /// first chunk of a share is slow (so other threads take the rest of that share).
-    #[test]
-    fn run_chunks_runs_every_chunk_once() {
-        for n in [1, 2, 3] {
-            let pool = ThreadPool::new(n);
-            for n_chunks in [0, 1, 2, 5, 16, 100] {
-                for slow in [None, Some(0), Some(n_chunks / 2)] {
-                    let counts: Vec<AtomicU32> = (0..n_chunks).map(|_| AtomicU32::new(0)).collect();
-                    pool.run_chunks(n_chunks, &|c| {
-                        if slow == Some(c) {
-                            thread::sleep(Duration::from_millis(2));
-                        }
-                        counts[c].fetch_add(1, Ordering::Relaxed);
-                    });
-                    assert!(
-                        counts.iter().all(|c| c.load(Ordering::Relaxed) == 1),
-                        "{n} threads, {n_chunks} chunks, slow chunk {slow:?}"
-                    );
-                }
-            }
-        }
-    }
-
-    /// A worker claiming its own chunks (one ahead of the one in hand) gets each chunk once,
-    /// and a lone thread gets them in order.
-    #[test]
-    fn run_shares_claims_every_chunk_once() {
-        for n in [1, 2, 3] {
-            let pool = ThreadPool::new(n);
-            for n_chunks in [0, 1, 5, 16, 100] {
-                let counts: Vec<AtomicU32> = (0..n_chunks).map(|_| AtomicU32::new(0)).collect();
-                pool.run_shares(n_chunks, &|next| {
-                    let mut ahead = next();
-                    let mut last = None;
-                    while let Some(c) = ahead {
-                        ahead = next();
-                        if n == 1 {
-                            assert_eq!(c, last.map_or(0, |l| l + 1));
-                        }
-                        counts[c].fetch_add(1, Ordering::Relaxed);
-                        last = Some(c);
-                    }
-                });
-                assert!(
-                    counts.iter().all(|c| c.load(Ordering::Relaxed) == 1),
-                    "{n} threads, {n_chunks} chunks"
-                );
-            }
-        }
-    }
-
-    /// A share hands its owner the chunks front to back, and another thread the back half of
-    /// what is left (at least one chunk), until none is left.
-    #[test]
-    fn a_share_is_taken_from_the_front_and_halved_from_the_back() {
-        let share = Share(AtomicU64::new(Share::pack(7, 2, 9)));
-        assert_eq!(
-            share.take_first(6),
-            None,
-            "another run's share counts as empty"
-        );
-        assert_eq!(share.steal_half(8), None);
-        assert_eq!(share.take_first(7), Some(2));
-        assert_eq!(share.steal_half(7), Some((6, 9)));
-        assert_eq!(share.take_first(7), Some(3));
-        assert_eq!(share.steal_half(7), Some((5, 6)));
-        assert_eq!(share.steal_half(7), Some((4, 5)));
-        assert_eq!(share.take_first(7), None);
-        assert_eq!(share.steal_half(7), None);
-    }
-
-    /// A run whose worker panics leaves chunks in the shares; the next run must neither take
-    /// them (they would be out of its range) nor lose any of its own.
-    #[test]
-    fn shares_left_by_a_panicking_run_are_not_taken() {
-        let pool = ThreadPool::new(2);
-        for round in 0..50 {
-            let r = panic::catch_unwind(AssertUnwindSafe(|| {
-                pool.run_shares(64, &|next| {
-                    if let Some(c) = next() {
-                        assert!(c < 64);
-                        panic!("boom");
-                    }
-                })
-            }));
-            assert!(r.is_err());
-            let n_chunks = 3 + round % 5;
-            let counts: Vec<AtomicU32> = (0..n_chunks).map(|_| AtomicU32::new(0)).collect();
-            pool.run_chunks(n_chunks, &|c| {
-                counts[c].fetch_add(1, Ordering::Relaxed);
-            });
-            assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
-        }
     }
 
     #[test]
