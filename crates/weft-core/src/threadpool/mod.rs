@@ -29,7 +29,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-mod phases;
 mod shares;
 
 pub use shares::Claim;
@@ -83,15 +82,7 @@ struct Slot {
     done: AtomicU64,
     /// The chunks of the current [`ThreadPool::run_shares`] it has not started.
     share: Share,
-    /// The chunks of the current [`ThreadPool::run_phases`] it has finished, tagged with the
-    /// run's generation: on a line of its own, written once a phase, so a thread waiting for
-    /// it at a barrier does not pull the share's line away from a thread still taking chunks.
-    progress: Padded<AtomicU64>,
 }
-
-/// A value alone on its cache lines.
-#[repr(align(128))]
-struct Padded<T>(T);
 
 // SAFETY: every field but `job` is Sync. `job` is only written by `run` (serialized by
 // `run_lock`) while no thread may read it (all indices of the previous run are finished and the
@@ -136,7 +127,6 @@ impl ThreadPool {
                     claimed: AtomicU64::new(0),
                     done: AtomicU64::new(0),
                     share: Share(AtomicU64::new(0)),
-                    progress: Padded(AtomicU64::new(0)),
                 })
                 .collect(),
             sleeping: (0..n_threads).map(|_| AtomicBool::new(false)).collect(),
