@@ -210,10 +210,18 @@ fn attend_chunk<'k>(
         let in_page = PAGE_SIZE.min(n_slots - first);
         let slots = &view.positions[first..first + in_page];
         // No mask, and every key causal and inside the window (the common case): the page's
-        // scores in one kernel call, without a check per key.
+        // scores in one kernel call, without a check per key. Every key is at or before `pos`
+        // when the latest is, and then inside the window when the earliest is: the page's
+        // extremes, found once (a vector reduction) rather than a branchy walk over its
+        // positions for every query: SmolLM2's decode at depth 4,096 1.5% faster (alternated
+        // in 16-step blocks within runs, 4 runs in each order), Gemma 3's 0.7%.
+        let (lo, hi) = (slots.iter().min(), slots.iter().max());
         let whole = |qr: &Query<'_>| {
             let pos = qr.token.pos;
-            qr.mask.is_none() && slots.iter().all(|&p| p <= pos && in_window(pos, p))
+            match (lo, hi) {
+                (Some(&lo), Some(&hi)) => qr.mask.is_none() && hi <= pos && in_window(pos, lo),
+                _ => qr.mask.is_none(),
+            }
         };
         if tile.len() > 1 && tile.iter().all(whole) {
             let n_rows = tile.len() * gh;
