@@ -15,12 +15,12 @@ pub(super) struct Share(pub(super) AtomicU64);
 pub type Claim<'a> = dyn FnMut() -> Option<usize> + 'a;
 
 /// Bits of a chunk index in a [`Share`]: `run_shares` takes fewer than 2^24 chunks.
-pub(super) const CHUNK_BITS: u32 = 24;
+const CHUNK_BITS: u32 = 24;
 
 impl Share {
     /// `tag << 48 | front << 24 | back`: the chunks `front..back` of run `tag` (the low 16
     /// bits of the pool's count of `run_shares` calls).
-    pub(super) fn pack(tag: u64, front: usize, back: usize) -> u64 {
+    fn pack(tag: u64, front: usize, back: usize) -> u64 {
         (tag & 0xffff) << (2 * CHUNK_BITS) | (front as u64) << CHUNK_BITS | back as u64
     }
 
@@ -58,7 +58,7 @@ impl Share {
     }
 
     /// Takes the first chunk left (the owner's next chunk).
-    pub(super) fn take_first(&self, tag: u64) -> Option<usize> {
+    fn take_first(&self, tag: u64) -> Option<usize> {
         self.update(tag, |front, back| (front + 1, back))
             .map(|(front, _)| front)
     }
@@ -67,32 +67,22 @@ impl Share {
     /// share: it walks them front to back too, so a thread that ends up doing another's work
     /// (beside a busy process) still streams long ranges rather than one chunk at a time
     /// from the back (which cost 10% of SmolLM2's decode there).
-    pub(super) fn steal_half(&self, tag: u64) -> Option<(usize, usize)> {
+    fn steal_half(&self, tag: u64) -> Option<(usize, usize)> {
         let mid = |front: usize, back: usize| front + (back - front) / 2;
         self.update(tag, |front, back| (front, mid(front, back)))
             .map(|(front, back)| (mid(front, back), back))
     }
 }
 
-/// Thread `i`'s part of `n_chunks` chunks shared out over `n` threads.
-pub(super) fn share_range(n_chunks: usize, i: usize, n: usize) -> (usize, usize) {
-    (n_chunks * i / n, n_chunks * (i + 1) / n)
-}
-
-/// Sets thread `i`'s share for run `tag` (its part of `n_chunks`) with the first chunk taken
-/// out, which it returns. Each index sets its own share, so its line need not move to the
+/// Sets thread `i`'s share for run `tag` (its contiguous part of `n_chunks`) with the first
+/// chunk taken out, which it returns. Each index sets its own share, so its line need not move to the
 /// caller and back before the work starts (until it does, the others find another run's share
 /// there, another tag, and leave it alone), and takes its first chunk with a plain store: a
 /// locked instruction here would wait for this thread's earlier stores, the caller's of the
 /// generation among them, to reach the other core.
-pub(super) fn start_share(
-    slots: &[Slot],
-    i: usize,
-    n: usize,
-    n_chunks: usize,
-    tag: u64,
-) -> Option<usize> {
-    let (front, back) = share_range(n_chunks, i, n);
+fn start_share(slots: &[Slot], i: usize, n_chunks: usize, tag: u64) -> Option<usize> {
+    let n = slots.len();
+    let (front, back) = (n_chunks * i / n, n_chunks * (i + 1) / n);
     let first = (front < back).then_some(front);
     let rest = front + usize::from(first.is_some());
     slots[i]
@@ -105,12 +95,7 @@ pub(super) fn start_share(
 /// Thread `i`'s next chunk of run `tag`: `first` (set aside by [`start_share`]), then the
 /// front of its own share, then the back halves it takes over from the others' shares; `None`
 /// when none is left to take.
-pub(super) fn next_chunk(
-    slots: &[Slot],
-    i: usize,
-    tag: u64,
-    first: &mut Option<usize>,
-) -> Option<usize> {
+fn next_chunk(slots: &[Slot], i: usize, tag: u64, first: &mut Option<usize>) -> Option<usize> {
     let n = slots.len();
     loop {
         if let Some(c) = first.take() {
@@ -174,8 +159,8 @@ impl ThreadPool {
         // Only changed under `run_lock`.
         let tag = self.share_runs.fetch_add(1, Ordering::Relaxed) + 1;
         let slots = &self.shared.slots;
-        self.run_locked(&|i, n| {
-            let mut first = start_share(slots, i, n, n_chunks, tag);
+        self.run_locked(&|i, _| {
+            let mut first = start_share(slots, i, n_chunks, tag);
             f(&mut || next_chunk(slots, i, tag, &mut first))
         });
     }
