@@ -329,8 +329,10 @@ fn wait_for_generation(sh: &Shared, index: usize, seen: u64) -> u64 {
         if backoff.snooze() {
             continue;
         }
-        // Park. SeqCst store then load, against the caller's SeqCst generation store then
-        // `sleeping` load: either we see the new generation or the caller sees us asleep.
+        // Park, unless the generation moved meanwhile. The caller publishes it with a release
+        // store and reads `sleeping` relaxed, so the two may pass each other and this worker
+        // sleep through a run: the caller then runs its index (see `run_locked`), and the next
+        // run finds it asleep and wakes it.
         sh.sleeping[index].store(true, Ordering::SeqCst);
         if sh.generation.load(Ordering::SeqCst) == seen {
             thread::park();
