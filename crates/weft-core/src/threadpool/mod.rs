@@ -316,17 +316,16 @@ const OWN_SLOT_AFTER_SPINS: u32 = 16;
 /// Waits (spin, then yield, then park) until the generation differs from `seen`; returns it.
 fn wait_for_generation(sh: &Shared, index: usize, seen: u64) -> u64 {
     let mut backoff = Backoff::new();
-    let mut spins = 0u32;
     loop {
         let gen = sh.generation.load(Ordering::Acquire);
         if gen != seen {
             return gen;
         }
-        spins = spins.wrapping_add(1);
-        if spins == OWN_SLOT_AFTER_SPINS {
+        let snoozed = backoff.snooze();
+        if backoff.spins == OWN_SLOT_AFTER_SPINS {
             own_line(&sh.slots[index]);
         }
-        if backoff.snooze() {
+        if snoozed {
             continue;
         }
         // Park, unless the generation moved meanwhile. The caller publishes it with a release
