@@ -1,5 +1,6 @@
 //! Elementwise transcendental functions over slices: `e^x` (softmax), the exact GELU
-//! (`x·Φ(x)`, BERT's activation) and SiLU gating (`x / (1 + e^-x) · up`, SwiGLU's).
+//! (`x·Φ(x)`, BERT's activation), SiLU gating (`x / (1 + e^-x) · up`, SwiGLU's) and ggml's
+//! tanh-GELU gating (GeGLU's, from a table of f16 values).
 //!
 //! The scalar functions are the reference and define the arithmetic: Cephes' `expf` (range
 //! reduction by `ln 2` in two parts, a degree-5 polynomial, the exponent built in the float's
@@ -10,6 +11,10 @@
 //! Accuracy: `exp` within 2 ulp for inputs in [-87.3, 88.3] (smaller inputs give
 //! `e^-87.3` ≈ 1.2e-38 rather than 0 or a subnormal, which is below anything a softmax or
 //! `erfc` can notice); `erf` within about 1e-7 absolute.
+
+use std::sync::OnceLock;
+
+use half::f16;
 
 /// Inputs are clamped to `[EXP_LO, EXP_HI]`: `2^n` stays a normal float.
 const EXP_LO: f32 = -87.3;
@@ -43,6 +48,13 @@ const ERFC_P: [f32; 10] = [
     1.000_023_68,
     -1.265_512_23,
 ];
+
+/// ggml's tanh-GELU constants: `√(2/π)` and the cubic term's coefficient.
+const GELU_SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const GELU_COEF_A: f32 = 0.044_715;
+/// How far the vector `tanh` of [`gelu_tanh_mul_inplace`] may be from `tanhf`'s: twice the
+/// least slack that gives the table's bits for every f16 value (2⁻²³; 2⁻²⁴ misses some).
+const GELU_TANH_SLACK: f32 = 1.0 / (1 << 22) as f32;
 
 /// `e^x` (the reference the AVX2 path reproduces bit for bit).
 #[inline]
@@ -111,6 +123,67 @@ pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// ggml's `ggml_table_gelu_f16`: the tanh-approximated GELU of every f16 value, computed in
+/// f32 with the C library's `tanhf` and rounded to f16 (as bits).
+fn gelu_tanh_table() -> &'static [u16] {
+    static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|bits| f16::from_f32(gelu_tanh(f16::from_bits(bits).to_f32())).to_bits())
+            .collect()
+    })
+}
+
+/// ggml's tanh-approximated GELU, `0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))`, in its
+/// order of operations with the C library's `tanhf`.
+fn gelu_tanh(x: f32) -> f32 {
+    let y = GELU_SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x);
+    0.5 * x * (1.0 + y.tanh())
+}
+
+/// `gate·up` with GeGLU's gate as ggml computes it: GELU read from [`gelu_tanh_table`] at the
+/// f16 rounding of `gate`, 0 at or below −10 and `gate` itself at or above 10.
+#[inline]
+pub fn gelu_tanh_mul(gate: f32, up: f32) -> f32 {
+    if gate <= -10.0 {
+        0.0
+    } else if gate >= 10.0 {
+        gate * up
+    } else {
+        let table = gelu_tanh_table();
+        f16::from_bits(table[f16::from_f32(gate).to_bits() as usize]).to_f32() * up
+    }
+}
+
+/// `gate[i] = gelu_tanh_mul(gate[i], up[i])` for every element (GeGLU's gating).
+///
+/// The AVX2 path computes the GELU of 8 values at once (a `tanh` from [`exp`]) and takes it
+/// where it rounds to the same f16 as the table's value: when the GELU of `tanh ± 2⁻²²`
+/// (beyond both its own and `tanhf`'s error) rounds to one f16, the table's does too; the
+/// other lanes (a few in 100, and every gate below about −3.5, where `1 + tanh` cancels)
+/// read the table. Same bits as the table for every f16 value (tested for all of them),
+/// mostly without touching its 128 KiB, which a layer's weights push out of the cache before
+/// the next layer's decode looks 2,048 values up in it: Gemma 3's activation at depth 4,096
+/// took 3.6–4.0 µs a layer this way against 4.4–6.3 with every value from the table.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn gelu_tanh_mul_inplace(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(
+        gate.len(),
+        up.len(),
+        "gelu_tanh_mul: gate and up differ in length"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if super::use_avx2() {
+        // SAFETY: AVX2, FMA and F16C were detected (the avx2 level implies them).
+        return unsafe { avx2::gelu_tanh_mul(gate, up, gelu_tanh_table()) };
+    }
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = gelu_tanh_mul(*g, u);
+    }
+}
+
 /// `x[i] = e^x[i]` for every element.
 pub fn exp_inplace(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -135,7 +208,10 @@ pub fn gelu_inplace(x: &mut [f32]) {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{ERFC_P, EXP_HI, EXP_LO, EXP_P, LN2_HI, LN2_LO, LOG2E};
+    use super::{
+        ERFC_P, EXP_HI, EXP_LO, EXP_P, GELU_COEF_A, GELU_SQRT_2_OVER_PI, GELU_TANH_SLACK, LN2_HI,
+        LN2_LO, LOG2E,
+    };
 
     /// [`super::exp`] on 8 lanes.
     #[inline]
@@ -211,6 +287,87 @@ mod avx2 {
             gb[..g.len()].copy_from_slice(g);
             ub[..u.len()].copy_from_slice(u);
             let v = silu_mul8(_mm256_loadu_ps(gb.as_ptr()), _mm256_loadu_ps(ub.as_ptr()));
+            _mm256_storeu_ps(gb.as_mut_ptr(), v);
+            g.copy_from_slice(&gb[..g.len()]);
+        }
+    }
+
+    /// [`super::gelu_tanh_mul`] on 8 lanes (`table`: the f16 GELU table).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn gelu_tanh_mul8(g: __m256, u: __m256, table: &[u16]) -> __m256 {
+        const RNE: i32 = _MM_FROUND_TO_NEAREST_INT;
+        let one = _mm256_set1_ps(1.0);
+        // The table's argument: the gate rounded to f16.
+        let xh = _mm256_cvtps_ph::<RNE>(g);
+        let x = _mm256_cvtph_ps(xh);
+        // ggml's expression, operation by operation (no fused multiply-adds).
+        let x2 = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(GELU_COEF_A), x), x);
+        let y = _mm256_mul_ps(
+            _mm256_mul_ps(_mm256_set1_ps(GELU_SQRT_2_OVER_PI), x),
+            _mm256_add_ps(one, x2),
+        );
+        // tanh(y) = 1 − 2/(e^{2y} + 1), within a few 2⁻²⁴ of the true value.
+        let e = exp8(_mm256_add_ps(y, y));
+        let t = _mm256_sub_ps(
+            one,
+            _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)),
+        );
+        let h = _mm256_mul_ps(_mm256_set1_ps(0.5), x);
+        let slack = _mm256_set1_ps(GELU_TANH_SLACK);
+        let at = |t| _mm256_cvtps_ph::<RNE>(_mm256_mul_ps(h, _mm256_add_ps(one, t)));
+        let (mid, lo, hi) = (
+            at(t),
+            at(_mm256_sub_ps(t, slack)),
+            at(_mm256_add_ps(t, slack)),
+        );
+        // Lanes whose rounding the slack could change, and NaN gates, read the table.
+        let sure = _mm_and_si128(_mm_cmpeq_epi16(mid, lo), _mm_cmpeq_epi16(mid, hi));
+        let unsure = !_mm_movemask_epi8(sure) as u32 & 0xffff;
+        let nan = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(g, g)) as u32;
+        let mut gelu = mid;
+        if unsure | nan != 0 {
+            let (mut hs, mut xs) = ([0u16; 8], [0u16; 8]);
+            _mm_storeu_si128(hs.as_mut_ptr().cast(), mid);
+            _mm_storeu_si128(xs.as_mut_ptr().cast(), xh);
+            for i in 0..8 {
+                if (unsure >> (2 * i)) & 3 != 0 || (nan >> i) & 1 != 0 {
+                    hs[i] = table[xs[i] as usize];
+                }
+            }
+            gelu = _mm_loadu_si128(hs.as_ptr().cast());
+        }
+        let v = _mm256_mul_ps(_mm256_cvtph_ps(gelu), u);
+        // Saturation outside ±10, decided on the gate itself.
+        let low = _mm256_cmp_ps::<_CMP_LE_OQ>(g, _mm256_set1_ps(-10.0));
+        let high = _mm256_cmp_ps::<_CMP_GE_OQ>(g, _mm256_set1_ps(10.0));
+        let v = _mm256_blendv_ps(v, _mm256_mul_ps(g, u), high);
+        _mm256_andnot_ps(low, v)
+    }
+
+    /// `gate = gelu_tanh_mul(gate, up)`, 8 at a time, then the tail through padded vectors.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gelu_tanh_mul(gate: &mut [f32], up: &[f32], table: &[u16]) {
+        let mut gs = gate.chunks_exact_mut(8);
+        let mut us = up.chunks_exact(8);
+        for (g, u) in gs.by_ref().zip(us.by_ref()) {
+            let v = gelu_tanh_mul8(
+                _mm256_loadu_ps(g.as_ptr()),
+                _mm256_loadu_ps(u.as_ptr()),
+                table,
+            );
+            _mm256_storeu_ps(g.as_mut_ptr(), v);
+        }
+        let (g, u) = (gs.into_remainder(), us.remainder());
+        if !g.is_empty() {
+            let (mut gb, mut ub) = ([0f32; 8], [0f32; 8]);
+            gb[..g.len()].copy_from_slice(g);
+            ub[..u.len()].copy_from_slice(u);
+            let v = gelu_tanh_mul8(
+                _mm256_loadu_ps(gb.as_ptr()),
+                _mm256_loadu_ps(ub.as_ptr()),
+                table,
+            );
             _mm256_storeu_ps(gb.as_mut_ptr(), v);
             g.copy_from_slice(&gb[..g.len()]);
         }
@@ -294,6 +451,34 @@ mod tests {
         let (mut g, u) = (vec![-2.0, 0.0, 3.0], [2.0, 5.0, -1.0]);
         silu_mul_inplace(&mut g, &u);
         assert_eq!(g, [silu(-2.0) * 2.0, 0.0, -silu(3.0)]);
+    }
+
+    /// The slice form of GeGLU's gating has the table rule's bits for every f16 value of the
+    /// gate (the vector GELU covers every lane it takes, the table the rest), for gates between
+    /// f16 values, beyond ±10, infinite and NaN, and for every slice length's tail.
+    #[test]
+    fn gelu_tanh_mul_is_the_table_rule() {
+        let mut gates: Vec<f32> = (0..=u16::MAX).map(|b| f16::from_bits(b).to_f32()).collect();
+        gates.extend(samples());
+        gates.extend([f32::INFINITY, f32::NEG_INFINITY, -10.0, 10.0, 9.999, -9.999]);
+        let n = gates.len();
+        let up: Vec<f32> = (0..n).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+        for len in [n, 1, 7, 8, 9, 61] {
+            let mut got = gates[..len].to_vec();
+            gelu_tanh_mul_inplace(&mut got, &up[..len]);
+            for (i, (&x, &g)) in gates.iter().zip(&got).enumerate() {
+                let want = gelu_tanh_mul(x, up[i]);
+                let same = g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan());
+                assert!(same, "gelu_tanh_mul({x}, {}) = {g}, want {want}", up[i]);
+            }
+        }
+        // The table itself: ggml's values at a few points (GELU's tanh form, in f16).
+        for (x, want) in [(0.0, 0.0), (1.0, 0.841_2), (-1.0, -0.158_8), (2.0, 1.954_6)] {
+            assert!(
+                (gelu_tanh_mul(x, 1.0) - want).abs() < 1e-3,
+                "gelu_tanh({x})"
+            );
+        }
     }
 
     /// The AVX2 path gives the scalar reference's bits, whatever the slice length.

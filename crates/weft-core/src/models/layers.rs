@@ -2,11 +2,6 @@
 //! attention over the paged KV cache. Numerics follow ggml's CPU backend where it matters for
 //! matching llama.cpp (f64 sum of squares in RMSNorm, RoPE angles by repeated multiplication).
 
-use std::sync::OnceLock;
-
-use half::f16;
-use half::slice::HalfFloatSliceExt;
-
 use super::BatchToken;
 use crate::kv::KvCache;
 use crate::threadpool::ThreadPool;
@@ -125,47 +120,11 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     crate::kernels::math::silu_mul_inplace(gate, up)
 }
 
-/// GELU (tanh approximation) of every f16 value, as f16 bits: ggml's `ggml_table_gelu_f16`.
-fn gelu_table() -> &'static [u16] {
-    static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-        (0..=u16::MAX)
-            .map(|bits| {
-                let x = f16::from_bits(bits).to_f32();
-                let g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh());
-                f16::from_f32(g).to_bits()
-            })
-            .collect()
-    })
-}
-
-/// `gate = gelu_tanh(gate) * up` (GeGLU), as ggml computes it: GELU is read from a table
-/// indexed by the f16 rounding of the input (saturating outside ±10). The table makes it
-/// both fast and faithful to llama.cpp's numerics.
+/// `gate = gelu_tanh(gate) * up` (GeGLU), as ggml computes it: GELU read from a table
+/// indexed by the f16 rounding of the input (saturating outside ±10), faithful to llama.cpp's
+/// numerics; see [`crate::kernels::math::gelu_tanh_mul_inplace`].
 pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
-    let table = gelu_table();
-    // 64 values at a time: their f16 roundings (the table's index) and the table's f16
-    // values converted as slices, 8 to an instruction, rather than one by one.
-    let (mut h, mut w) = ([f16::ZERO; 64], [0f32; 64]);
-    for (gs, us) in gate.chunks_mut(64).zip(up.chunks(64)) {
-        let (h, w) = (&mut h[..gs.len()], &mut w[..gs.len()]);
-        crate::kernels::f32_to_f16(gs, h);
-        for v in h.iter_mut() {
-            *v = f16::from_bits(table[v.to_bits() as usize]);
-        }
-        h.convert_to_f32_slice(w);
-        for ((g, &u), &gelu) in gs.iter_mut().zip(us).zip(&*w) {
-            let x = *g;
-            *g = if x <= -10.0 {
-                0.0
-            } else if x >= 10.0 {
-                x * u
-            } else {
-                gelu * u
-            };
-        }
-    }
+    crate::kernels::math::gelu_tanh_mul_inplace(gate, up)
 }
 
 /// Applies a gated activation `op(gate, up)` over the pool's threads when the batch is large
@@ -240,30 +199,6 @@ unsafe impl Sync for SharedOut {}
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The chunked GeGLU against ggml's rule written value by value (f16 rounding, table,
-    /// saturation outside ±10), on lengths with and without a partial chunk.
-    #[test]
-    fn gelu_tanh_mul_is_the_table_rule() {
-        let table = gelu_table();
-        for n in [1, 63, 64, 200] {
-            let gate: Vec<f32> = (0..n).map(|i| (i as f32 - 100.0) * 0.137).collect();
-            let up: Vec<f32> = (0..n).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
-            let mut got = gate.clone();
-            gelu_tanh_mul(&mut got, &up);
-            for i in 0..n {
-                let x = gate[i];
-                let want = if x <= -10.0 {
-                    0.0
-                } else if x >= 10.0 {
-                    x * up[i]
-                } else {
-                    f16::from_bits(table[f16::from_f32(x).to_bits() as usize]).to_f32() * up[i]
-                };
-                assert_eq!(got[i].to_bits(), want.to_bits(), "n {n}, value {i} ({x})");
-            }
-        }
-    }
 
     #[test]
     fn rms_norm_normalizes() {
