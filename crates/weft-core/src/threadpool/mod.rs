@@ -308,6 +308,19 @@ fn own_line<T>(line: &T) {
     let _ = line;
 }
 
+/// Asks for `line`'s cache line on this core, to read (a hint, as [`own_line`]).
+#[inline]
+fn read_line<T>(line: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults, and `line` is a valid reference anyway.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>((line as *const T).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = line;
+}
+
 /// Spins of a worker's wait after which it takes its slot's line back: by then (~0.4 µs; a
 /// spin pauses ~24 ns on the Zen 5 host) the caller has read it to see the last run done,
 /// and the next run's claim then finds the line on this core.

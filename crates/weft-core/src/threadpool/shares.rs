@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::PoisonError;
 
-use super::{Slot, ThreadPool};
+use super::{read_line, Slot, ThreadPool};
 
 /// One thread's share of a [`ThreadPool::run_shares`] call: its owner takes chunks from the
 /// front without touching a line another thread is using (see [`Share::pack`]).
@@ -57,10 +57,10 @@ impl Share {
         }
     }
 
-    /// Takes the first chunk left (the owner's next chunk).
-    fn take_first(&self, tag: u64) -> Option<usize> {
+    /// Takes the first chunk left (the owner's next chunk); with it, whether it was the last.
+    fn take_first(&self, tag: u64) -> Option<(usize, bool)> {
         self.update(tag, |front, back| (front + 1, back))
-            .map(|(front, _)| front)
+            .map(|(front, back)| (front, front + 1 == back))
     }
 
     /// Takes the back half of the chunks left (at least one), for a thread done with its own
@@ -101,7 +101,19 @@ fn next_chunk(slots: &[Slot], i: usize, tag: u64, first: &mut Option<usize>) -> 
         if let Some(c) = first.take() {
             return Some(c);
         }
-        if let Some(c) = slots[i].share.take_first(tag) {
+        if let Some((c, last)) = slots[i].share.take_first(tag) {
+            if last && i != 0 {
+                // A worker on the last chunk of its share hints in the shares it will look at
+                // next: the caller started first and is most often done with its own by now,
+                // so the line stays valid until it is read, and the worker's end of the run
+                // (most often the run's last) is one round trip between the cores shorter.
+                // (Not the caller: its hint would cost a still busy worker that round trip
+                // at its next claim.) Runs of 8 short chunks took 110-170 ns less, near and
+                // far apart; Gemma 3's matmuls at depth 4,096 a median 1.5-2.5% less.
+                for k in 1..n {
+                    read_line(&slots[(i + k) % n].share);
+                }
+            }
             return Some(c);
         }
         // Done with its share: take over the back half of another's.
@@ -237,13 +249,18 @@ mod tests {
             "another run's share counts as empty"
         );
         assert_eq!(share.steal_half(8), None);
-        assert_eq!(share.take_first(7), Some(2));
+        assert_eq!(share.take_first(7), Some((2, false)));
         assert_eq!(share.steal_half(7), Some((6, 9)));
-        assert_eq!(share.take_first(7), Some(3));
+        assert_eq!(share.take_first(7), Some((3, false)));
         assert_eq!(share.steal_half(7), Some((5, 6)));
         assert_eq!(share.steal_half(7), Some((4, 5)));
         assert_eq!(share.take_first(7), None);
         assert_eq!(share.steal_half(7), None);
+        // The owner learns which chunk is its share's last.
+        let share = Share(AtomicU64::new(Share::pack(7, 0, 2)));
+        assert_eq!(share.take_first(7), Some((0, false)));
+        assert_eq!(share.take_first(7), Some((1, true)));
+        assert_eq!(share.take_first(7), None);
     }
 
     /// A run whose worker panics leaves chunks in the shares; the next run must neither take
