@@ -115,8 +115,8 @@ pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) {
     );
     #[cfg(target_arch = "x86_64")]
     if super::use_avx2() {
-        // SAFETY: AVX2 and FMA were detected.
-        return unsafe { avx2::silu_mul(gate, up) };
+        // SAFETY: AVX2, FMA and F16C were detected (the avx2 level implies them).
+        return unsafe { avx2::gated::<false>(gate, up, &[]) };
     }
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = silu(*g) * u;
@@ -141,7 +141,7 @@ fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + y.tanh())
 }
 
-/// `gate·up` with GeGLU's gate as ggml computes it: GELU read from [`gelu_tanh_table`] at the
+/// `gate·up` with GeGLU's gate as ggml computes it: GELU read from ggml's f16 table at the
 /// f16 rounding of `gate`, 0 at or below −10 and `gate` itself at or above 10.
 #[inline]
 pub fn gelu_tanh_mul(gate: f32, up: f32) -> f32 {
@@ -177,7 +177,7 @@ pub fn gelu_tanh_mul_inplace(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if super::use_avx2() {
         // SAFETY: AVX2, FMA and F16C were detected (the avx2 level implies them).
-        return unsafe { avx2::gelu_tanh_mul(gate, up, gelu_tanh_table()) };
+        return unsafe { avx2::gated::<true>(gate, up, gelu_tanh_table()) };
     }
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = gelu_tanh_mul(*g, u);
@@ -272,26 +272,6 @@ mod avx2 {
         _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0), e)), u)
     }
 
-    /// `gate = silu(gate) · up`, 8 at a time, then the tail through zero-padded vectors.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
-        let mut gs = gate.chunks_exact_mut(8);
-        let mut us = up.chunks_exact(8);
-        for (g, u) in gs.by_ref().zip(us.by_ref()) {
-            let v = silu_mul8(_mm256_loadu_ps(g.as_ptr()), _mm256_loadu_ps(u.as_ptr()));
-            _mm256_storeu_ps(g.as_mut_ptr(), v);
-        }
-        let (g, u) = (gs.into_remainder(), us.remainder());
-        if !g.is_empty() {
-            let (mut gb, mut ub) = ([0f32; 8], [0f32; 8]);
-            gb[..g.len()].copy_from_slice(g);
-            ub[..u.len()].copy_from_slice(u);
-            let v = silu_mul8(_mm256_loadu_ps(gb.as_ptr()), _mm256_loadu_ps(ub.as_ptr()));
-            _mm256_storeu_ps(gb.as_mut_ptr(), v);
-            g.copy_from_slice(&gb[..g.len()]);
-        }
-    }
-
     /// [`super::gelu_tanh_mul`] on 8 lanes (`table`: the f16 GELU table).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -345,17 +325,21 @@ mod avx2 {
         _mm256_andnot_ps(low, v)
     }
 
-    /// `gate = gelu_tanh_mul(gate, up)`, 8 at a time, then the tail through padded vectors.
+    /// `gate = silu(gate) · up` (or, with `GELU`, `gelu_tanh_mul(gate, up)` with `table`, the
+    /// f16 GELU table), 8 at a time, then the tail through zero-padded vectors.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gelu_tanh_mul(gate: &mut [f32], up: &[f32], table: &[u16]) {
+    pub unsafe fn gated<const GELU: bool>(gate: &mut [f32], up: &[f32], table: &[u16]) {
+        let f = |g, u| {
+            if GELU {
+                gelu_tanh_mul8(g, u, table)
+            } else {
+                silu_mul8(g, u)
+            }
+        };
         let mut gs = gate.chunks_exact_mut(8);
         let mut us = up.chunks_exact(8);
         for (g, u) in gs.by_ref().zip(us.by_ref()) {
-            let v = gelu_tanh_mul8(
-                _mm256_loadu_ps(g.as_ptr()),
-                _mm256_loadu_ps(u.as_ptr()),
-                table,
-            );
+            let v = f(_mm256_loadu_ps(g.as_ptr()), _mm256_loadu_ps(u.as_ptr()));
             _mm256_storeu_ps(g.as_mut_ptr(), v);
         }
         let (g, u) = (gs.into_remainder(), us.remainder());
@@ -363,11 +347,7 @@ mod avx2 {
             let (mut gb, mut ub) = ([0f32; 8], [0f32; 8]);
             gb[..g.len()].copy_from_slice(g);
             ub[..u.len()].copy_from_slice(u);
-            let v = gelu_tanh_mul8(
-                _mm256_loadu_ps(gb.as_ptr()),
-                _mm256_loadu_ps(ub.as_ptr()),
-                table,
-            );
+            let v = f(_mm256_loadu_ps(gb.as_ptr()), _mm256_loadu_ps(ub.as_ptr()));
             _mm256_storeu_ps(gb.as_mut_ptr(), v);
             g.copy_from_slice(&gb[..g.len()]);
         }
