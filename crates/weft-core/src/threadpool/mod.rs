@@ -294,31 +294,33 @@ fn worker_loop(sh: &Shared, index: usize) {
     }
 }
 
-/// Asks for `line`'s cache line on this core, writable (x86's `prefetchw`; a hint, nothing
-/// elsewhere): a line another core has just read then costs nothing to write later.
+/// Asks for `line`'s cache line on this core (a hint, nothing outside x86): writable
+/// (`prefetchw`), so a line another core has just read then costs nothing to write later.
 #[inline]
 fn own_line<T>(line: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults, and `line` is a valid reference anyway.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
-        _mm_prefetch::<_MM_HINT_ET0>((line as *const T).cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = line;
+    hint_line(line, true)
 }
 
 /// Asks for `line`'s cache line on this core, to read (a hint, as [`own_line`]).
 #[inline]
 fn read_line<T>(line: &T) {
+    hint_line(line, false)
+}
+
+#[inline]
+fn hint_line<T>(line: &T, write: bool) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults, and `line` is a valid reference anyway.
     unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>((line as *const T).cast());
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        let p = (line as *const T).cast();
+        match write {
+            true => _mm_prefetch::<_MM_HINT_ET0>(p),
+            false => _mm_prefetch::<_MM_HINT_T0>(p),
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = line;
+    let _ = (line, write);
 }
 
 /// Spins of a worker's wait after which it takes its slot's line back: by then (~0.4 µs; a
