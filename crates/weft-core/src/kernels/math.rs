@@ -145,12 +145,17 @@ fn gelu_tanh(x: f32) -> f32 {
 /// f16 rounding of `gate`, 0 at or below −10 and `gate` itself at or above 10.
 #[inline]
 pub fn gelu_tanh_mul(gate: f32, up: f32) -> f32 {
+    gelu_tanh_mul_from(gelu_tanh_table(), gate, up)
+}
+
+/// [`gelu_tanh_mul`] with the table in hand (a slice's loop fetches it once).
+#[inline]
+fn gelu_tanh_mul_from(table: &[u16], gate: f32, up: f32) -> f32 {
     if gate <= -10.0 {
         0.0
     } else if gate >= 10.0 {
         gate * up
     } else {
-        let table = gelu_tanh_table();
         f16::from_bits(table[f16::from_f32(gate).to_bits() as usize]).to_f32() * up
     }
 }
@@ -174,13 +179,14 @@ pub fn gelu_tanh_mul_inplace(gate: &mut [f32], up: &[f32]) {
         up.len(),
         "gelu_tanh_mul: gate and up differ in length"
     );
+    let table = gelu_tanh_table();
     #[cfg(target_arch = "x86_64")]
     if super::use_avx2() {
         // SAFETY: AVX2, FMA and F16C were detected (the avx2 level implies them).
-        return unsafe { avx2::gated::<true>(gate, up, gelu_tanh_table()) };
+        return unsafe { avx2::gated::<true>(gate, up, table) };
     }
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = gelu_tanh_mul(*g, u);
+        *g = gelu_tanh_mul_from(table, *g, u);
     }
 }
 
