@@ -307,6 +307,7 @@ fn read_line<T>(line: &T) {
     hint_line(line, false)
 }
 
+/// The hint behind [`own_line`] (`write`) and [`read_line`].
 #[inline]
 fn hint_line<T>(line: &T, write: bool) {
     #[cfg(target_arch = "x86_64")]

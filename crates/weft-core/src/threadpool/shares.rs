@@ -75,11 +75,11 @@ impl Share {
 }
 
 /// Sets thread `i`'s share for run `tag` (its contiguous part of `n_chunks`) with the first
-/// chunk taken out, which it returns. Each index sets its own share, so its line need not move to the
-/// caller and back before the work starts (until it does, the others find another run's share
-/// there, another tag, and leave it alone), and takes its first chunk with a plain store: a
-/// locked instruction here would wait for this thread's earlier stores, the caller's of the
-/// generation among them, to reach the other core.
+/// chunk taken out, which it returns. Each index sets its own share, so its line need not
+/// move to the caller and back before the work starts (until it does, the others find another
+/// run's share there, another tag, and leave it alone), and takes its first chunk with a plain
+/// store: a locked instruction here would wait for this thread's earlier stores, the caller's
+/// of the generation among them, to reach the other core.
 fn start_share(slots: &[Slot], i: usize, n_chunks: usize, tag: u64) -> Option<usize> {
     let n = slots.len();
     let (front, back) = (n_chunks * i / n, n_chunks * (i + 1) / n);
