@@ -137,6 +137,38 @@ fn gemma3_logits_do_not_depend_on_batching() {
     check_invariance("gemma3-270m");
 }
 
+/// The same logits on 1, 2 and 3 threads (the matmuls split their rows, attention its pages,
+/// differently on each).
+fn check_thread_count_invariance(model: &str) {
+    let mut per_count = Vec::new();
+    for n_threads in [1, 2, 3] {
+        let cfg = RunnerConfig {
+            n_threads,
+            ..RunnerConfig::default()
+        };
+        let (mut r, tok) = runner(model, &cfg);
+        let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| tok.encode(p, true, true)).collect();
+        per_count.push(alone(&mut r, &prompts[..2], usize::MAX));
+    }
+    for (threads, logits) in [2, 3].iter().zip(&per_count[1..]) {
+        let d = max_diff(&per_count[0], logits);
+        assert_eq!(
+            d, 0.0,
+            "{model}: {threads} threads changed the logits by {d}"
+        );
+    }
+}
+
+#[test]
+fn smollm2_logits_do_not_depend_on_the_thread_count() {
+    check_thread_count_invariance("smollm2-135m");
+}
+
+#[test]
+fn gemma3_logits_do_not_depend_on_the_thread_count() {
+    check_thread_count_invariance("gemma3-270m");
+}
+
 #[test]
 fn bad_batches_are_typed_errors_and_leave_the_cache_unchanged() {
     let cfg = RunnerConfig {
