@@ -10,6 +10,7 @@ mod attention_bench;
 #[cfg(test)]
 mod attention_tests;
 pub mod bert;
+pub mod ffn;
 pub mod gemma3;
 pub mod layers;
 pub mod llama;
@@ -209,6 +210,7 @@ pub struct Workspace {
     pub out_rows: Vec<f32>,
     pub rope: Vec<(f32, f32)>,
     pub matmul: MatmulScratch,
+    pub ffn: ffn::FfnScratch,
 }
 
 /// `v[..n]`, growing `v` if it is shorter.
