@@ -76,7 +76,7 @@ use half::f16;
 use crate::gguf::GgmlType;
 use crate::{Error, Result};
 
-pub use matmul::{matmul, matmul_halves, matmul_split, MatmulScratch, MAX_SPLITS, TILE_TOKENS};
+pub use matmul::{matmul, matmul_split, MatmulScratch, MAX_SPLITS, TILE_TOKENS};
 pub use quantize::{Q8KRow, Q8_0Row, Q8_1Row};
 
 /// The instruction sets the kernels can use, best first.
@@ -437,37 +437,6 @@ impl<'a> Matrix<'a> {
         assert_eq!(self.layout, Layout::Rows, "rows of an interleaved matrix");
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
-    }
-
-    /// The rows `r0..r1` as a matrix of their own (a view: no bytes move). Its products are
-    /// those rows of this matrix's, bit for bit (a row's result depends on that row alone).
-    ///
-    /// # Panics
-    /// If `r0 > r1` or `r1 > rows`, or for an interleaved matrix if `r0` or `r1` is not a
-    /// multiple of 8.
-    pub fn rows_range(&self, r0: usize, r1: usize) -> Matrix<'a> {
-        assert!(
-            r0 <= r1 && r1 <= self.rows,
-            "rows {r0}..{r1} of {}",
-            self.rows
-        );
-        let data = match self.layout {
-            Layout::Rows => &self.data[r0 * self.row_bytes()..r1 * self.row_bytes()],
-            Layout::Interleaved8 => {
-                let g = interleaved::GROUP_ROWS;
-                assert!(
-                    r0.is_multiple_of(g) && r1.is_multiple_of(g),
-                    "interleaved rows {r0}..{r1} are not whole groups of 8"
-                );
-                let gb = interleaved::group_bytes(self.dtype, self.cols);
-                &self.data[r0 / g * gb..r1 / g * gb]
-            }
-        };
-        Matrix {
-            rows: r1 - r0,
-            data,
-            ..*self
-        }
     }
 }
 

@@ -17,7 +17,6 @@
 use std::sync::Arc;
 
 use super::attention;
-use super::ffn::GatedFfn;
 use super::layers::{self, add_assign, gelu_tanh_mul, rms_norm, rms_norm_inplace, Rope};
 use super::{
     buf, embedding_rows, input_rows, output_hidden, output_logits, BatchToken, Blocks, LayerPager,
@@ -65,7 +64,9 @@ struct Block {
     wo: Linear,
     post_attn_norm: Vec<f32>,
     ffn_norm: Vec<f32>,
-    ffn: GatedFfn,
+    /// Gate and up (one matrix where their weight types match).
+    gate_up: Stack,
+    down: Linear,
     post_ffw_norm: Vec<f32>,
 }
 
@@ -219,7 +220,6 @@ impl Model for Gemma3 {
             out_rows,
             rope,
             matmul: mm,
-            ffn,
         } = ws;
         let pass = Pass {
             pool,
@@ -274,8 +274,10 @@ impl Model for Gemma3 {
             add_assign(x, h);
             // Feed-forward (GeGLU), normalized before and after.
             rms_norm(x, &b.ffn_norm, c.eps, h);
-            let inner = (&mut *gate, &mut *up);
-            b.ffn.forward(&pass, gelu_tanh_mul, h, inner, mm, ffn)?;
+            b.gate_up
+                .forward(&pass, h, &mut [&mut *gate, &mut *up], mm)?;
+            layers::gated(pool, gate, up, gelu_tanh_mul);
+            b.down.forward(&pass, gate, h, mm)?;
             rms_norm_inplace(h, &b.post_ffw_norm, c.eps);
             add_assign(x, h);
         }
@@ -311,7 +313,11 @@ fn load_block(l: &Loader, c: &Config, i: usize) -> Result<Block> {
         wo: l.linear(&t("attn_output"), c.n_embd, qd)?,
         post_attn_norm: l.vector(&t("post_attention_norm"), c.n_embd)?,
         ffn_norm: l.vector(&t("ffn_norm"), c.n_embd)?,
-        ffn: GatedFfn::load(l, &format!("blk.{i}."), c.n_embd, c.n_ff)?,
+        gate_up: l.stack(
+            &[(&t("ffn_gate"), c.n_ff), (&t("ffn_up"), c.n_ff)],
+            c.n_embd,
+        )?,
+        down: l.linear(&t("ffn_down"), c.n_embd, c.n_ff)?,
         post_ffw_norm: l.vector(&t("post_ffw_norm"), c.n_embd)?,
     })
 }

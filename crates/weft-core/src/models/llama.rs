@@ -13,7 +13,6 @@
 use std::sync::Arc;
 
 use super::attention;
-use super::ffn::GatedFfn;
 use super::layers::{self, add_assign, rms_norm, silu_mul, Rope};
 use super::{
     buf, embedding_rows, input_rows, output_hidden, output_logits, BatchToken, Blocks, LayerPager,
@@ -44,7 +43,9 @@ struct Block {
     qkv: Stack,
     wo: Linear,
     ffn_norm: Vec<f32>,
-    ffn: GatedFfn,
+    /// Gate and up (one matrix where their weight types match).
+    gate_up: Stack,
+    down: Linear,
 }
 
 /// A loaded Llama-family model.
@@ -189,7 +190,6 @@ impl Model for Llama {
             out_rows,
             rope,
             matmul: mm,
-            ffn,
         } = ws;
         let pass = Pass {
             pool,
@@ -226,8 +226,10 @@ impl Model for Llama {
             add_assign(x, h);
             // Feed-forward (SwiGLU).
             rms_norm(x, &b.ffn_norm, c.eps, h);
-            let inner = (&mut *gate, &mut *up);
-            b.ffn.forward(&pass, silu_mul, h, inner, mm, ffn)?;
+            b.gate_up
+                .forward(&pass, h, &mut [&mut *gate, &mut *up], mm)?;
+            layers::gated(pool, gate, up, silu_mul);
+            b.down.forward(&pass, gate, h, mm)?;
             add_assign(x, h);
         }
         output_hidden(tokens, x, &self.output_norm, c.eps, hidden);
@@ -259,6 +261,10 @@ fn load_block(l: &Loader, c: &Config, i: usize) -> Result<Block> {
         )?,
         wo: l.linear(&t("attn_output"), c.n_embd, qd)?,
         ffn_norm: l.vector(&t("ffn_norm"), c.n_embd)?,
-        ffn: GatedFfn::load(l, &format!("blk.{i}."), c.n_embd, c.n_ff)?,
+        gate_up: l.stack(
+            &[(&t("ffn_gate"), c.n_ff), (&t("ffn_up"), c.n_ff)],
+            c.n_embd,
+        )?,
+        down: l.linear(&t("ffn_down"), c.n_embd, c.n_ff)?,
     })
 }

@@ -10,7 +10,6 @@ mod attention_bench;
 #[cfg(test)]
 mod attention_tests;
 pub mod bert;
-pub mod ffn;
 pub mod gemma3;
 pub mod layers;
 pub mod llama;
@@ -210,7 +209,6 @@ pub struct Workspace {
     pub out_rows: Vec<f32>,
     pub rope: Vec<(f32, f32)>,
     pub matmul: MatmulScratch,
-    pub ffn: ffn::FfnScratch,
 }
 
 /// `v[..n]`, growing `v` if it is shorter.

@@ -44,7 +44,7 @@ pub struct Pass<'a> {
 impl Pass<'_> {
     /// Adds each row's adapter deltas of the projection `key` (`x`: rows × `cols`, `y`: rows ×
     /// `rows`), when it is one adapters can target and the pass has adapters.
-    pub(super) fn add_adapter_deltas(
+    fn add_adapter_deltas(
         &self,
         key: Option<u32>,
         x: &[f32],
@@ -119,98 +119,18 @@ impl Stack {
         scratch: &mut MatmulScratch,
     ) -> Result<()> {
         let n = p.tokens.len();
-        let k = ys.len();
-        assert!(k <= MAX_PARTS, "a stack has at most {MAX_PARTS} outputs");
-        let mut outs: [Option<&mut [f32]>; MAX_PARTS] = Default::default();
-        for (o, y) in outs.iter_mut().zip(ys.iter_mut()) {
-            *o = Some(&mut **y);
-        }
-        self.forward_some(p.pool, p.file, n, x, &mut outs[..k], scratch)?;
-        let parts = self
-            .runs
-            .iter()
-            .flat_map(|(lin, parts)| parts.iter().map(|part| (lin.cols, part)));
-        for ((cols, part), y) in parts.zip(ys.iter_mut()) {
-            p.add_adapter_deltas(part.lora_key, x, cols, y, part.rows);
-        }
-        Ok(())
-    }
-
-    /// `ys[i] = W_i·x` for the outputs `i` that are `Some` (`n_tokens × rows_i` each) on
-    /// `pool`, without adapter deltas: a run whose outputs are all wanted in one
-    /// [`kernels::matmul_split`], else each wanted part as its own rows
-    /// ([`Matrix::rows_range`](kernels::Matrix::rows_range)) — the same bits either way.
-    ///
-    /// # Panics
-    /// If `ys` does not hold one entry per output.
-    pub fn forward_some(
-        &self,
-        pool: &ThreadPool,
-        file: &GgufFile,
-        n_tokens: usize,
-        x: &[f32],
-        ys: &mut [Option<&mut [f32]>],
-        scratch: &mut MatmulScratch,
-    ) -> Result<()> {
-        let mut ys = ys.iter_mut();
+        let mut at = 0;
         for (lin, parts) in &self.runs {
-            let m = lin.matrix(file)?;
-            let mut run: [Option<&mut [f32]>; MAX_PARTS] = Default::default();
-            for slot in run.iter_mut().take(parts.len()) {
-                *slot = ys.next().expect("one output per part").as_deref_mut();
-            }
-            let run = &mut run[..parts.len()];
-            if parts.len() > 1 && lin.packed.is_some() && run.iter().all(Option::is_some) {
-                let mut all: [&mut [f32]; MAX_PARTS] = Default::default();
-                for (a, y) in all.iter_mut().zip(run.iter_mut()) {
-                    *a = y.take().unwrap_or_default();
-                }
-                kernels::matmul_split(pool, &m, x, n_tokens, &mut all[..parts.len()], scratch);
-                continue;
-            }
-            let mut first = 0;
-            for (part, y) in parts.iter().zip(run.iter_mut()) {
-                if let Some(y) = y {
-                    let rows = m.rows_range(first, first + part.rows);
-                    kernels::matmul(pool, &rows, x, n_tokens, y, scratch);
-                }
-                first += part.rows;
+            let ys = &mut ys[at..at + parts.len()];
+            at += parts.len();
+            kernels::matmul_split(p.pool, &lin.matrix(p.file)?, x, n, ys, scratch);
+            for (part, y) in parts.iter().zip(ys.iter_mut()) {
+                p.add_adapter_deltas(part.lora_key, x, lin.cols, y, part.rows);
             }
         }
         Ok(())
-    }
-
-    /// The same matrices with every projection's rows split into two halves, each an output of
-    /// its own: outputs `[P0's first half, P0's second half, P1's first half, …]`, without
-    /// adapters (whoever splits applies them). `None` where a half would not be a whole number
-    /// of interleaved row groups or a run would get more than [`kernels::MAX_SPLITS`] outputs.
-    pub fn into_halves(self) -> Option<Stack> {
-        let runs = self
-            .runs
-            .into_iter()
-            .map(|(lin, parts)| {
-                let whole = match lin.packed {
-                    Some(_) => 2 * interleaved::GROUP_ROWS,
-                    None => 2,
-                };
-                let ok = parts.iter().all(|p| p.rows.is_multiple_of(whole))
-                    && 2 * parts.len() <= kernels::MAX_SPLITS;
-                let halves = parts.iter().flat_map(|p| {
-                    let half = StackPart {
-                        rows: p.rows / 2,
-                        lora_key: None,
-                    };
-                    [half, half]
-                });
-                ok.then(|| (lin, halves.collect()))
-            })
-            .collect::<Option<Vec<_>>>()?;
-        Some(Stack { runs })
     }
 }
-
-/// Most outputs of one [`Stack`].
-const MAX_PARTS: usize = 8;
 
 /// Looks up tensors and hyper-parameters of one architecture (`{arch}.…` keys).
 #[derive(Clone)]
@@ -258,7 +178,7 @@ impl Loader {
     /// into memory rather than mapped keeps both copies).
     pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
         let mut lin = self.table(name, rows, cols)?;
-        lin.lora_key = self.linear_key(name);
+        lin.lora_key = Proj::parse_gguf(name).map(|(layer, proj)| lora::key(layer, proj));
         let data = self.data(&lin.info)?;
         if interleaved::supports(lin.info.dtype) && rows.is_multiple_of(interleaved::GROUP_ROWS) {
             lin.packed = Some(Arc::new(interleaved::repack(
@@ -304,55 +224,6 @@ impl Loader {
             }
         }
         Ok(Stack { runs })
-    }
-
-    /// The adapter key of the projection tensor `name` (`blk.{i}.{proj}.weight`), if adapters
-    /// can target it.
-    pub fn linear_key(&self, name: &str) -> Option<u32> {
-        Proj::parse_gguf(name).map(|(layer, proj)| lora::key(layer, proj))
-    }
-
-    /// A weight matrix `name` of shape `rows × cols` as two matrices of `cols / 2` columns
-    /// each, the first and the second half of every row (each interleaved as by
-    /// [`Loader::linear`] where the type allows), for a product summed in two halves; `None`
-    /// when half a row is not a whole number of blocks.
-    pub fn linear_halves(
-        &self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Option<[Linear; 2]>> {
-        let full = self.table(name, rows, cols)?;
-        let dtype = full.info.dtype;
-        if !(cols / 2).is_multiple_of(dtype.block_size()) || !cols.is_multiple_of(2) {
-            return Ok(None);
-        }
-        let data = self.data(&full.info)?;
-        let row_bytes = data.len() / rows.max(1);
-        let half_bytes = row_bytes / 2;
-        let packable = interleaved::supports(dtype) && rows.is_multiple_of(interleaved::GROUP_ROWS);
-        let halves = [0, 1].map(|h| {
-            let bytes: Vec<u8> = data
-                .chunks_exact(row_bytes)
-                .flat_map(|row| &row[h * half_bytes..(h + 1) * half_bytes])
-                .copied()
-                .collect();
-            let mut lin = Linear {
-                cols: cols / 2,
-                ..full.clone()
-            };
-            if packable {
-                lin.packed = Some(Arc::new(interleaved::repack(dtype, &bytes, rows, cols / 2)));
-            } else {
-                lin.owned = Some(Arc::new(bytes));
-            }
-            lin
-        });
-        self.file.release(&data);
-        for lin in &halves {
-            lin.matrix(&self.file)?;
-        }
-        Ok(Some(halves))
     }
 
     /// The bytes of a tensor: from the pager source if there is one (checked for length),

@@ -103,8 +103,6 @@ pub struct MatmulScratch {
     acts: Q8Batch,
     /// Per token and block, `offset · Σ q` of the activations (interleaved weights only).
     sums: Vec<i32>,
-    /// The second product of [`matmul_halves`] in the row layout.
-    second: Vec<f32>,
 }
 
 impl std::fmt::Debug for MatmulScratch {
@@ -196,7 +194,7 @@ pub fn matmul_split(
         first, w.rows,
         "matmul_split: the outputs' rows must add up to the matrix's"
     );
-    matmul_interleaved(level, pool, (w, None), x, n_tokens, &outs, scratch);
+    matmul_interleaved(level, pool, w, x, n_tokens, &outs, scratch);
 }
 
 /// [`matmul`] with the kernel set `level` (the tests compare every set the CPU has in one
@@ -229,7 +227,7 @@ pub(crate) fn matmul_with(
     let acts = &mut scratch.acts;
     if w.layout == Layout::Interleaved8 {
         let outs = Outs::one(y, w.rows);
-        matmul_interleaved(level, pool, (w, None), x, n_tokens, &outs, scratch);
+        matmul_interleaved(level, pool, w, x, n_tokens, &outs, scratch);
         return;
     }
     match w.dtype {
@@ -281,46 +279,6 @@ pub(crate) fn matmul_with(
         // `Matrix::new` admits only the types above.
         other => unreachable!("matmul on unsupported type {other}"),
     }
-}
-
-/// `y = W_lo · x_lo + W_hi · x_hi`: a product summed in two halves of its inner dimension,
-/// `lo` and `hi` holding the first and the second half of every row's columns (same type and
-/// shape), `x` the tokens' first halves (`n_tokens` rows of `lo.cols`) and then their second
-/// halves (as many rows). The bits of [`matmul`] of `lo` plus [`matmul`] of `hi`, added
-/// once; for interleaved matrices in one run of the pool that quantizes the activations once.
-///
-/// # Panics
-/// If `lo` and `hi` differ in type, shape or layout, or `x` or `y` does not hold its rows.
-pub fn matmul_halves(
-    pool: &ThreadPool,
-    (lo, hi): (&Matrix, &Matrix),
-    x: &[f32],
-    n_tokens: usize,
-    y: &mut [f32],
-    scratch: &mut MatmulScratch,
-) {
-    assert!(
-        (lo.dtype, lo.rows, lo.cols, lo.layout) == (hi.dtype, hi.rows, hi.cols, hi.layout),
-        "matmul_halves: the halves differ"
-    );
-    let (level, half) = (super::simd_level(), n_tokens * lo.cols);
-    assert_eq!(x.len(), 2 * half, "x must be 2 · n_tokens × cols");
-    if lo.layout != Layout::Interleaved8 || n_tokens == 0 {
-        // Row layout: the second product in a buffer of its own, then added.
-        let mut second = std::mem::take(&mut scratch.second);
-        second.resize(y.len(), 0.0);
-        matmul_with(level, pool, lo, &x[..half], n_tokens, y, scratch);
-        matmul_with(level, pool, hi, &x[half..], n_tokens, &mut second, scratch);
-        for (y, &s) in y.iter_mut().zip(&second) {
-            *y += s;
-        }
-        scratch.second = second;
-        return;
-    }
-    assert!(level.available());
-    assert_eq!(y.len(), n_tokens * lo.rows, "y must be n_tokens × rows");
-    let outs = Outs::one(y, lo.rows);
-    matmul_interleaved(level, pool, (lo, Some(hi)), x, n_tokens, &outs, scratch);
 }
 
 /// The output pointer shared by the threads of one matmul.
@@ -542,103 +500,6 @@ mod tests {
                                 pool.n_threads()
                             );
                         }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Random `rows × cols` weights of `dtype` in the row layout and, where the type can be,
-    /// interleaved: `(bytes, interleaved)` each.
-    fn random_layouts(
-        rng: &mut Rng,
-        dtype: GgmlType,
-        rows: usize,
-        cols: usize,
-    ) -> Vec<(Vec<u8>, bool)> {
-        let wb = random_weights(rng, dtype, rows, cols);
-        let packed = interleaved::supports(dtype)
-            .then(|| (interleaved::repack(dtype, &wb, rows, cols), true));
-        std::iter::once((wb, false)).chain(packed).collect()
-    }
-
-    /// The matrix view of one of [`random_layouts`]'s.
-    fn view(bytes: &(Vec<u8>, bool), dtype: GgmlType, rows: usize, cols: usize) -> Matrix<'_> {
-        let (data, packed) = (&bytes.0[..], bytes.1);
-        match packed {
-            true => Matrix::interleaved(dtype, data, rows, cols),
-            false => Matrix::new(dtype, data, rows, cols),
-        }
-        .unwrap()
-    }
-
-    /// A matrix's rows `r0..r1` as a view ([`Matrix::rows_range`]): its products are those
-    /// rows of the whole matrix's, bit for bit, in the row layout and interleaved.
-    #[test]
-    fn a_rows_range_computes_those_rows() {
-        let pool = ThreadPool::new(2);
-        let mut scratch = MatmulScratch::default();
-        let mut rng = Rng::new(9);
-        use GgmlType::*;
-        for dtype in [Q4_1, Q8_0, Q4_K, Q6_K, F32] {
-            let (rows, cols) = (48, if dtype.block_size() == 256 { 256 } else { 64 });
-            for bytes in random_layouts(&mut rng, dtype, rows, cols) {
-                let w = view(&bytes, dtype, rows, cols);
-                for n in [1, 3] {
-                    let x = rng.f32s(n * cols, 1.0);
-                    let mut whole = vec![0f32; n * rows];
-                    matmul(&pool, &w, &x, n, &mut whole, &mut scratch);
-                    for (r0, r1) in [(0, 24), (24, 48), (8, 40)] {
-                        let mut part = vec![f32::NAN; n * (r1 - r0)];
-                        matmul(&pool, &w.rows_range(r0, r1), &x, n, &mut part, &mut scratch);
-                        for t in 0..n {
-                            let want = &whole[t * rows + r0..t * rows + r1];
-                            let got = &part[t * (r1 - r0)..(t + 1) * (r1 - r0)];
-                            assert!(
-                                got.iter()
-                                    .zip(want)
-                                    .all(|(g, w)| g.to_bits() == w.to_bits()),
-                                "{dtype} {:?} rows {r0}..{r1}, token {t}",
-                                w.layout
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// `matmul_halves` of two halves has the bits of `matmul` of the first plus `matmul` of
-    /// the second, interleaved (one run, pair tiles included) and in the row layout, for one
-    /// and several tokens and threads.
-    #[test]
-    fn matmul_halves_equals_a_product_then_an_added_one() {
-        let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-        let mut scratch = MatmulScratch::default();
-        let mut rng = Rng::new(13);
-        use GgmlType::*;
-        for dtype in [Q4_0, Q4_1, Q5_0, Q4_K, Q6_K, Q8_0, F32] {
-            let (rows, cols) = (48, if dtype.block_size() == 256 { 256 } else { 64 });
-            let [lo, hi] = [0, 1].map(|_| random_layouts(&mut rng, dtype, rows, cols));
-            for (lo, hi) in lo.iter().zip(&hi) {
-                let (lo, hi) = (view(lo, dtype, rows, cols), view(hi, dtype, rows, cols));
-                for n in [1, 6] {
-                    let x = rng.f32s(2 * n * cols, 1.0);
-                    for pool in &pools {
-                        let [mut want, mut second] = [0, 1].map(|_| vec![0f32; n * rows]);
-                        matmul(pool, &lo, &x[..n * cols], n, &mut want, &mut scratch);
-                        matmul(pool, &hi, &x[n * cols..], n, &mut second, &mut scratch);
-                        want.iter_mut().zip(&second).for_each(|(w, s)| *w += s);
-                        let mut got = vec![f32::NAN; n * rows];
-                        matmul_halves(pool, (&lo, &hi), &x, n, &mut got, &mut scratch);
-                        assert!(
-                            got.iter()
-                                .zip(&want)
-                                .all(|(g, w)| g.to_bits() == w.to_bits()),
-                            "{dtype} {:?}, {n} tokens, {} threads",
-                            lo.layout,
-                            pool.n_threads()
-                        );
                     }
                 }
             }

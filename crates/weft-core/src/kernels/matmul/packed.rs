@@ -55,13 +55,10 @@ type PairFn<'a> = dyn Fn(&[u8], &[u8], usize, &mut [[f32; 2 * GROUP_ROWS]]) + Sy
 
 /// [`super::matmul_with`] for an interleaved matrix: the activations quantized for its type (with the
 /// block sums the Q4_0 / Q5_0 kernels need), then [`run_interleaved`] with its group kernel.
-/// With `hi` (a matrix of `w`'s type and shape: the second halves of the same output rows,
-/// see [`super::matmul_halves`]), `x` holds `2 · n_tokens` rows, `w`'s then `hi`'s, and each
-/// output is `w`'s product plus `hi`'s.
 pub(super) fn matmul_interleaved(
     level: SimdLevel,
     pool: &ThreadPool,
-    (w, hi): (&Matrix, Option<&Matrix>),
+    w: &Matrix,
     x: &[f32],
     n_tokens: usize,
     y: &Outs,
@@ -69,10 +66,8 @@ pub(super) fn matmul_interleaved(
 ) {
     let (acts, sums) = (&mut scratch.acts, &mut scratch.sums);
     let dtype = w.dtype;
-    // Activation rows: the tokens', then (with `hi`) the tokens' second halves.
-    let x_rows = n_tokens * (1 + usize::from(hi.is_some()));
     if matches!(dtype, GgmlType::Q4_K | GgmlType::Q6_K) {
-        acts.quantize(Some(pool), ActFormat::Q8K, x, x_rows, w.cols);
+        acts.quantize(Some(pool), ActFormat::Q8K, x, n_tokens, w.cols);
         let acts = &*acts;
         let k6 = dtype == GgmlType::Q6_K;
         type KTile = unsafe fn(&[u8], &Q8KRow, &mut [[f32; GROUP_ROWS]]);
@@ -110,10 +105,10 @@ pub(super) fn matmul_interleaved(
                 // SAFETY: `matmul_with` checked that the CPU runs `level`.
                 unsafe { interleaved_avx512::tile_k_pair(k6, wa, wb, &ys, out) }
             };
-            run_either(pool, (w, hi), n_tokens, y, &kernel, Some(&pair));
+            run_interleaved(pool, w, n_tokens, y, &kernel, Some(&pair));
             return;
         }
-        run_either(pool, (w, hi), n_tokens, y, &kernel, None);
+        run_interleaved(pool, w, n_tokens, y, &kernel, None);
         return;
     }
     // Q4_1 / Q5_1 take Q8_1 activations (with `s_y`); Q4_0 / Q5_0 take Q8_0 and block sums.
@@ -121,11 +116,11 @@ pub(super) fn matmul_interleaved(
     let nb = w.cols / 32;
     sums.clear();
     if min {
-        acts.quantize(Some(pool), ActFormat::Q8_1, x, x_rows, w.cols);
+        acts.quantize(Some(pool), ActFormat::Q8_1, x, n_tokens, w.cols);
     } else {
-        acts.quantize(Some(pool), ActFormat::Q8_0, x, x_rows, w.cols);
+        acts.quantize(Some(pool), ActFormat::Q8_0, x, n_tokens, w.cols);
         let offset = interleaved::offset(dtype);
-        interleaved::block_sums(offset, acts.q8_0_rows(0, x_rows).qs, sums);
+        interleaved::block_sums(offset, acts.q8_0_rows(0, n_tokens).qs, sums);
     }
     let (acts, sums) = (&*acts, &*sums);
     // The x86 tiles of the set: Q8_0's, and the other 32-element types'.
@@ -194,47 +189,26 @@ pub(super) fn matmul_interleaved(
                 }
             }
         };
-        run_either(pool, (w, hi), n_tokens, y, &kernel, Some(&pair));
+        run_interleaved(pool, w, n_tokens, y, &kernel, Some(&pair));
         return;
     }
-    run_either(pool, (w, hi), n_tokens, y, &kernel, None);
+    run_interleaved(pool, w, n_tokens, y, &kernel, None);
 }
 
 /// [`super::run`] for an interleaved matrix: chunks of 8-row groups, each group · up to 4 tokens per
 /// kernel call, in the same loop order (token blocks in L2, a group's weights in L1). With a
 /// `pair` kernel, two neighbouring groups of a chunk share each call (for one token only where
-/// [`one_token_pairs`] says so). With `hi`, each tile is `w`'s group · the tokens plus `hi`'s
-/// same group · the tokens' second halves (activation rows `n_tokens + t`), added once.
-fn run_either<'a>(
+/// [`one_token_pairs`] says so).
+fn run_interleaved(
     pool: &ThreadPool,
-    (w, hi): (&Matrix<'a>, Option<&Matrix<'a>>),
+    w: &Matrix,
     n_tokens: usize,
     out: &Outs,
     kernel: &GroupFn,
     pair: Option<&PairFn>,
 ) {
-    match hi {
-        Some(_) => run_interleaved::<true>(pool, (w, hi), n_tokens, out, kernel, pair),
-        None => run_interleaved::<false>(pool, (w, hi), n_tokens, out, kernel, pair),
-    }
-}
-
-/// [`run_either`]'s loop, with (`HALVES`) or without `hi` (two instances, so that a plain
-/// product's loop carries no code of the other's).
-fn run_interleaved<'a, const HALVES: bool>(
-    pool: &ThreadPool,
-    (w, hi): (&Matrix<'a>, Option<&Matrix<'a>>),
-    n_tokens: usize,
-    out: &Outs,
-    kernel: &GroupFn,
-    pair: Option<&PairFn>,
-) {
-    let hi = hi.filter(|_| HALVES);
     let n_groups = w.rows / GROUP_ROWS;
     let group_bytes = interleaved::group_bytes(w.dtype, w.cols);
-    // The bytes of group `g` of `m`.
-    let group =
-        |m: &Matrix<'a>, g: usize| -> &'a [u8] { &m.data[g * group_bytes..][..group_bytes] };
     let token_block = token_block(w.cols);
     let pair = pair.filter(|_| n_tokens > 1 || one_token_pairs());
     let granule = if pair.is_some() { 2 } else { 1 };
@@ -243,17 +217,13 @@ fn run_interleaved<'a, const HALVES: bool>(
             let tb1 = (tb0 + token_block).min(n_tokens);
             let mut g = g0;
             while g < g1 {
+                let wg = &w.data[g * group_bytes..][..group_bytes];
                 if let Some(pair) = pair.filter(|_| g + 1 < g1) {
+                    let wg2 = &w.data[(g + 1) * group_bytes..][..group_bytes];
                     for t0 in (tb0..tb1).step_by(TILE_TOKENS) {
                         let nt = TILE_TOKENS.min(tb1 - t0);
                         let mut tile = [[0f32; 2 * GROUP_ROWS]; TILE_TOKENS];
-                        pair(group(w, g), group(w, g + 1), t0, &mut tile[..nt]);
-                        if let Some(hi) = hi {
-                            let mut second = [[0f32; 2 * GROUP_ROWS]; TILE_TOKENS];
-                            let (a, b) = (group(hi, g), group(hi, g + 1));
-                            pair(a, b, n_tokens + t0, &mut second[..nt]);
-                            add_tiles(&mut tile[..nt], &second[..nt]);
-                        }
+                        pair(wg, wg2, t0, &mut tile[..nt]);
                         for (i, vals) in tile[..nt].iter().enumerate() {
                             let (halves, _) = vals.as_chunks::<GROUP_ROWS>();
                             // SAFETY: t0 + i < n_tokens and (g + 1) · 8 + 8 ≤ rows; groups
@@ -270,12 +240,7 @@ fn run_interleaved<'a, const HALVES: bool>(
                 for t0 in (tb0..tb1).step_by(TILE_TOKENS) {
                     let nt = TILE_TOKENS.min(tb1 - t0);
                     let mut tile = [[0f32; GROUP_ROWS]; TILE_TOKENS];
-                    kernel(group(w, g), t0, &mut tile[..nt]);
-                    if let Some(hi) = hi {
-                        let mut second = [[0f32; GROUP_ROWS]; TILE_TOKENS];
-                        kernel(group(hi, g), n_tokens + t0, &mut second[..nt]);
-                        add_tiles(&mut tile[..nt], &second[..nt]);
-                    }
+                    kernel(wg, t0, &mut tile[..nt]);
                     for (i, vals) in tile[..nt].iter().enumerate() {
                         // SAFETY: t0 + i < n_tokens and g · 8 + 8 ≤ rows; group g belongs to
                         // this thread's chunk.
@@ -286,13 +251,4 @@ fn run_interleaved<'a, const HALVES: bool>(
             }
         }
     });
-}
-
-/// `a += b`, tile by tile.
-fn add_tiles<const N: usize>(a: &mut [[f32; N]], b: &[[f32; N]]) {
-    for (a, b) in a.iter_mut().zip(b) {
-        for (x, &y) in a.iter_mut().zip(b) {
-            *x += y;
-        }
-    }
 }
