@@ -52,11 +52,16 @@ pub struct ThreadsArg {
 impl ThreadsArg {
     /// A runner for `file` with these options and default settings otherwise.
     pub fn runner(&self, file: std::sync::Arc<GgufFile>) -> anyhow::Result<weft::ModelRunner> {
+        Ok(weft::ModelRunner::new(file, &self.runner_config()?)?)
+    }
+
+    /// The runner configuration these options ask for.
+    pub fn runner_config(&self) -> anyhow::Result<weft::RunnerConfig> {
         let mut cfg = weft::RunnerConfig::default();
         cfg.n_threads = self.checked()?.unwrap_or(cfg.n_threads);
         cfg.layer_pager = self.pager()?;
         cfg.kv_type = self.kv_type;
-        Ok(weft::ModelRunner::new(file, &cfg)?)
+        Ok(cfg)
     }
 
     /// `--threads`, if given, after checking its range.
@@ -88,8 +93,8 @@ impl ThreadsArg {
         Ok(cfg)
     }
 
-    /// [`ThreadsArg::engine`] over a file opened from `path` (snapshots cache the model's
-    /// fingerprint next to it).
+    /// An engine (scheduler and all) with these options over a file opened from `path`
+    /// (snapshots cache the model's fingerprint next to it).
     pub fn engine_at(
         &self,
         file: std::sync::Arc<GgufFile>,
@@ -101,9 +106,36 @@ impl ThreadsArg {
             self.engine_config()?,
         )?)
     }
+}
 
-    /// An engine (scheduler and all) over `file` with these options.
-    pub fn engine(&self, file: std::sync::Arc<GgufFile>) -> anyhow::Result<weft::Engine> {
-        Ok(weft::Engine::from_file(file, self.engine_config()?)?)
+/// `-c/--ctx-size`, for the commands that hold one conversation (`run`, `chat`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ContextArg {
+    /// Longest context in tokens, prompt and output together (default: the model's training
+    /// context, at most 16384). The KV cache is sized to hold it. Longer than the training
+    /// context is allowed, as llama.cpp's `-c` allows it; the model's output may degrade there.
+    #[arg(short = 'c', long = "ctx-size", value_name = "N")]
+    pub ctx_size: Option<usize>,
+}
+
+impl ContextArg {
+    /// Sets `cfg`'s context length (and KV capacity) when `--ctx-size` was given.
+    pub fn apply(&self, cfg: &mut weft::EngineConfig) -> anyhow::Result<()> {
+        if let Some(n) = self.ctx_size {
+            anyhow::ensure!(n >= MIN_CTX, "--ctx-size must be at least {MIN_CTX}");
+            hold_context(&mut cfg.kv_tokens, &mut cfg.n_ctx, n);
+        }
+        Ok(())
     }
+}
+
+/// The shortest `--ctx-size`: room for a short prompt and a few tokens.
+const MIN_CTX: usize = 16;
+
+/// Lets one sequence grow to `n` tokens: the context length `n` (even past the model's training
+/// context) and a KV cache of at least `n` tokens. The cache's memory is mapped as it fills,
+/// so a larger capacity costs address space, not memory.
+pub fn hold_context(kv_tokens: &mut usize, n_ctx: &mut Option<usize>, n: usize) {
+    *kv_tokens = (*kv_tokens).max(n);
+    *n_ctx = Some(n);
 }

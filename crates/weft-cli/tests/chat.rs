@@ -111,6 +111,37 @@ fn chat_reads_a_pipe_one_message_a_line() {
     assert!(stderr.contains("usage: /load FILE"), "{stderr}");
 }
 
+/// `-c/--ctx-size`: a reply that reaches the end of the context stops there (the library's
+/// greedy reply with the room that was left) and says so; a message the context has no room
+/// for is an error.
+#[test]
+fn chat_replies_end_at_the_end_of_the_context() {
+    let engine = Engine::load(weft::hub::DEFAULT_MODEL).expect("load the default model");
+    let messages = [Message::user("Tell me about Paris.")];
+    let mut ctx = engine.context();
+    ctx.fill_chat(&messages).expect("fill_chat");
+    let room = 64 - ctx.pending().len();
+    let args = ["chat", "--temp", "0", "-n", "200", "-c", "64"];
+    let out = common::weft(&args, "Tell me about Paris.\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("reply cut at the end of the context, 64 tokens"),
+        "{stderr}"
+    );
+    let reply = greedy_reply(&engine, &messages, room);
+    assert!(greedy_reply(&engine, &messages, 200).len() > reply.len());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{reply}\n"));
+
+    let out = common::weft(&args, "Tell me about Paris.\nAnd Rome?\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("leaves no room in the context of 64"),
+        "{stderr}"
+    );
+}
+
 /// Makes sure `tmux` runs, installing it with apt-get if needed; panics saying why it cannot.
 fn ensure_tmux() {
     static READY: OnceLock<Result<(), String>> = OnceLock::new();

@@ -574,3 +574,124 @@ fn bench_names_its_kernels_and_weft_kernels_forces_them() {
         }
     }
 }
+
+/// `-c/--ctx-size`: a greedy run stops at the end of the context it was given, with the same
+/// tokens as without the limit as far as they go, and says so; a prompt that leaves no room
+/// is a clear error.
+#[test]
+fn run_stops_at_the_end_of_the_context_it_was_given() {
+    let prompt = "The history of weaving begins";
+    let greedy = ["run", "--temp", "0", "--json", "-n", "40"];
+    let (prompt_ids, free) = run_json(&[&greedy[..], &[prompt]].concat());
+    let limit = (prompt_ids.len() + 10).max(16);
+    let room = limit - prompt_ids.len();
+    assert!(
+        free.len() > room,
+        "the free run should outlast the limit: {free:?}"
+    );
+    let c = limit.to_string();
+    let out = weft(&[&greedy[..], &["-c", &c, prompt]].concat(), "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "stopped at the end of the context ({limit} tokens"
+        )),
+        "{stderr}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    let ids: Vec<u64> = serde_json::from_value(v["ids"].clone()).expect("ids");
+    assert_eq!(ids, free[..room], "the limited run's tokens");
+
+    let long_prompt = "a b c d e f g h i j k l m n o p q r s t u v w x y z";
+    let out = weft(&["run", "-c", "16", "-n", "4", long_prompt], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("leaves no room in the context of"),
+        "{stderr}"
+    );
+    let out = weft(&["run", "-c", "3", "Hi"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--ctx-size must be at least 16"),
+        "{stderr}"
+    );
+}
+
+/// A one-block Llama of hidden size 16 (2 heads of 8, F32 weights, a 32-token SentencePiece
+/// vocabulary) trained, so its file says, on a context of 64 tokens: cheap enough to fill
+/// 16,000 positions.
+fn tiny_llama_file(dir: &std::path::Path) -> std::path::PathBuf {
+    use weft_core::gguf::{Array, GgmlType, GgufWriter, Value};
+    let (d, ff, vocab) = (16u64, 32u64, 32u64);
+    let f32s = |n: u64| -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| (((i * 37 % 17) as f32 - 8.0) / 64.0).to_le_bytes())
+            .collect()
+    };
+    let ones = |n: u64| -> Vec<u8> { (0..n).flat_map(|_| 1f32.to_le_bytes()).collect() };
+    let mut w = GgufWriter::new();
+    w.metadata("general.architecture", Value::String("llama".into()))
+        .metadata("llama.block_count", Value::U32(1))
+        .metadata("llama.embedding_length", Value::U32(d as u32))
+        .metadata("llama.feed_forward_length", Value::U32(ff as u32))
+        .metadata("llama.attention.head_count", Value::U32(2))
+        .metadata("llama.context_length", Value::U32(64));
+    let tokens = ["<unk>", "<s>", "</s>"].into_iter().map(String::from);
+    let tokens: Vec<String> = tokens
+        .chain((3..vocab).map(|i| format!("\u{2581}{}", char::from(b'a' + (i % 26) as u8))))
+        .collect();
+    let types = (0..vocab).map(|i| if i < 3 { 3 } else { 1 }).collect();
+    w.metadata("tokenizer.ggml.model", Value::String("llama".into()))
+        .metadata("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))
+        .metadata(
+            "tokenizer.ggml.scores",
+            Value::Array(Array::F32(vec![0.0; vocab as usize])),
+        )
+        .metadata("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))
+        .metadata("tokenizer.ggml.bos_token_id", Value::U32(1))
+        .metadata("tokenizer.ggml.eos_token_id", Value::U32(2));
+    w.tensor(
+        "token_embd.weight",
+        GgmlType::F32,
+        &[d, vocab],
+        f32s(vocab * d),
+    )
+    .tensor("output_norm.weight", GgmlType::F32, &[d], ones(d))
+    .tensor("blk.0.attn_norm.weight", GgmlType::F32, &[d], ones(d))
+    .tensor("blk.0.ffn_norm.weight", GgmlType::F32, &[d], ones(d));
+    for (name, rows, cols) in [
+        ("attn_q", d, d),
+        ("attn_k", d, d),
+        ("attn_v", d, d),
+        ("attn_output", d, d),
+        ("ffn_gate", ff, d),
+        ("ffn_up", ff, d),
+        ("ffn_down", d, ff),
+    ] {
+        let t = format!("blk.0.{name}.weight");
+        w.tensor(&t, GgmlType::F32, &[cols, rows], f32s(rows * cols));
+    }
+    let path = dir.join("tiny.gguf");
+    std::fs::write(&path, w.to_bytes()).expect("write the tiny model");
+    path
+}
+
+/// `weft bench -d` sizes the KV cache to its deepest test, as llama-bench sizes each test's
+/// context: past the default capacity (16,384 tokens) and past the model's training context.
+#[test]
+fn bench_holds_depths_past_the_default_cache_and_the_training_context() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_llama_file(dir.path());
+    let m = model.to_str().expect("utf-8 path");
+    assert_eq!(
+        bench_tests(&["-m", m, "-p", "8", "-n", "4", "-d", "16400"]),
+        ["pp8 @ d16400", "tg4 @ d16400"]
+    );
+    assert_eq!(
+        bench_tests(&["-m", m, "-p", "0", "-n", "8", "--parallel", "200"]),
+        ["tg8", "pp128+tg8 x200"]
+    );
+}

@@ -14,7 +14,9 @@
 //!   tokens the model accepted.
 //!
 //! - `-d D` (llama-bench's `-d`): each `ppN` / `tgN` again after D tokens already in the
-//!   context (`ppN @ dD`: N more prompt tokens; `tgN @ dD`: N decode steps from there).
+//!   context (`ppN @ dD`: N more prompt tokens; `tgN @ dD`: N decode steps from there). The KV
+//!   cache is sized to the largest test, as llama-bench sizes each test's context, so a depth
+//!   may pass the default capacity and the model's training context.
 //! - `--bandwidth`: every decode row reports the GB/s it achieved (weights read once per step
 //!   plus each sequence's keys and values at its mean depth, times steps per second) and its
 //!   share of the streaming read bandwidth: the rate a buffer of the step's own bytes is read
@@ -43,7 +45,7 @@ use futures_util::future::join_all;
 use weft::sampling::Rng;
 use weft::{block_on, BatchEntry, Context, Engine, ModelRunner, Sampler};
 
-use crate::model_arg::{ModelArg, ThreadsArg};
+use crate::model_arg::{hold_context, ModelArg, ThreadsArg};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -340,6 +342,39 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// The KV cache the tests need, as llama-bench sizes each test's context to its tokens: the
+/// longest sequence (a test's depth plus its prompt or generation; a parallel context; the
+/// rewrite task, whose prompt has fewer tokens than bytes) and the most tokens held at once
+/// (the parallel contexts together, each in whole pages).
+fn kv_needs(args: &Args) -> (usize, usize) {
+    let page = weft::kv::PAGE_SIZE;
+    let depth = args.n_depth.iter().copied().max().unwrap_or(0);
+    let prompt = args.n_prompt.iter().copied().max().unwrap_or(0);
+    let parallel = args.parallel.iter().copied().max().unwrap_or(0);
+    let longest = [
+        depth.saturating_add(prompt.max(args.n_gen)),
+        if parallel > 0 {
+            PARALLEL_PROMPT + args.n_gen
+        } else {
+            0
+        },
+        if args.speculate {
+            REWRITE_PROMPT.len() + args.n_gen
+        } else {
+            0
+        },
+        WARM_UP_TOKENS,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(WARM_UP_TOKENS);
+    let total = parallel.saturating_mul((PARALLEL_PROMPT + args.n_gen).next_multiple_of(page));
+    (longest, total.max(longest))
+}
+
+/// The warm-up's prompt: its longest sequence (its decodes run 4 steps).
+const WARM_UP_TOKENS: usize = 16;
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.repetitions > 0, "--repetitions must be at least 1");
     anyhow::ensure!(
@@ -350,7 +385,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let size: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
     let weight_bytes = weft::bandwidth::weight_bytes_per_step(&file);
-    let runner = args.threads.runner(file.clone())?;
+    let (longest, total) = kv_needs(&args);
+    let mut runner_cfg = args.threads.runner_config()?;
+    hold_context(&mut runner_cfg.kv_tokens, &mut runner_cfg.n_ctx, longest);
+    runner_cfg.kv_tokens = runner_cfg.kv_tokens.max(total);
+    let runner = ModelRunner::new(file.clone(), &runner_cfg)?;
     let threads = runner.n_threads();
     let vocab = runner.info().vocab_size as u32;
     let engine =
@@ -358,7 +397,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         {
             None
         } else {
-            Some(args.threads.engine(file)?)
+            let mut cfg = args.threads.engine_config()?;
+            hold_context(&mut cfg.kv_tokens, &mut cfg.n_ctx, longest);
+            cfg.kv_tokens = cfg.kv_tokens.max(total);
+            Some(Engine::from_file(file, cfg)?)
         };
     let loras = match &engine {
         Some(e) => args
@@ -380,7 +422,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         vocab,
     };
     // Warm-up: touch the weights and size the buffers.
-    bench.prefill(16, 0)?;
+    bench.prefill(WARM_UP_TOKENS, 0)?;
     bench.decode(1, 0, 4)?;
     if bench.engine.is_some() {
         bench.decode_api(2, 4, 4)?;

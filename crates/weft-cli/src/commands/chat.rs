@@ -25,7 +25,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use weft::{block_on, Context, Engine, Message, Penalties, Sampler, StopReason};
 
-use crate::model_arg::{ModelArg, ThreadsArg};
+use crate::model_arg::{ContextArg, ModelArg, ThreadsArg};
 use crate::sampling_arg::SamplingArg;
 
 #[derive(Debug, clap::Args)]
@@ -34,6 +34,8 @@ pub struct Args {
     model: ModelArg,
     #[command(flatten)]
     threads: ThreadsArg,
+    #[command(flatten)]
+    context: ContextArg,
     #[command(flatten)]
     sampling: SamplingArg,
     /// Longest reply, in tokens (a reply also ends at the model's end-of-turn token, and
@@ -65,7 +67,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let own_template = file
         .opt_str("tokenizer.chat_template")
         .is_ok_and(|t| t.is_some_and(|t| !t.trim().is_empty()));
-    let engine = args.threads.engine_at(file, &path)?;
+    let mut config = args.threads.engine_config()?;
+    args.context.apply(&mut config)?;
+    let engine = weft::Engine::from_file_at(file, &path, config)?;
     engine.chat_template()?;
     if !own_template {
         // Such as gemma3-270m: a pretrained model, which answers a chat poorly.
@@ -121,11 +125,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         match result {
             Ok(ending) => {
                 print_flush(if interactive { "\n\n" } else { "\n" })?;
-                if interactive && ending == Ending::Cut {
-                    eprintln!(
+                match ending {
+                    Ending::Cut if interactive => eprintln!(
                         "(reply cut at {} tokens; -n sets the limit)",
                         args.n_predict
-                    );
+                    ),
+                    Ending::ContextFull(n) => eprintln!(
+                        "(reply cut at the end of the context, {n} tokens; /reset starts \
+                         afresh, -c sets a longer context)"
+                    ),
+                    _ => {}
                 }
             }
             Err(e) if interactive => {
@@ -193,6 +202,8 @@ enum Ending {
     Done,
     /// At `--n-predict` tokens.
     Cut,
+    /// At the end of the context (of this many tokens).
+    ContextFull(usize),
     /// By Ctrl-C.
     Interrupted,
 }
@@ -303,10 +314,19 @@ impl Chat {
 
     fn generate(&mut self, reply: &mut String, stop: &AtomicBool) -> anyhow::Result<Ending> {
         self.fill_prompt()?;
+        // A reply ends at the context's end rather than failing there.
+        let held = self.ctx.len() + self.ctx.pending().len();
+        let n_ctx = self.engine.n_ctx();
+        anyhow::ensure!(
+            held < n_ctx,
+            "the conversation has {held} tokens, which leaves no room in the context of \
+             {n_ctx}: /reset starts afresh, -c sets a longer context"
+        );
+        let room = n_ctx - held;
         let mut g = self
             .ctx
             .generate(self.sampler.clone())
-            .max_tokens(self.n_predict);
+            .max_tokens(self.n_predict.min(room));
         if let Some(p) = &self.penalties {
             g = g.penalties(p.clone());
         }
@@ -323,6 +343,7 @@ impl Chat {
             reply.push_str(&delta);
         }
         Ok(match g.stop_reason() {
+            Some(StopReason::MaxTokens) if room < self.n_predict => Ending::ContextFull(n_ctx),
             Some(StopReason::MaxTokens) => Ending::Cut,
             _ => Ending::Done,
         })

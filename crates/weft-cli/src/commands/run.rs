@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use weft::{block_on, Schema};
 
-use crate::model_arg::{ModelArg, ThreadsArg};
+use crate::model_arg::{ContextArg, ModelArg, ThreadsArg};
 use crate::sampling_arg::SamplingArg;
 
 #[derive(Debug, clap::Args)]
@@ -19,6 +19,8 @@ pub struct Args {
     model: ModelArg,
     #[command(flatten)]
     threads: ThreadsArg,
+    #[command(flatten)]
+    context: ContextArg,
     /// Tokens to generate at most (generation also stops at the model's end-of-text tokens).
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     n_predict: usize,
@@ -89,7 +91,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let penalties = args.sampling.penalties()?;
     let path = args.model.path()?;
     let file = Arc::new(args.model.open_path(&path)?);
-    let engine = args.threads.engine_at(file, &path)?;
+    let mut config = args.threads.engine_config()?;
+    args.context.apply(&mut config)?;
+    let engine = weft::Engine::from_file_at(file, &path, config)?;
     let seed = args.sampling.seed();
     let (mut ctx, reused) = match &args.load_session {
         Some(f) => load_session(&engine, f, &args.prompt)?,
@@ -117,7 +121,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             anyhow::Ok((a, *scale))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut g = ctx.generate(sampler).max_tokens(args.n_predict);
+    // Stop at the context's end, as the server's "length" finish does, rather than fail there;
+    // a prompt that leaves no room is an error, as there.
+    let held = ctx.len() + prompt_ids.len();
+    anyhow::ensure!(
+        held < engine.n_ctx(),
+        "the prompt has {held} tokens, which leaves no room in the context of {} (-c sets it)",
+        engine.n_ctx()
+    );
+    let max_tokens = args.n_predict.min(engine.n_ctx() - held);
+    let mut g = ctx.generate(sampler).max_tokens(max_tokens);
     if let Some(p) = penalties {
         g = g.penalties(p);
     }
@@ -152,6 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let total = t0.elapsed();
     let ids = g.tokens().to_vec();
+    let context_full = max_tokens < args.n_predict && ids.len() >= max_tokens;
     if args.json {
         let text = tok.decode(&ids)?;
         let json = serde_json::json!({ "prompt_ids": prompt_ids, "ids": ids, "text": text });
@@ -185,6 +199,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         String::new()
     };
+    if context_full {
+        eprintln!(
+            "\nnote: the output stopped at the end of the context ({} tokens; -c sets it)",
+            engine.n_ctx()
+        );
+    }
     eprintln!(
         "\nprompt: {} tokens{session_note}, {:.1} tokens/s | generated: {} tokens, {:.1} tokens/s{seed_note}{spec_note}",
         prompt_ids.len(),
