@@ -123,7 +123,7 @@ impl ContextArg {
     pub fn apply(&self, cfg: &mut weft::EngineConfig) -> anyhow::Result<()> {
         if let Some(n) = self.ctx_size {
             anyhow::ensure!(n >= MIN_CTX, "--ctx-size must be at least {MIN_CTX}");
-            hold_context(&mut cfg.kv_tokens, &mut cfg.n_ctx, n);
+            cfg.n_ctx = Some(n);
         }
         Ok(())
     }
@@ -131,11 +131,3 @@ impl ContextArg {
 
 /// The shortest `--ctx-size`: room for a short prompt and a few tokens.
 const MIN_CTX: usize = 16;
-
-/// Lets one sequence grow to `n` tokens: the context length `n` (even past the model's training
-/// context) and a KV cache of at least `n` tokens. The cache's memory is mapped as it fills,
-/// so a larger capacity costs address space, not memory.
-pub fn hold_context(kv_tokens: &mut usize, n_ctx: &mut Option<usize>, n: usize) {
-    *kv_tokens = (*kv_tokens).max(n);
-    *n_ctx = Some(n);
-}

@@ -75,6 +75,8 @@ pub struct RunnerConfig {
     /// KV cache capacity in tokens, over all sequences (default 16384).
     pub kv_tokens: usize,
     /// Longest sequence allowed (default: the model's training context, at most `kv_tokens`).
+    /// When given, the KV cache holds at least this many tokens, and it may exceed the
+    /// training context (as llama.cpp's `-c` may; the model's output may degrade there).
     pub n_ctx: Option<usize>,
     /// Tokens per model call; longer batches are split (default 512).
     pub max_ubatch: usize,
@@ -127,12 +129,14 @@ impl ModelRunner {
             kv_type: cfg.kv_type,
             ..model.kv_layout()
         };
-        let mut kv = KvCache::new(layout, cfg.kv_tokens)?;
+        // A context asked for gets the cache to hold it; its memory is mapped as it fills.
+        let kv_tokens = cfg.kv_tokens.max(cfg.n_ctx.unwrap_or(0));
+        let mut kv = KvCache::new(layout, kv_tokens)?;
         kv.set_prefix_cache(cfg.prefix_cache);
         let n_ctx = cfg
             .n_ctx
             .unwrap_or(model.info().n_ctx_train)
-            .min(cfg.kv_tokens)
+            .min(kv_tokens)
             .max(1);
         Ok(ModelRunner {
             model,

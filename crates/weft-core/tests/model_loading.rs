@@ -113,6 +113,32 @@ fn a_tiny_synthetic_llama_runs_and_is_causal() {
     assert!(r.kv_usage().iter().all(|u| u.free == u.total));
 }
 
+/// A context length asked for grows the KV cache to hold it, also past the model's training
+/// context: the tiny model (trained on 64 tokens) runs a sequence of 300 in a cache of 256.
+#[test]
+fn an_explicit_context_length_sizes_the_cache() {
+    let file = Arc::new(GgufFile::from_bytes(tiny_llama().to_bytes()).expect("tiny model"));
+    let cfg = RunnerConfig {
+        n_threads: 2,
+        kv_tokens: 256,
+        n_ctx: Some(300),
+        ..Default::default()
+    };
+    let mut r = ModelRunner::new(file, &cfg).expect("loads");
+    assert_eq!(r.n_ctx(), 300);
+    let seq = r.new_sequence();
+    let tokens: Vec<u32> = (0..300).map(|i| i % VOCAB as u32).collect();
+    let logits = r
+        .forward(&BatchEntry::run_of(&tokens, seq, 0, false))
+        .expect("300 tokens fit");
+    assert!(logits.iter().all(|v| v.is_finite()));
+    let one_more = BatchEntry::run_of(&[1], seq, 300, false);
+    assert!(matches!(
+        r.forward(&one_more),
+        Err(Error::ContextOverflow { n_ctx: 300, .. })
+    ));
+}
+
 #[test]
 fn unknown_architecture_is_a_typed_error() {
     let mut w = GgufWriter::new();

@@ -27,7 +27,9 @@ pub struct EngineConfig {
     pub n_threads: usize,
     /// KV cache capacity in tokens over all contexts (default 16384).
     pub kv_tokens: usize,
-    /// Longest context (default: the model's training context, at most `kv_tokens`).
+    /// Longest context (default: the model's training context, at most `kv_tokens`). When
+    /// given, the KV cache holds at least this many tokens, and it may exceed the training
+    /// context (as llama.cpp's `-c` may; the model's output may degrade there).
     pub n_ctx: Option<usize>,
     /// Token budget of one scheduler step; longer prompts are prefilled in chunks (default 512).
     pub step_tokens: usize,

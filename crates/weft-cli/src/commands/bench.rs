@@ -45,7 +45,7 @@ use futures_util::future::join_all;
 use weft::sampling::Rng;
 use weft::{block_on, BatchEntry, Context, Engine, ModelRunner, Sampler};
 
-use crate::model_arg::{hold_context, ModelArg, ThreadsArg};
+use crate::model_arg::{ModelArg, ThreadsArg};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -387,7 +387,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let weight_bytes = weft::bandwidth::weight_bytes_per_step(&file);
     let (longest, total) = kv_needs(&args);
     let mut runner_cfg = args.threads.runner_config()?;
-    hold_context(&mut runner_cfg.kv_tokens, &mut runner_cfg.n_ctx, longest);
+    runner_cfg.n_ctx = Some(longest);
     runner_cfg.kv_tokens = runner_cfg.kv_tokens.max(total);
     let runner = ModelRunner::new(file.clone(), &runner_cfg)?;
     let threads = runner.n_threads();
@@ -398,7 +398,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             None
         } else {
             let mut cfg = args.threads.engine_config()?;
-            hold_context(&mut cfg.kv_tokens, &mut cfg.n_ctx, longest);
+            cfg.n_ctx = Some(longest);
             cfg.kv_tokens = cfg.kv_tokens.max(total);
             Some(Engine::from_file(file, cfg)?)
         };
