@@ -148,12 +148,28 @@ impl Legacy {
 /// If the type is not supported, `rows` is not a multiple of 8, `cols` of the block size, or
 /// `data` is not `rows × cols` weights.
 pub fn repack(dtype: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let mut out = vec![0u8; rows / GROUP_ROWS * group_bytes(dtype, cols)];
+    repack_into(dtype, data, rows, cols, &mut out);
+    out
+}
+
+/// [`repack`] into `out`, which must be zeroed and `rows / 8 · group_bytes(dtype, cols)` long
+/// (so a tensor can be repacked a slice of rows at a time into its parts of one buffer).
+///
+/// # Panics
+/// As [`repack`], and if `out` has another length.
+pub fn repack_into(dtype: GgmlType, data: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
     assert!(supports(dtype), "{dtype} cannot be interleaved");
     assert!(rows.is_multiple_of(GROUP_ROWS) && cols.is_multiple_of(dtype.block_size()));
+    assert_eq!(
+        out.len(),
+        rows / GROUP_ROWS * group_bytes(dtype, cols),
+        "the output does not fit rows × cols interleaved weights"
+    );
     match dtype {
-        GgmlType::Q4_K => return repack_k4(data, rows, cols),
-        GgmlType::Q6_K => return repack_k6(data, rows, cols),
-        GgmlType::Q8_0 => return repack_q8_0(data, rows, cols),
+        GgmlType::Q4_K => return repack_k4(data, rows, cols, out),
+        GgmlType::Q6_K => return repack_k6(data, rows, cols, out),
+        GgmlType::Q8_0 => return repack_q8_0(data, rows, cols, out),
         _ => {}
     }
     let kind = Legacy::of(dtype).expect("supported");
@@ -166,7 +182,6 @@ pub fn repack(dtype: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8>
     );
     let dst_bytes = kind.bytes();
     let (qh0, qs0) = (kind.qh_at(), kind.qs_at());
-    let mut out = vec![0u8; data.len()];
     for g in 0..rows / GROUP_ROWS {
         for b in 0..nb {
             let dst = &mut out[(g * nb + b) * dst_bytes..][..dst_bytes];
@@ -190,7 +205,6 @@ pub fn repack(dtype: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8>
             }
         }
     }
-    out
 }
 
 /// `offset · Σ q` of every 32-element block of `qs` (the quants of one or more activation
@@ -267,6 +281,39 @@ mod tests {
     use crate::kernels::legacy;
     use crate::kernels::quantize::{ActFormat, Q8Batch};
     use crate::kernels::testutil::{random_weights, Rng};
+
+    /// Repacking a tensor a slice of rows at a time into its parts of one buffer (as the
+    /// loader does, to release the file's pages as it goes) gives the whole tensor's bytes.
+    #[test]
+    fn repacking_slices_of_rows_gives_the_whole_layout() {
+        let mut rng = Rng::new(5);
+        for dtype in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            let (rows, cols) = (40, 2 * QK_K);
+            let wb = random_weights(&mut rng, dtype, rows, cols);
+            let whole = repack(dtype, &wb, rows, cols);
+            let (row_bytes, gb) = (wb.len() / rows, group_bytes(dtype, cols));
+            let mut sliced = vec![0u8; whole.len()];
+            for (r0, r1) in [(0, 16), (16, 24), (24, 40)] {
+                let dst = &mut sliced[r0 / GROUP_ROWS * gb..r1 / GROUP_ROWS * gb];
+                repack_into(
+                    dtype,
+                    &wb[r0 * row_bytes..r1 * row_bytes],
+                    r1 - r0,
+                    cols,
+                    dst,
+                );
+            }
+            assert!(sliced == whole, "{dtype}");
+        }
+    }
 
     /// The interleaved scalar tile equals the row-layout scalar dot product up to rounding
     /// (the integer sums are the same; only the order of the float scaling differs).

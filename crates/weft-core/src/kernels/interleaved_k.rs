@@ -47,10 +47,9 @@ fn shape(dtype: GgmlType, data: &[u8], rows: usize, cols: usize) -> (usize, usiz
 }
 
 /// [`super::interleaved::repack`] for Q4_K.
-pub(super) fn repack_k4(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+pub(super) fn repack_k4(data: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
     let (src_bytes, nb) = shape(GgmlType::Q4_K, data, rows, cols);
     let row_bytes = nb * src_bytes;
-    let mut out = vec![0u8; rows / GROUP_ROWS * nb * K4_GROUP_BYTES];
     for g in 0..rows / GROUP_ROWS {
         for b in 0..nb {
             let dst = &mut out[(g * nb + b) * K4_GROUP_BYTES..][..K4_GROUP_BYTES];
@@ -75,14 +74,12 @@ pub(super) fn repack_k4(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
             }
         }
     }
-    out
 }
 
 /// [`super::interleaved::repack`] for Q6_K.
-pub(super) fn repack_k6(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+pub(super) fn repack_k6(data: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
     let (src_bytes, nb) = shape(GgmlType::Q6_K, data, rows, cols);
     let row_bytes = nb * src_bytes;
-    let mut out = vec![0u8; rows / GROUP_ROWS * nb * K6_GROUP_BYTES];
     for g in 0..rows / GROUP_ROWS {
         for b in 0..nb {
             let dst = &mut out[(g * nb + b) * K6_GROUP_BYTES..][..K6_GROUP_BYTES];
@@ -115,7 +112,6 @@ pub(super) fn repack_k6(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
             }
         }
     }
-    out
 }
 
 /// Scalar reference for Q4_K: one interleaved group (`w`, whole super-blocks of 8 rows) ·

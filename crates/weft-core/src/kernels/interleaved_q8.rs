@@ -27,7 +27,7 @@ pub const Q8_BLOCK_BYTES: usize = 16 + 8 * 32;
 const SRC_BYTES: usize = 34;
 
 /// [`super::interleaved::repack`] for Q8_0.
-pub(super) fn repack_q8_0(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+pub(super) fn repack_q8_0(data: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
     let nb = cols / QK8;
     let row_bytes = nb * SRC_BYTES;
     assert_eq!(
@@ -35,7 +35,6 @@ pub(super) fn repack_q8_0(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
         rows * row_bytes,
         "data is not rows × cols weights"
     );
-    let mut out = vec![0u8; data.len()];
     for g in 0..rows / GROUP_ROWS {
         for b in 0..nb {
             let dst = &mut out[(g * nb + b) * Q8_BLOCK_BYTES..][..Q8_BLOCK_BYTES];
@@ -49,7 +48,6 @@ pub(super) fn repack_q8_0(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
             }
         }
     }
-    out
 }
 
 /// Row `r` of an interleaved Q8_0 matrix (`data`: `rows / 8` groups of `cols` columns),
@@ -118,7 +116,7 @@ mod tests {
         let mut rng = Rng::new(31);
         let (rows, cols) = (24, 5 * 32);
         let data = random_weights(&mut rng, GgmlType::Q8_0, rows, cols);
-        let packed = repack_q8_0(&data, rows, cols);
+        let packed = super::super::interleaved::repack(GgmlType::Q8_0, &data, rows, cols);
         assert_eq!(packed.len(), data.len());
         let all = crate::quant::dequantize_to_vec(GgmlType::Q8_0, &data).unwrap();
         let mut row = vec![0f32; cols];

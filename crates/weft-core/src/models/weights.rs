@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::pager::PagerSource;
 use super::BatchToken;
 use crate::error::{Error, Result};
-use crate::gguf::{GgufFile, TensorInfo};
+use crate::gguf::{GgmlType, GgufFile, TensorInfo};
 use crate::kernels::{self, MatmulScratch};
 use crate::kernels::{interleaved, Matrix};
 use crate::lora::{self, AdapterSet, Proj};
@@ -181,15 +181,7 @@ impl Loader {
         lin.lora_key = Proj::parse_gguf(name).map(|(layer, proj)| lora::key(layer, proj));
         let data = self.data(&lin.info)?;
         if interleaved::supports(lin.info.dtype) && rows.is_multiple_of(interleaved::GROUP_ROWS) {
-            lin.packed = Some(Arc::new(interleaved::repack(
-                lin.info.dtype,
-                &data,
-                rows,
-                cols,
-            )));
-            // The file's pages of a repacked tensor are not read again (a no-op for bytes
-            // from a pager source).
-            self.file.release(&data);
+            lin.packed = Some(Arc::new(self.repack(lin.info.dtype, &data, rows, cols)));
         } else if let Cow::Owned(bytes) = data {
             lin.owned = Some(Arc::new(bytes));
         }
@@ -224,6 +216,32 @@ impl Loader {
             }
         }
         Ok(Stack { runs })
+    }
+
+    /// [`interleaved::repack`] of `data` (`rows × cols` weights of `dtype`, from the file), a
+    /// slice of rows at a time into one buffer, each slice's file pages released once copied:
+    /// they are not read again, and a large tensor is then never resident twice (Gemma 3's
+    /// tied 178 MB embedding, repacked whole, set the peak RSS of a whole run: 369 MiB, 298
+    /// now). The interleaved layout goes by groups of 8 rows, so each slice of rows is a slice
+    /// of the buffer.
+    fn repack(&self, dtype: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+        const SLICE_BYTES: usize = 8 << 20;
+        let group = interleaved::GROUP_ROWS;
+        let row_bytes = data.len() / rows.max(1);
+        let out_group = interleaved::group_bytes(dtype, cols);
+        let step = (SLICE_BYTES / row_bytes.max(1))
+            .next_multiple_of(group)
+            .clamp(group, rows.max(group));
+        let mut out = vec![0u8; rows / group * out_group];
+        for r0 in (0..rows).step_by(step) {
+            let r1 = (r0 + step).min(rows);
+            let src = &data[r0 * row_bytes..r1 * row_bytes];
+            let dst = &mut out[r0 / group * out_group..r1 / group * out_group];
+            interleaved::repack_into(dtype, src, r1 - r0, cols, dst);
+            // A no-op for bytes from a pager source.
+            self.file.release(src);
+        }
+        out
     }
 
     /// The bytes of a tensor: from the pager source if there is one (checked for length),
