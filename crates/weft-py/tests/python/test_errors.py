@@ -34,6 +34,15 @@ def test_context_too_long():
     assert engine.metrics().kv_pages_used == 0
 
 
+def test_a_context_length_past_the_cache_grows_the_cache():
+    # n_ctx used to be cut to kv_tokens without a word.
+    engine = weft.Engine("smollm2-135m", threads=2, kv_tokens=64, n_ctx=200)
+    assert engine.n_ctx == 200
+    ctx = engine.context()
+    ctx.fill("word " * 150)
+    assert len(ctx.generate(weft.Argmax(), max_tokens=8, ignore_eos=True).tokens()) == 8
+
+
 def test_invalid_sampler_grammar_and_tokens(smollm2):
     ctx = smollm2.context()
     ctx.fill("Hello")
