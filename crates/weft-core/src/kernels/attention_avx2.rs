@@ -1,16 +1,16 @@
 //! AVX2 + FMA + F16C twins of the attention kernels in `attention` (same contracts).
 //!
-//! A value row or Q8_0 key row is read through [`Row`], which widens 8 of its values to `f32`:
-//! f16 with `vcvtph2ps`; Q8_0 by sign-extending 8 bytes to `i32`, converting and multiplying
-//! by the block's scale (the scale is folded in on load, so both types share one loop and a
-//! Q8_0 row costs a few more instructions but half the bytes). An f16 key page, stored by
-//! column, is read 16 slots of a line at a time. Every function is `unsafe` only because it
+//! A value row is read through [`Row`], which widens 8 of its values to `f32`: f16 with
+//! `vcvtph2ps`; Q8_0 by sign-extending 8 bytes to `i32`, converting and multiplying by the
+//! block's scale (the scale is folded in on load, so both types share one loop and a Q8_0 row
+//! costs a few more instructions but half the bytes). A key page, stored by column (f16, or
+//! Q8_0 block by block), is read 16 slots at a time. Every function is `unsafe` only because it
 //! needs AVX2, FMA and F16C: the safe wrappers check the shapes.
 
 use std::arch::x86_64::*;
 
 use super::attention::exp_consts::*;
-use super::attention::{scalar, KvType, PAGE_SLOTS, Q8_BLOCK};
+use super::attention::{scalar, KvType, PAGE_SLOTS, Q8_BLOCK, Q8_KEY_QS, Q8_KEY_SECTION};
 use super::x86::{hsum_ps, prefetch_rows, SpreadHints};
 
 /// How a row type is widened.
@@ -152,95 +152,106 @@ unsafe fn cols_tile<const H: usize>(
     }
 }
 
-/// AVX2 twin of [`super::attention::dots`] for Q8_0 keys (rows: `keys` holds the `n` rows
-/// to score).
+/// AVX2 twin of [`super::attention::dots`] for a Q8_0 key page (stored by column, block by
+/// block: see [`Q8_KEY_SECTION`]).
+///
+/// The page is scored 16 slots at a time (two registers a head), for up to 3 heads at once
+/// (their block chains and scores fill 12 of the 16 registers): each half line of a block (16
+/// of its slots' bytes of value `t`) is widened once for those heads; each (head, slot) lane is
+/// the scalar kernel's chain over the block's values, then its multiply-add by the scale.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; the shapes must be as the safe wrapper checks.
-// `run!` with K = 1 spells `i + 1 <= n`, the same test as for the other K.
-#[allow(clippy::int_plus_one)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dots_q8(
     qs: &[f32],
-    keys: &[u8],
+    page: &[u8],
+    n: usize,
     g: usize,
     out: &mut [f32],
     stride: usize,
     ahead: *const u8,
 ) {
     let d = qs.len() / g;
-    let rb = KvType::Q8_0.row_bytes(d);
-    let (n, qp, kp, op) = (
-        keys.len() / rb,
-        qs.as_ptr(),
-        keys.as_ptr(),
-        out.as_mut_ptr(),
-    );
-    // `K` keys at a time, as many as the registers allow beside the `G` query slices (16 ymm
-    // registers: G + K·G accumulators + 1), the rest one by one.
-    macro_rules! run {
-        ($g:literal, $k:literal) => {{
-            let mut i = 0;
-            while i + $k <= n {
-                prefetch_rows(ahead, i * rb, $k * rb);
-                dots_tile::<Q8Row, $g, $k>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
-                i += $k;
+    let (qp, kp, op) = (qs.as_ptr(), page.as_ptr(), out.as_mut_ptr());
+    for half in 0..n.div_ceil(16) {
+        let lanes = (n - 16 * half).min(16);
+        let mut j = 0;
+        while j < g {
+            let h = (g - j).min(3);
+            // The page's first pass hints the next page in as it reads its own.
+            let ahead = if half == 0 && j == 0 {
+                ahead
+            } else {
+                std::ptr::null()
+            };
+            let (q, first, o) = (qp.add(j * d), 16 * half, op.add(j * stride + 16 * half));
+            match h {
+                1 => q8_cols_tile::<1>(q, kp, first, d, o, stride, lanes, ahead),
+                2 => q8_cols_tile::<2>(q, kp, first, d, o, stride, lanes, ahead),
+                _ => q8_cols_tile::<3>(q, kp, first, d, o, stride, lanes, ahead),
             }
-            while i < n {
-                prefetch_rows(ahead, i * rb, rb);
-                dots_tile::<Q8Row, $g, 1>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
-                i += 1;
-            }
-        }};
-    }
-    match g {
-        1 => run!(1, 4),
-        2 => run!(2, 4),
-        3 => run!(3, 4),
-        4 => run!(4, 2),
-        5 => run!(5, 2),
-        6 => run!(6, 1),
-        7 => run!(7, 1),
-        8 => run!(8, 1),
-        g => panic!("attention kernels take 1 to 8 heads, got {g}"),
+            j += h;
+        }
     }
 }
 
-/// Scores of `G` query rows (`qp`, `G × d`) against the `K` key rows from `kp` (`rb` bytes
-/// apart), written to `op[j·stride + k]`. Each 8-value slice of the queries is loaded once for
-/// all `K` keys; each (key, row) pair has one accumulator, summed over the slices in order and
-/// reduced at the end — the same operations whatever `G` and `K`, so a score has the same bits
-/// in a page-wide call as in a call for its key alone. The `K·G` chains hide the FMA latency.
-// `j`, `k` index the query rows, the keys and the accumulators at once.
-#[allow(clippy::needless_range_loop)]
+/// Scores of `H` query rows (`qp`, `H × d`) against the 16 slots from `first` of a Q8_0 column
+/// key page (`kp`), the first `lanes` of them written to `op[j·stride + s]`.
+// `j` indexes the query rows and the accumulators at once.
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn dots_tile<R: Row, const G: usize, const K: usize>(
+unsafe fn q8_cols_tile<const H: usize>(
     qp: *const f32,
     kp: *const u8,
-    rb: usize,
+    first: usize,
     d: usize,
     op: *mut f32,
     stride: usize,
+    lanes: usize,
+    ahead: *const u8,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); G]; K];
-    let mut i = 0;
-    while i < d {
-        let mut q = [_mm256_setzero_ps(); G];
-        for (j, q) in q.iter_mut().enumerate() {
-            *q = _mm256_loadu_ps(qp.add(j * d + i));
-        }
-        for k in 0..K {
-            let kv = R::load8(kp.add(k * rb), i);
-            for j in 0..G {
-                acc[k][j] = _mm256_fmadd_ps(q[j], kv, acc[k][j]);
+    let mut score = [[_mm256_setzero_ps(); 2]; H];
+    for b in 0..d / 32 {
+        let sec = kp.add(b * Q8_KEY_SECTION);
+        prefetch_rows(ahead, b * Q8_KEY_SECTION, Q8_KEY_QS);
+        let mut blk = [[_mm256_setzero_ps(); 2]; H];
+        for t in 0..32 {
+            if t % 2 == 0 {
+                prefetch_rows(ahead, b * Q8_KEY_SECTION + Q8_KEY_QS + 32 * t, 64);
+            }
+            let line = sec.add(Q8_KEY_QS + 32 * t + first);
+            let (b0, b1) = (
+                _mm_loadl_epi64(line as *const __m128i),
+                _mm_loadl_epi64(line.add(8) as *const __m128i),
+            );
+            let k0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b0));
+            let k1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b1));
+            for j in 0..H {
+                let q = _mm256_broadcast_ss(&*qp.add(j * d + 32 * b + t));
+                blk[j][0] = _mm256_fmadd_ps(q, k0, blk[j][0]);
+                blk[j][1] = _mm256_fmadd_ps(q, k1, blk[j][1]);
             }
         }
-        i += 8;
+        // Scales are 2 bytes a slot.
+        let scales = sec.add(2 * first);
+        let s0 = _mm256_cvtph_ps(_mm_loadu_si128(scales as *const __m128i));
+        let s1 = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(16) as *const __m128i));
+        for j in 0..H {
+            score[j][0] = _mm256_fmadd_ps(blk[j][0], s0, score[j][0]);
+            score[j][1] = _mm256_fmadd_ps(blk[j][1], s1, score[j][1]);
+        }
     }
-    // (Q8_0 rows are whole blocks of 32: no tail.)
-    for k in 0..K {
-        for j in 0..G {
-            *op.add(j * stride + k) = hsum_ps(acc[k][j]);
+    for j in 0..H {
+        let o = op.add(j * stride);
+        if lanes == 16 {
+            _mm256_storeu_ps(o, score[j][0]);
+            _mm256_storeu_ps(o.add(8), score[j][1]);
+        } else {
+            let mut tmp = [0f32; 16];
+            _mm256_storeu_ps(tmp.as_mut_ptr(), score[j][0]);
+            _mm256_storeu_ps(tmp.as_mut_ptr().add(8), score[j][1]);
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), o, lanes);
         }
     }
 }

@@ -2,21 +2,19 @@
 //! registers: 16 lanes a step and 32 registers, so twice the multiply-adds of the AVX2 twins
 //! per instruction (prefill attention is bound by them).
 //!
-//! A value row or Q8_0 key row is widened 16 values at a time: f16 with `vcvtph2ps`, Q8_0 by
-//! sign-extending 16 bytes (half a block) and multiplying by the block's scale. Head sizes that
-//! are not a multiple of 16 (only odd test shapes) take the AVX2 twins; an f16 key page (by
-//! column) is read a 32-slot line at a time whatever the head size.
+//! A value row is widened 16 values at a time: f16 with `vcvtph2ps`, Q8_0 by sign-extending 16
+//! bytes (half a block) and multiplying by the block's scale. Head sizes that are not a
+//! multiple of 16 (only odd test shapes) take the AVX2 twins; a key page (by column, f16 or
+//! Q8_0) is read 32 slots at a time whatever the head size.
 //!
 //! The weighted sum adds each value row to an element with the same fused multiply-add, in the
-//! same row order, as the AVX2 twin: its results have the same bits, and so have the f16
-//! scores (one chain a lane). The Q8_0 scores sum a dot product in 16 lanes instead of 8, so
-//! they differ from the AVX2 ones in the last bits; as there, a score never depends on how many
-//! heads or keys share the call.
+//! same row order, as the AVX2 twin: its results have the same bits, and so have the scores
+//! (the same chains a lane); a score never depends on how many heads or keys share the call.
 
 use std::arch::x86_64::*;
 
 use super::attention::exp_consts::*;
-use super::attention::{scalar, KvType, PAGE_SLOTS, Q8_BLOCK};
+use super::attention::{scalar, KvType, PAGE_SLOTS, Q8_BLOCK, Q8_KEY_QS, Q8_KEY_SECTION};
 use super::attention_avx2;
 use super::x86::{hsum_ps, prefetch_rows, SpreadHints};
 
@@ -147,8 +145,13 @@ unsafe fn cols_tile<const G: usize, const V: usize>(
     }
 }
 
-/// AVX-512 twin of [`super::attention::dots`] for Q8_0 keys (rows: `keys` holds the `n`
-/// rows to score).
+/// AVX-512 twin of [`super::attention::dots`] for a Q8_0 key page (stored by column, block
+/// by block: see [`Q8_KEY_SECTION`]).
+///
+/// Each half line of a block (the 32 slots' byte of value `t`) is widened once, into two
+/// registers, for all the heads; each (head, slot) lane is a multiply-add chain over the
+/// block's 32 values, then one multiply-add by the slots' scales into the score — the scalar
+/// kernel's operations, so the scores have its bits. No horizontal sums.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F and VL besides AVX2, FMA and F16C; the shapes must be as
@@ -156,146 +159,95 @@ unsafe fn cols_tile<const G: usize, const V: usize>(
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
 pub unsafe fn dots_q8(
     qs: &[f32],
-    keys: &[u8],
+    page: &[u8],
+    n: usize,
     g: usize,
     out: &mut [f32],
     stride: usize,
     ahead: *const u8,
 ) {
     let d = qs.len() / g;
-    let rb = KvType::Q8_0.row_bytes(d);
-    let (n, qp, kp, op) = (
-        keys.len() / rb,
-        qs.as_ptr(),
-        keys.as_ptr(),
-        out.as_mut_ptr(),
-    );
-    // `K` keys at a time, as many as 32 registers allow beside a query slice (K·G
-    // accumulators + K keys + 1), the rest one by one.
-    macro_rules! run {
-        ($g:literal, $k:literal) => {{
-            let mut i = 0;
-            while i + $k <= n {
-                prefetch_rows(ahead, i * rb, $k * rb);
-                dots_tile::<Q8Row, $g, $k>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
-                i += $k;
+    let (qp, kp, op) = (qs.as_ptr(), page.as_ptr(), out.as_mut_ptr());
+    macro_rules! by_group {
+        ($v:literal) => {
+            match g {
+                1 => q8_cols_tile::<1, $v>(qp, kp, d, op, stride, n, ahead),
+                2 => q8_cols_tile::<2, $v>(qp, kp, d, op, stride, n, ahead),
+                3 => q8_cols_tile::<3, $v>(qp, kp, d, op, stride, n, ahead),
+                4 => q8_cols_tile::<4, $v>(qp, kp, d, op, stride, n, ahead),
+                5 => q8_cols_tile::<5, $v>(qp, kp, d, op, stride, n, ahead),
+                6 => q8_cols_tile::<6, $v>(qp, kp, d, op, stride, n, ahead),
+                7 => q8_cols_tile::<7, $v>(qp, kp, d, op, stride, n, ahead),
+                8 => q8_cols_tile::<8, $v>(qp, kp, d, op, stride, n, ahead),
+                g => panic!("attention kernels take 1 to 8 heads, got {g}"),
             }
-            while i < n {
-                prefetch_rows(ahead, i * rb, rb);
-                dots_tile::<Q8Row, $g, 1>(qp, kp.add(i * rb), rb, d, op.add(i), stride);
-                i += 1;
-            }
-        }};
+        };
     }
-    match g {
-        1 => run!(1, 8),
-        2 => run!(2, 8),
-        3 => run!(3, 6),
-        4 => run!(4, 4),
-        5 => run!(5, 4),
-        6 => run!(6, 3),
-        7 => run!(7, 3),
-        8 => run!(8, 2),
-        g => panic!("attention kernels take 1 to 8 heads, got {g}"),
+    match n {
+        0 => {}
+        1..=16 => by_group!(1),
+        _ => by_group!(2),
     }
 }
 
-/// Scores of `G` query rows (`qp`, `G × d`) against the `K` key rows from `kp` (`rb` bytes
-/// apart), written to `op[j·stride + k]`. Each key slice is widened once for the `G` rows and
-/// each query slice loaded once for the `K` keys; each (key, row) pair has one accumulator,
-/// summed over the 16-value slices in order and reduced at the end — the same operations
-/// whatever `G` and `K`, so a score has the same bits in any call.
-// `j`, `k` index the query rows, the keys and the accumulators at once.
+/// Scores of `G` query rows (`qp`, `G × d`) against the first `16·V` slots of a Q8_0 column
+/// key page (`kp`), the first `n` of them written to `op[j·stride + s]`.
+// `j`, `v` index the query rows, the slot halves and the accumulators at once.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn dots_tile<R: Row16, const G: usize, const K: usize>(
+unsafe fn q8_cols_tile<const G: usize, const V: usize>(
     qp: *const f32,
     kp: *const u8,
-    rb: usize,
     d: usize,
     op: *mut f32,
     stride: usize,
+    n: usize,
+    ahead: *const u8,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); G]; K];
-    let mut i = 0;
-    while i < d {
-        let mut keys = [_mm512_setzero_ps(); K];
-        for k in 0..K {
-            keys[k] = R::load16(kp.add(k * rb), i);
-        }
-        for j in 0..G {
-            let q = _mm512_loadu_ps(qp.add(j * d + i));
-            for k in 0..K {
-                acc[k][j] = _mm512_fmadd_ps(q, keys[k], acc[k][j]);
+    let mut score = [[_mm512_setzero_ps(); V]; G];
+    for b in 0..d / 32 {
+        let sec = kp.add(b * Q8_KEY_SECTION);
+        // The next page's scales, then a line for every two values `t`, as this page's are read.
+        prefetch_rows(ahead, b * Q8_KEY_SECTION, Q8_KEY_QS);
+        let mut blk = [[_mm512_setzero_ps(); V]; G];
+        for t in 0..32 {
+            if t % 2 == 0 {
+                prefetch_rows(ahead, b * Q8_KEY_SECTION + Q8_KEY_QS + 32 * t, 64);
+            }
+            let line = sec.add(Q8_KEY_QS + 32 * t);
+            let mut k = [_mm512_setzero_ps(); V];
+            for v in 0..V {
+                let bytes = _mm_loadu_si128(line.add(16 * v) as *const __m128i);
+                k[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+            }
+            for j in 0..G {
+                let q = _mm512_set1_ps(*qp.add(j * d + 32 * b + t));
+                for v in 0..V {
+                    blk[j][v] = _mm512_fmadd_ps(q, k[v], blk[j][v]);
+                }
             }
         }
-        i += 16;
-    }
-    // The K·G lane sums: 16 side by side (8 or more of them, padded with zeros), the rest
-    // one by one. Every bound is a constant, so the loops unroll and `acc` stays in registers.
-    let n_acc = K * G;
-    let side = 16 * (n_acc / 16) + if n_acc % 16 >= 8 { n_acc % 16 } else { 0 };
-    for c in 0..side.div_ceil(16) {
-        let mut v = [_mm512_setzero_ps(); 16];
-        for (i, v) in v.iter_mut().enumerate() {
-            let f = 16 * c + i;
-            if f < side {
-                *v = acc[f / G][f % G];
+        for v in 0..V {
+            let scale = _mm512_cvtph_ps(_mm256_loadu_si256(sec.add(32 * v) as *const __m256i));
+            for j in 0..G {
+                score[j][v] = _mm512_fmadd_ps(blk[j][v], scale, score[j][v]);
             }
         }
-        let sums = hsum16(v);
-        for i in 0..16.min(side - 16 * c) {
-            let f = 16 * c + i;
-            *op.add((f % G) * stride + f / G) = sums[4 * (i % 4) + i / 4];
+    }
+    for j in 0..G {
+        let o = op.add(j * stride);
+        if n == 16 * V {
+            for v in 0..V {
+                _mm512_storeu_ps(o.add(16 * v), score[j][v]);
+            }
+        } else {
+            let mut tmp = [0f32; 32];
+            for v in 0..V {
+                _mm512_storeu_ps(tmp.as_mut_ptr().add(16 * v), score[j][v]);
+            }
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), o, n);
         }
     }
-    for f in side..n_acc {
-        *op.add((f % G) * stride + f / G) = hsum512(acc[f / G][f % G]);
-    }
-}
-
-/// The lane sums of 16 vectors, each with the bits [`hsum512`] gives it: the same lanes are
-/// added at each level (`i` and `i + 8`, then `+ 4`, `+ 2`, `+ 1`), for 16 vectors side by side
-/// (15 adds and 30 shuffles instead of 64 shuffles). The sum of `v[4c + q]` is in lane
-/// `4q + c`.
-#[inline(always)]
-unsafe fn hsum16(v: [__m512; 16]) -> [f32; 16] {
-    // Level 1: [a_i + a_{i+8} | b_i + b_{i+8}] for the pairs (a, b) = (v[2j], v[2j + 1]).
-    // (Loops, not `array::from_fn`: a closure would not inherit the target features.)
-    let mut x = [_mm512_setzero_ps(); 8];
-    for (j, x) in x.iter_mut().enumerate() {
-        let (a, b) = (v[2 * j], v[2 * j + 1]);
-        *x = _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x44>(a, b),
-            _mm512_shuffle_f32x4::<0xEE>(a, b),
-        );
-    }
-    // Level 2: each 128-bit quarter k of z[m] holds h_i + h_{i+4} of vector 4m + k.
-    let mut z = [_mm512_setzero_ps(); 4];
-    for (m, z) in z.iter_mut().enumerate() {
-        let (a, b) = (x[2 * m], x[2 * m + 1]);
-        *z = _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x88>(a, b),
-            _mm512_shuffle_f32x4::<0xDD>(a, b),
-        );
-    }
-    // Level 3: within each quarter, s_0 + s_2 and s_1 + s_3 of two vectors.
-    let mut t = [_mm512_setzero_ps(); 2];
-    for (m, t) in t.iter_mut().enumerate() {
-        let (a, b) = (z[2 * m], z[2 * m + 1]);
-        *t = _mm512_add_ps(
-            _mm512_shuffle_ps::<0x44>(a, b),
-            _mm512_shuffle_ps::<0xEE>(a, b),
-        );
-    }
-    // Level 4: the two halves of each vector's sum.
-    let r = _mm512_add_ps(
-        _mm512_shuffle_ps::<0x88>(t[0], t[1]),
-        _mm512_shuffle_ps::<0xDD>(t[0], t[1]),
-    );
-    let mut out = [0f32; 16];
-    _mm512_storeu_ps(out.as_mut_ptr(), r);
-    out
 }
 
 /// AVX-512 twin of [`super::attention::attend`] (bit for bit the AVX2 twin's results).

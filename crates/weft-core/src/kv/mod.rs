@@ -648,9 +648,8 @@ pub(crate) mod tests {
         kv.write(0, s, 2, &k, &k).unwrap();
         let (keys, _) = kv.view(0, s).unwrap().page(0, 0).unwrap();
         assert_eq!(keys.len(), PAGE_SIZE * 68);
-        let row = &keys[2 * 68..3 * 68];
         for (i, &x) in k.iter().enumerate() {
-            let got = kernels::row_value(KvType::Q8_0, row, i);
+            let got = kernels::key_value(KvType::Q8_0, keys, 64, 2, i);
             assert!(
                 (got - x).abs() <= 4.0 / 127.0 / 2.0 + 1e-3,
                 "{i}: {got} vs {x}"
