@@ -210,10 +210,10 @@ pub fn write_key(kv: KvType, x: &[f32], page: &mut [u8], slot: usize) {
 /// Value `t` of the key in slot `slot` of a key page of `d`-value keys stored as `kv`.
 #[inline]
 pub fn key_value(kv: KvType, page: &[u8], d: usize, slot: usize, t: usize) -> f32 {
+    debug_assert!(t < d && slot < PAGE_SLOTS, "key_value: no value {t} in slot {slot}");
     match kv {
         KvType::F16 => row_value(kv, page, t * PAGE_SLOTS + slot),
         KvType::Q8_0 => {
-            let _ = d;
             let sec = &page[t / 32 * Q8_KEY_SECTION..];
             let scale = f16::from_le_bytes([sec[2 * slot], sec[2 * slot + 1]]).to_f32();
             scale * f32::from(sec[Q8_KEY_QS + 32 * (t % 32) + slot] as i8)
