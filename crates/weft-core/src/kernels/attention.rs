@@ -210,7 +210,10 @@ pub fn write_key(kv: KvType, x: &[f32], page: &mut [u8], slot: usize) {
 /// Value `t` of the key in slot `slot` of a key page of `d`-value keys stored as `kv`.
 #[inline]
 pub fn key_value(kv: KvType, page: &[u8], d: usize, slot: usize, t: usize) -> f32 {
-    debug_assert!(t < d && slot < PAGE_SLOTS, "key_value: no value {t} in slot {slot}");
+    debug_assert!(
+        t < d && slot < PAGE_SLOTS,
+        "key_value: no value {t} in slot {slot}"
+    );
     match kv {
         KvType::F16 => row_value(kv, page, t * PAGE_SLOTS + slot),
         KvType::Q8_0 => {

@@ -287,15 +287,10 @@ mod tests {
     #[test]
     fn repacking_slices_of_rows_gives_the_whole_layout() {
         let mut rng = Rng::new(5);
-        for dtype in [
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q5_1,
-            GgmlType::Q8_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ] {
+        let types = crate::kernels::MATMUL_TYPES
+            .into_iter()
+            .filter(|&t| supports(t));
+        for dtype in types {
             let (rows, cols) = (40, 2 * QK_K);
             let wb = random_weights(&mut rng, dtype, rows, cols);
             let whole = repack(dtype, &wb, rows, cols);
