@@ -64,6 +64,36 @@ macro_rules! dispatch {
     };
 }
 
+/// Scores a column key page (f16 or Q8_0) 16 slots at a time, for up to `$max` query rows a
+/// pass: `$tile::<H>(rows, page, first slot, d, out, stride, lanes, ahead)` with `H` one of
+/// `$h` or `$max`. The page's first pass hints the next page in as it reads its own.
+macro_rules! by_passes {
+    ($tile:ident, [$($h:literal),*], $max:literal,
+     $qs:expr, $page:expr, $n:expr, $g:expr, $out:expr, $stride:expr, $ahead:expr) => {{
+        let (n, g, stride) = ($n, $g, $stride);
+        let d = $qs.len() / g;
+        let (qp, kp, op) = ($qs.as_ptr(), $page.as_ptr(), $out.as_mut_ptr());
+        for half in 0..n.div_ceil(16) {
+            let (first, lanes) = (16 * half, (n - 16 * half).min(16));
+            let mut j = 0;
+            while j < g {
+                let h = (g - j).min($max);
+                let ahead = if half == 0 && j == 0 {
+                    $ahead
+                } else {
+                    std::ptr::null()
+                };
+                let (q, o) = (qp.add(j * d), op.add(j * stride + first));
+                match h {
+                    $($h => $tile::<$h>(q, kp, first, d, o, stride, lanes, ahead),)*
+                    _ => $tile::<$max>(q, kp, first, d, o, stride, lanes, ahead),
+                }
+                j += h;
+            }
+        }
+    }};
+}
+
 /// AVX2 twin of [`super::attention::dots`] for an f16 key page (stored by column).
 ///
 /// The page is scored 16 slots at a time (two registers a head), for up to 4 heads at once:
@@ -82,44 +112,19 @@ pub unsafe fn dots_f16(
     stride: usize,
     ahead: *const u8,
 ) {
-    let d = qs.len() / g;
-    let (qp, kp, op) = (qs.as_ptr(), page.as_ptr(), out.as_mut_ptr());
-    for half in 0..n.div_ceil(16) {
-        let lanes = (n - 16 * half).min(16);
-        let mut j = 0;
-        while j < g {
-            let h = (g - j).min(4);
-            // The page's first pass hints the next page in, a line per `t` as it reads its own.
-            let ahead = if half == 0 && j == 0 {
-                ahead
-            } else {
-                std::ptr::null()
-            };
-            let (q, k, o) = (
-                qp.add(j * d),
-                kp.add(32 * half),
-                op.add(j * stride + 16 * half),
-            );
-            match h {
-                1 => cols_tile::<1>(q, k, d, o, stride, lanes, ahead),
-                2 => cols_tile::<2>(q, k, d, o, stride, lanes, ahead),
-                3 => cols_tile::<3>(q, k, d, o, stride, lanes, ahead),
-                _ => cols_tile::<4>(q, k, d, o, stride, lanes, ahead),
-            }
-            j += h;
-        }
-    }
+    by_passes!(cols_tile, [1, 2, 3], 4, qs, page, n, g, out, stride, ahead);
 }
 
-/// Scores of `H` query rows (`qp`, `H × d`) against 16 slots of a column key page (`kp`: the
-/// slots' value `t` at `kp + t·64`, 32 bytes), the first `lanes` of them written to
-/// `op[j·stride + s]`. Eight chains a head pair keep the FMA unit busy.
+/// Scores of `H` query rows (`qp`, `H × d`) against the 16 slots from `first` of an f16 column
+/// key page (`kp`: the slots' value `t` at `kp + t·64 + 2·first`, 32 bytes), the first `lanes`
+/// of them written to `op[j·stride + s]`. Eight chains a head pair keep the FMA unit busy.
 // `j` indexes the query rows and the accumulators at once.
-#[allow(clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn cols_tile<const H: usize>(
     qp: *const f32,
     kp: *const u8,
+    first: usize,
     d: usize,
     op: *mut f32,
     stride: usize,
@@ -129,7 +134,7 @@ unsafe fn cols_tile<const H: usize>(
     let mut acc = [[_mm256_setzero_ps(); 2]; H];
     for t in 0..d {
         prefetch_rows(ahead, t * 64, 64);
-        let line = kp.add(t * 64);
+        let line = kp.add(t * 64 + 2 * first);
         let k0 = _mm256_cvtph_ps(_mm_loadu_si128(line as *const __m128i));
         let k1 = _mm256_cvtph_ps(_mm_loadu_si128(line.add(16) as *const __m128i));
         for j in 0..H {
@@ -172,28 +177,7 @@ pub unsafe fn dots_q8(
     stride: usize,
     ahead: *const u8,
 ) {
-    let d = qs.len() / g;
-    let (qp, kp, op) = (qs.as_ptr(), page.as_ptr(), out.as_mut_ptr());
-    for half in 0..n.div_ceil(16) {
-        let lanes = (n - 16 * half).min(16);
-        let mut j = 0;
-        while j < g {
-            let h = (g - j).min(3);
-            // The page's first pass hints the next page in as it reads its own.
-            let ahead = if half == 0 && j == 0 {
-                ahead
-            } else {
-                std::ptr::null()
-            };
-            let (q, first, o) = (qp.add(j * d), 16 * half, op.add(j * stride + 16 * half));
-            match h {
-                1 => q8_cols_tile::<1>(q, kp, first, d, o, stride, lanes, ahead),
-                2 => q8_cols_tile::<2>(q, kp, first, d, o, stride, lanes, ahead),
-                _ => q8_cols_tile::<3>(q, kp, first, d, o, stride, lanes, ahead),
-            }
-            j += h;
-        }
-    }
+    by_passes!(q8_cols_tile, [1, 2], 3, qs, page, n, g, out, stride, ahead);
 }
 
 /// Scores of `H` query rows (`qp`, `H × d`) against the 16 slots from `first` of a Q8_0 column

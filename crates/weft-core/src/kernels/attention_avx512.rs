@@ -51,6 +51,37 @@ unsafe fn hsum512(v: __m512) -> f32 {
     hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
 }
 
+/// Scores a column key page (f16 or Q8_0) with `$tile::<G, V>`: `G` the `g` query rows, `V`
+/// the 16-slot registers a row needs for the `n` slots — the whole page in two, or its first
+/// 16 slots in one (a prefill's page on the diagonal, a partial last page).
+macro_rules! by_shape {
+    ($tile:ident, $qs:expr, $page:expr, $n:expr, $g:expr, $out:expr, $stride:expr, $ahead:expr) => {{
+        let d = $qs.len() / $g;
+        let (qp, kp, op) = ($qs.as_ptr(), $page.as_ptr(), $out.as_mut_ptr());
+        let (n, stride, ahead) = ($n, $stride, $ahead);
+        macro_rules! by_group {
+            ($v:literal) => {
+                match $g {
+                    1 => $tile::<1, $v>(qp, kp, d, op, stride, n, ahead),
+                    2 => $tile::<2, $v>(qp, kp, d, op, stride, n, ahead),
+                    3 => $tile::<3, $v>(qp, kp, d, op, stride, n, ahead),
+                    4 => $tile::<4, $v>(qp, kp, d, op, stride, n, ahead),
+                    5 => $tile::<5, $v>(qp, kp, d, op, stride, n, ahead),
+                    6 => $tile::<6, $v>(qp, kp, d, op, stride, n, ahead),
+                    7 => $tile::<7, $v>(qp, kp, d, op, stride, n, ahead),
+                    8 => $tile::<8, $v>(qp, kp, d, op, stride, n, ahead),
+                    g => panic!("attention kernels take 1 to 8 heads, got {g}"),
+                }
+            };
+        }
+        match n {
+            0 => {}
+            1..=16 => by_group!(1),
+            _ => by_group!(2),
+        }
+    }};
+}
+
 /// AVX-512 twin of [`super::attention::dots`] for an f16 key page (stored by column).
 ///
 /// Each line of the page (the 32 slots' value `t`) is widened once, into two registers, for
@@ -72,30 +103,7 @@ pub unsafe fn dots_f16(
     stride: usize,
     ahead: *const u8,
 ) {
-    let d = qs.len() / g;
-    let (qp, kp, op) = (qs.as_ptr(), page.as_ptr(), out.as_mut_ptr());
-    // The whole page in two registers a head, or its first 16 slots in one (a prefill's page
-    // on the diagonal, a partial last page).
-    macro_rules! by_group {
-        ($v:literal) => {
-            match g {
-                1 => cols_tile::<1, $v>(qp, kp, d, op, stride, n, ahead),
-                2 => cols_tile::<2, $v>(qp, kp, d, op, stride, n, ahead),
-                3 => cols_tile::<3, $v>(qp, kp, d, op, stride, n, ahead),
-                4 => cols_tile::<4, $v>(qp, kp, d, op, stride, n, ahead),
-                5 => cols_tile::<5, $v>(qp, kp, d, op, stride, n, ahead),
-                6 => cols_tile::<6, $v>(qp, kp, d, op, stride, n, ahead),
-                7 => cols_tile::<7, $v>(qp, kp, d, op, stride, n, ahead),
-                8 => cols_tile::<8, $v>(qp, kp, d, op, stride, n, ahead),
-                g => panic!("attention kernels take 1 to 8 heads, got {g}"),
-            }
-        };
-    }
-    match n {
-        0 => {}
-        1..=16 => by_group!(1),
-        _ => by_group!(2),
-    }
+    by_shape!(cols_tile, qs, page, n, g, out, stride, ahead);
 }
 
 /// Scores of `G` query rows (`qp`, `G × d`) against the first `16·V` slots of a column key
@@ -166,28 +174,7 @@ pub unsafe fn dots_q8(
     stride: usize,
     ahead: *const u8,
 ) {
-    let d = qs.len() / g;
-    let (qp, kp, op) = (qs.as_ptr(), page.as_ptr(), out.as_mut_ptr());
-    macro_rules! by_group {
-        ($v:literal) => {
-            match g {
-                1 => q8_cols_tile::<1, $v>(qp, kp, d, op, stride, n, ahead),
-                2 => q8_cols_tile::<2, $v>(qp, kp, d, op, stride, n, ahead),
-                3 => q8_cols_tile::<3, $v>(qp, kp, d, op, stride, n, ahead),
-                4 => q8_cols_tile::<4, $v>(qp, kp, d, op, stride, n, ahead),
-                5 => q8_cols_tile::<5, $v>(qp, kp, d, op, stride, n, ahead),
-                6 => q8_cols_tile::<6, $v>(qp, kp, d, op, stride, n, ahead),
-                7 => q8_cols_tile::<7, $v>(qp, kp, d, op, stride, n, ahead),
-                8 => q8_cols_tile::<8, $v>(qp, kp, d, op, stride, n, ahead),
-                g => panic!("attention kernels take 1 to 8 heads, got {g}"),
-            }
-        };
-    }
-    match n {
-        0 => {}
-        1..=16 => by_group!(1),
-        _ => by_group!(2),
-    }
+    by_shape!(q8_cols_tile, qs, page, n, g, out, stride, ahead);
 }
 
 /// Scores of `G` query rows (`qp`, `G × d`) against the first `16·V` slots of a Q8_0 column
