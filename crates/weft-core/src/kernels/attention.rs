@@ -417,6 +417,92 @@ pub fn attend(
     scalar::attend(kv, acc, d, w, ws, values, rows)
 }
 
+/// Slot numbers of a whole page, `0..PAGE_SLOTS`: the rows of a page's weighted sum.
+pub(crate) static PAGE_ROWS: [u32; PAGE_SLOTS] = {
+    let mut rows = [0; PAGE_SLOTS];
+    let mut s = 0;
+    while s < PAGE_SLOTS {
+        rows[s] = s as u32;
+        s += 1;
+    }
+    rows
+};
+
+/// One page of attention for `g = max.len()` heads that see its slots `0..n` (no mask, no
+/// bias): [`dots`] of the query rows `qs` (`g × d`) against `keys`, each head's
+/// [`softmax_page`] step (scaled by `scale`; its running `max` and `sum`, its row of `acc`
+/// multiplied by the step's factor), then the [`attend`] of `values` — the flash-attention
+/// inner step. The results have the bits of those three calls; on AVX-512 the scores stay in
+/// registers through the softmax, the heads' steps side by side (the step per head, one after
+/// the other, was a fifth of a decode's attention kernels: reductions and `exp`s waiting on
+/// each other). `ahead_keys` and `ahead_values` are as [`dots`] and [`attend`] take them.
+///
+/// # Panics
+/// If `g` is not in `1..=MAX_GROUP`, `sum`, `qs` or `acc` do not hold `g` rows (`d` values
+/// each, `d` storable as `kv`), a page is not one page, or `n > PAGE_SLOTS`.
+#[allow(clippy::too_many_arguments)]
+pub fn page_step(
+    kv: KvType,
+    qs: &[f32],
+    keys: &[u8],
+    values: &[u8],
+    n: usize,
+    scale: f32,
+    max: &mut [f32],
+    sum: &mut [f32],
+    acc: &mut [f32],
+    ahead_keys: &[u8],
+    ahead_values: &[u8],
+) {
+    let g = max.len();
+    let d = qs.len() / g.max(1);
+    let page = PAGE_SLOTS * kv.row_bytes(d);
+    assert!(
+        (1..=MAX_GROUP).contains(&g)
+            && d > 0
+            && kv.fits(d)
+            && qs.len() == g * d
+            && sum.len() == g
+            && acc.len() == g * d
+            && keys.len() == page
+            && values.len() == page
+            && n <= PAGE_SLOTS,
+        "attention::page_step: shape mismatch"
+    );
+    assert!(
+        [ahead_keys, ahead_values]
+            .iter()
+            .all(|a| a.is_empty() || a.len() == page),
+        "attention::page_step: `ahead` is not a page"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if use_avx512() && d.is_multiple_of(16) {
+        let ahead = (ahead_ptr(ahead_keys), ahead_ptr(ahead_values));
+        // SAFETY: AVX-512 F (with AVX2/FMA/F16C) was detected; the shapes are checked.
+        return unsafe {
+            attention_avx512::page_step(kv, qs, keys, values, n, scale, max, sum, acc, ahead)
+        };
+    }
+    let mut scores = [0f32; PAGE_SLOTS * MAX_GROUP];
+    dots(kv, qs, keys, n, g, &mut scores, PAGE_SLOTS, ahead_keys);
+    for (j, sc) in scores.chunks_exact_mut(PAGE_SLOTS).take(g).enumerate() {
+        let c = softmax_page(&mut sc[..n], None, scale, &mut max[j], &mut sum[j]);
+        if c != 1.0 {
+            acc[j * d..(j + 1) * d].iter_mut().for_each(|a| *a *= c);
+        }
+    }
+    attend(
+        kv,
+        acc,
+        d,
+        &scores,
+        PAGE_SLOTS,
+        values,
+        &PAGE_ROWS[..n],
+        ahead_values,
+    );
+}
+
 /// One page of one head's online softmax. Each score is first multiplied by `scale` (the
 /// attention scale; 1 when the caller scaled them). With `m` the larger of `*max` and the
 /// page's largest score: each score becomes its weight `exp(score - m)`, `*sum` is rescaled to `m`
@@ -809,6 +895,68 @@ mod tests {
                         sums.windows(2).all(|p| bits(&p[0]) == bits(&p[1])),
                         "weighted sums differ between kernel sets: {kv} d {d} g {g}"
                     );
+                }
+            }
+        }
+    }
+
+    /// A page step has the bits of its three kernels called one after the other: for both
+    /// storage types, every group size, whole and partial pages, and heads whose running max
+    /// is unset, below the page's (the state rescaled) or above it.
+    #[test]
+    fn page_step_matches_its_three_kernels() {
+        let mut rng = Rng::new(12);
+        for kv in [KvType::F16, KvType::Q8_0] {
+            for d in [32, 64, 96, 256, 40] {
+                if !kv.fits(d) {
+                    continue;
+                }
+                let (keys, _) = key_page(&mut rng, kv, d);
+                let (ahead, _) = key_page(&mut rng, kv, d);
+                let values = rows_of(kv, &rng.f32s(PAGE_SLOTS * d, 1.0), d);
+                for g in 1..=MAX_GROUP {
+                    let qs = rng.f32s(g * d, 1.0);
+                    for n in [1, 9, 16, 17, 32] {
+                        for start in [f32::NEG_INFINITY, -30.0, 30.0] {
+                            let (mut m1, mut s1) = (vec![start; g], vec![0.0; g]);
+                            let mut a1 = match start {
+                                f32::NEG_INFINITY => vec![0.0; g * d],
+                                _ => rng.f32s(g * d, 1.0),
+                            };
+                            if start > f32::NEG_INFINITY {
+                                s1.iter_mut().for_each(|s| *s = 3.0);
+                            }
+                            let (mut m2, mut s2, mut a2) = (m1.clone(), s1.clone(), a1.clone());
+                            let mut w = vec![0f32; g * PAGE_SLOTS];
+                            dots(kv, &qs, &keys, n, g, &mut w, PAGE_SLOTS, &ahead);
+                            for j in 0..g {
+                                let sc = &mut w[j * PAGE_SLOTS..][..n];
+                                let c = softmax_page(sc, None, 0.125, &mut m1[j], &mut s1[j]);
+                                a1[j * d..(j + 1) * d].iter_mut().for_each(|a| *a *= c);
+                            }
+                            attend(
+                                kv,
+                                &mut a1,
+                                d,
+                                &w,
+                                PAGE_SLOTS,
+                                &values,
+                                &PAGE_ROWS[..n],
+                                &[],
+                            );
+                            page_step(
+                                kv, &qs, &keys, &values, n, 0.125, &mut m2, &mut s2, &mut a2,
+                                &ahead, &ahead,
+                            );
+                            let bits =
+                                |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                (bits(&m1), bits(&s1), bits(&a1)),
+                                (bits(&m2), bits(&s2), bits(&a2)),
+                                "{kv} d {d} g {g} n {n} max {start}"
+                            );
+                        }
+                    }
                 }
             }
         }

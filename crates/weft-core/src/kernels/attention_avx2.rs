@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use super::attention::exp_consts::*;
 use super::attention::{scalar, KvType, PAGE_SLOTS, Q8_BLOCK, Q8_KEY_QS, Q8_KEY_SECTION};
-use super::x86::{hsum_ps, prefetch_rows, SpreadHints};
+use super::x86::{hsum_ps, prefetch_line, SpreadHints};
 
 /// How a row type is widened.
 trait Row {
@@ -133,7 +133,7 @@ unsafe fn cols_tile<const H: usize>(
 ) {
     let mut acc = [[_mm256_setzero_ps(); 2]; H];
     for t in 0..d {
-        prefetch_rows(ahead, t * 64, 64);
+        prefetch_line(ahead, t * 64);
         let line = kp.add(t * 64 + 2 * first);
         let k0 = _mm256_cvtph_ps(_mm_loadu_si128(line as *const __m128i));
         let k1 = _mm256_cvtph_ps(_mm_loadu_si128(line.add(16) as *const __m128i));
@@ -198,11 +198,11 @@ unsafe fn q8_cols_tile<const H: usize>(
     let mut score = [[_mm256_setzero_ps(); 2]; H];
     for b in 0..d / 32 {
         let sec = kp.add(b * Q8_KEY_SECTION);
-        prefetch_rows(ahead, b * Q8_KEY_SECTION, Q8_KEY_QS);
+        prefetch_line(ahead, b * Q8_KEY_SECTION);
         let mut blk = [[_mm256_setzero_ps(); 2]; H];
         for t in 0..32 {
             if t % 2 == 0 {
-                prefetch_rows(ahead, b * Q8_KEY_SECTION + Q8_KEY_QS + 32 * t, 64);
+                prefetch_line(ahead, b * Q8_KEY_SECTION + Q8_KEY_QS + 32 * t);
             }
             let line = sec.add(Q8_KEY_QS + 32 * t + first);
             let (b0, b1) = (

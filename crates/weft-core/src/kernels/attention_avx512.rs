@@ -14,9 +14,11 @@
 use std::arch::x86_64::*;
 
 use super::attention::exp_consts::*;
-use super::attention::{scalar, KvType, PAGE_SLOTS, Q8_BLOCK, Q8_KEY_QS, Q8_KEY_SECTION};
+use super::attention::{
+    scalar, KvType, PAGE_ROWS, PAGE_SLOTS, Q8_BLOCK, Q8_KEY_QS, Q8_KEY_SECTION,
+};
 use super::attention_avx2;
-use super::x86::{hsum_ps, prefetch_rows, SpreadHints};
+use super::x86::{hsum_ps, prefetch_line, SpreadHints};
 
 /// How a row type is widened, 16 values at a time.
 trait Row16 {
@@ -51,30 +53,27 @@ unsafe fn hsum512(v: __m512) -> f32 {
     hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
 }
 
-/// Scores a column key page (f16 or Q8_0) with `$tile::<G, V>`: `G` the `g` query rows, `V`
-/// the 16-slot registers a row needs for the `n` slots — the whole page in two, or its first
-/// 16 slots in one (a prefill's page on the diagonal, a partial last page).
+/// Calls `$f::<..., G, V>(args)` for `G` the `$g` query rows and `V` the 16-slot registers a
+/// row needs for `$n` slots of a column key page (f16 or Q8_0): the whole page in two, or its
+/// first 16 slots in one (a prefill's page on the diagonal, a partial last page).
 macro_rules! by_shape {
-    ($tile:ident, $qs:expr, $page:expr, $n:expr, $g:expr, $out:expr, $stride:expr, $ahead:expr) => {{
-        let d = $qs.len() / $g;
-        let (qp, kp, op) = ($qs.as_ptr(), $page.as_ptr(), $out.as_mut_ptr());
-        let (n, stride, ahead) = ($n, $stride, $ahead);
+    ($g:expr, $n:expr, $f:ident::<$($t:ty),*>($($a:expr),*)) => {{
         macro_rules! by_group {
             ($v:literal) => {
                 match $g {
-                    1 => $tile::<1, $v>(qp, kp, d, op, stride, n, ahead),
-                    2 => $tile::<2, $v>(qp, kp, d, op, stride, n, ahead),
-                    3 => $tile::<3, $v>(qp, kp, d, op, stride, n, ahead),
-                    4 => $tile::<4, $v>(qp, kp, d, op, stride, n, ahead),
-                    5 => $tile::<5, $v>(qp, kp, d, op, stride, n, ahead),
-                    6 => $tile::<6, $v>(qp, kp, d, op, stride, n, ahead),
-                    7 => $tile::<7, $v>(qp, kp, d, op, stride, n, ahead),
-                    8 => $tile::<8, $v>(qp, kp, d, op, stride, n, ahead),
+                    1 => $f::<$($t,)* 1, $v>($($a),*),
+                    2 => $f::<$($t,)* 2, $v>($($a),*),
+                    3 => $f::<$($t,)* 3, $v>($($a),*),
+                    4 => $f::<$($t,)* 4, $v>($($a),*),
+                    5 => $f::<$($t,)* 5, $v>($($a),*),
+                    6 => $f::<$($t,)* 6, $v>($($a),*),
+                    7 => $f::<$($t,)* 7, $v>($($a),*),
+                    8 => $f::<$($t,)* 8, $v>($($a),*),
                     g => panic!("attention kernels take 1 to 8 heads, got {g}"),
                 }
             };
         }
-        match n {
+        match $n {
             0 => {}
             1..=16 => by_group!(1),
             _ => by_group!(2),
@@ -82,13 +81,107 @@ macro_rules! by_shape {
     }};
 }
 
-/// AVX-512 twin of [`super::attention::dots`] for an f16 key page (stored by column).
-///
-/// Each line of the page (the 32 slots' value `t`) is widened once, into two registers, for
-/// all the heads; each (head, slot) lane is one multiply-add chain over `t` in order — the
-/// scalar kernel's chain, so the scores have its bits. Two chains a head (six for SmolLM2's
-/// three-head groups) keep the FMA unit busy; a page costs `d·g/8` multiply-adds and `2d`
-/// conversions, and no horizontal sums.
+/// How a column key page is scored: the scores of `G` query rows (`qp`, `G × d`) against the
+/// first `16·V` slots of the page at `kp`, in registers (row `j`, slots `16v..16v + 16` in
+/// `[j][v]`), hinting the page at `ahead` in as the same lines of this one are read.
+trait KeyCols {
+    unsafe fn scores<const G: usize, const V: usize>(
+        qp: *const f32,
+        kp: *const u8,
+        d: usize,
+        ahead: *const u8,
+    ) -> [[__m512; V]; G];
+}
+
+struct F16Cols;
+struct Q8Cols;
+
+impl KeyCols for F16Cols {
+    /// Each line of the page (the 32 slots' value `t`) is widened once, into two registers,
+    /// for all the heads; each (head, slot) lane is one multiply-add chain over `t` in order —
+    /// the scalar kernel's chain, so the scores have its bits. Two chains a head (six for
+    /// SmolLM2's three-head groups) keep the FMA unit busy; a page costs `d·g/8` multiply-adds
+    /// and `2d` conversions, and no horizontal sums.
+    // `j`, `v` index the query rows, the slot halves and the accumulators at once.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    unsafe fn scores<const G: usize, const V: usize>(
+        qp: *const f32,
+        kp: *const u8,
+        d: usize,
+        ahead: *const u8,
+    ) -> [[__m512; V]; G] {
+        let mut acc = [[_mm512_setzero_ps(); V]; G];
+        for t in 0..d {
+            // The next page's line `t` as this page's is read.
+            prefetch_line(ahead, t * 64);
+            let line = kp.add(t * 64);
+            let mut k = [_mm512_setzero_ps(); V];
+            for v in 0..V {
+                k[v] = _mm512_cvtph_ps(_mm256_loadu_si256(line.add(32 * v) as *const __m256i));
+            }
+            for j in 0..G {
+                let q = _mm512_set1_ps(*qp.add(j * d + t));
+                for v in 0..V {
+                    acc[j][v] = _mm512_fmadd_ps(q, k[v], acc[j][v]);
+                }
+            }
+        }
+        acc
+    }
+}
+
+impl KeyCols for Q8Cols {
+    /// Each half line of a block (the 32 slots' byte of value `t`) is widened once, into two
+    /// registers, for all the heads; each (head, slot) lane is a multiply-add chain over the
+    /// block's 32 values, then one multiply-add by the slots' scales into the score — the
+    /// scalar kernel's operations, so the scores have its bits. No horizontal sums.
+    // `j`, `v` index the query rows, the slot halves and the accumulators at once.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    unsafe fn scores<const G: usize, const V: usize>(
+        qp: *const f32,
+        kp: *const u8,
+        d: usize,
+        ahead: *const u8,
+    ) -> [[__m512; V]; G] {
+        let mut score = [[_mm512_setzero_ps(); V]; G];
+        for b in 0..d / 32 {
+            let sec = kp.add(b * Q8_KEY_SECTION);
+            // The next page's scales, then a line for every two values `t`, as this page's
+            // are read.
+            prefetch_line(ahead, b * Q8_KEY_SECTION);
+            let mut blk = [[_mm512_setzero_ps(); V]; G];
+            for t in 0..32 {
+                if t % 2 == 0 {
+                    prefetch_line(ahead, b * Q8_KEY_SECTION + Q8_KEY_QS + 32 * t);
+                }
+                let line = sec.add(Q8_KEY_QS + 32 * t);
+                let mut k = [_mm512_setzero_ps(); V];
+                for v in 0..V {
+                    let bytes = _mm_loadu_si128(line.add(16 * v) as *const __m128i);
+                    k[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+                }
+                for j in 0..G {
+                    let q = _mm512_set1_ps(*qp.add(j * d + 32 * b + t));
+                    for v in 0..V {
+                        blk[j][v] = _mm512_fmadd_ps(q, k[v], blk[j][v]);
+                    }
+                }
+            }
+            for v in 0..V {
+                let scale = _mm512_cvtph_ps(_mm256_loadu_si256(sec.add(32 * v) as *const __m256i));
+                for j in 0..G {
+                    score[j][v] = _mm512_fmadd_ps(blk[j][v], scale, score[j][v]);
+                }
+            }
+        }
+        score
+    }
+}
+
+/// AVX-512 twin of [`super::attention::dots`] for an f16 key page (stored by column; see
+/// [`F16Cols`]).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F and VL besides AVX2, FMA and F16C; the shapes must be as
@@ -103,63 +196,12 @@ pub unsafe fn dots_f16(
     stride: usize,
     ahead: *const u8,
 ) {
-    by_shape!(cols_tile, qs, page, n, g, out, stride, ahead);
-}
-
-/// Scores of `G` query rows (`qp`, `G × d`) against the first `16·V` slots of a column key
-/// page (`kp`: the slots' value `t` in the line at `kp + t·64`), the first `n` of them written
-/// to `op[j·stride + s]`.
-// `j`, `v` index the query rows, the slot halves and the accumulators at once.
-#[allow(clippy::needless_range_loop)]
-#[inline(always)]
-unsafe fn cols_tile<const G: usize, const V: usize>(
-    qp: *const f32,
-    kp: *const u8,
-    d: usize,
-    op: *mut f32,
-    stride: usize,
-    n: usize,
-    ahead: *const u8,
-) {
-    let mut acc = [[_mm512_setzero_ps(); V]; G];
-    for t in 0..d {
-        // The next page's line `t` as this page's is read.
-        prefetch_rows(ahead, t * 64, 64);
-        let line = kp.add(t * 64);
-        let mut k = [_mm512_setzero_ps(); V];
-        for v in 0..V {
-            k[v] = _mm512_cvtph_ps(_mm256_loadu_si256(line.add(32 * v) as *const __m256i));
-        }
-        for j in 0..G {
-            let q = _mm512_set1_ps(*qp.add(j * d + t));
-            for v in 0..V {
-                acc[j][v] = _mm512_fmadd_ps(q, k[v], acc[j][v]);
-            }
-        }
-    }
-    for j in 0..G {
-        let o = op.add(j * stride);
-        if n == 16 * V {
-            for v in 0..V {
-                _mm512_storeu_ps(o.add(16 * v), acc[j][v]);
-            }
-        } else {
-            let mut tmp = [0f32; 32];
-            for v in 0..V {
-                _mm512_storeu_ps(tmp.as_mut_ptr().add(16 * v), acc[j][v]);
-            }
-            std::ptr::copy_nonoverlapping(tmp.as_ptr(), o, n);
-        }
-    }
+    let (qp, kp, op, d) = (qs.as_ptr(), page.as_ptr(), out.as_mut_ptr(), qs.len() / g);
+    by_shape!(g, n, cols_tile::<F16Cols>(qp, kp, d, op, stride, n, ahead));
 }
 
 /// AVX-512 twin of [`super::attention::dots`] for a Q8_0 key page (stored by column, block
-/// by block: see [`Q8_KEY_SECTION`]).
-///
-/// Each half line of a block (the 32 slots' byte of value `t`) is widened once, into two
-/// registers, for all the heads; each (head, slot) lane is a multiply-add chain over the
-/// block's 32 values, then one multiply-add by the slots' scales into the score — the scalar
-/// kernel's operations, so the scores have its bits. No horizontal sums.
+/// by block: see [`Q8_KEY_SECTION`] and [`Q8Cols`]).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F and VL besides AVX2, FMA and F16C; the shapes must be as
@@ -174,15 +216,14 @@ pub unsafe fn dots_q8(
     stride: usize,
     ahead: *const u8,
 ) {
-    by_shape!(q8_cols_tile, qs, page, n, g, out, stride, ahead);
+    let (qp, kp, op, d) = (qs.as_ptr(), page.as_ptr(), out.as_mut_ptr(), qs.len() / g);
+    by_shape!(g, n, cols_tile::<Q8Cols>(qp, kp, d, op, stride, n, ahead));
 }
 
-/// Scores of `G` query rows (`qp`, `G × d`) against the first `16·V` slots of a Q8_0 column
-/// key page (`kp`), the first `n` of them written to `op[j·stride + s]`.
-// `j`, `v` index the query rows, the slot halves and the accumulators at once.
-#[allow(clippy::needless_range_loop)]
+/// The scores of `G` query rows (`qp`, `G × d`) against the first `16·V` slots of a column key
+/// page (`kp`), the first `n` of them written to `op[j·stride + s]`.
 #[inline(always)]
-unsafe fn q8_cols_tile<const G: usize, const V: usize>(
+unsafe fn cols_tile<K: KeyCols, const G: usize, const V: usize>(
     qp: *const f32,
     kp: *const u8,
     d: usize,
@@ -191,46 +232,17 @@ unsafe fn q8_cols_tile<const G: usize, const V: usize>(
     n: usize,
     ahead: *const u8,
 ) {
-    let mut score = [[_mm512_setzero_ps(); V]; G];
-    for b in 0..d / 32 {
-        let sec = kp.add(b * Q8_KEY_SECTION);
-        // The next page's scales, then a line for every two values `t`, as this page's are read.
-        prefetch_rows(ahead, b * Q8_KEY_SECTION, Q8_KEY_QS);
-        let mut blk = [[_mm512_setzero_ps(); V]; G];
-        for t in 0..32 {
-            if t % 2 == 0 {
-                prefetch_rows(ahead, b * Q8_KEY_SECTION + Q8_KEY_QS + 32 * t, 64);
-            }
-            let line = sec.add(Q8_KEY_QS + 32 * t);
-            let mut k = [_mm512_setzero_ps(); V];
-            for v in 0..V {
-                let bytes = _mm_loadu_si128(line.add(16 * v) as *const __m128i);
-                k[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-            }
-            for j in 0..G {
-                let q = _mm512_set1_ps(*qp.add(j * d + 32 * b + t));
-                for v in 0..V {
-                    blk[j][v] = _mm512_fmadd_ps(q, k[v], blk[j][v]);
-                }
-            }
-        }
-        for v in 0..V {
-            let scale = _mm512_cvtph_ps(_mm256_loadu_si256(sec.add(32 * v) as *const __m256i));
-            for j in 0..G {
-                score[j][v] = _mm512_fmadd_ps(blk[j][v], scale, score[j][v]);
-            }
-        }
-    }
-    for j in 0..G {
+    let acc = K::scores::<G, V>(qp, kp, d, ahead);
+    for (j, acc) in acc.iter().enumerate() {
         let o = op.add(j * stride);
         if n == 16 * V {
-            for v in 0..V {
-                _mm512_storeu_ps(o.add(16 * v), score[j][v]);
+            for (v, &a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(o.add(16 * v), a);
             }
         } else {
             let mut tmp = [0f32; 32];
-            for v in 0..V {
-                _mm512_storeu_ps(tmp.as_mut_ptr().add(16 * v), score[j][v]);
+            for (v, &a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(tmp.as_mut_ptr().add(16 * v), a);
             }
             std::ptr::copy_nonoverlapping(tmp.as_ptr(), o, n);
         }
@@ -470,4 +482,91 @@ pub unsafe fn softmax_page(
     };
     *sum += page_sum;
     c
+}
+
+/// AVX-512 twin of [`super::attention::page_step`]: the scores of the `g` heads stay in
+/// registers through their softmax step (the heads' steps side by side, so their reductions
+/// and `exp`s overlap rather than run one head after the other), and only the weights go
+/// through memory, to be broadcast by the weighted sum. The operations of
+/// [`dots_f16`]/[`dots_q8`], [`softmax_page`] and [`attend`] lane by lane: the same bits.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and VL besides AVX2, FMA and F16C; `d` must be a multiple
+/// of 16 and the shapes as the safe wrapper checks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn page_step(
+    kv: KvType,
+    qs: &[f32],
+    keys: &[u8],
+    values: &[u8],
+    n: usize,
+    scale: f32,
+    max: &mut [f32],
+    sum: &mut [f32],
+    acc: &mut [f32],
+    ahead: (*const u8, *const u8),
+) {
+    let (g, rb) = (max.len(), kv.row_bytes(qs.len() / max.len()));
+    let (qp, kp, vp, d) = (qs.as_ptr(), keys.as_ptr(), values.as_ptr(), qs.len() / g);
+    let (mp, sp, ap) = (max.as_mut_ptr(), sum.as_mut_ptr(), acc.as_mut_ptr());
+    let args = (qp, kp, vp, rb, d, n, scale);
+    match kv {
+        KvType::F16 => by_shape!(g, n, step::<F16Cols, F16Row>(args, mp, sp, ap, ahead)),
+        KvType::Q8_0 => by_shape!(g, n, step::<Q8Cols, Q8Row>(args, mp, sp, ap, ahead)),
+    }
+}
+
+/// [`page_step`] for `G` heads and `16·V` slots: `args` are the query rows, the key and value
+/// pages, the value row size, `d`, `n` and the scale.
+// `j`, `v` index the heads, the slot halves and their registers at once.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn step<K: KeyCols, R: Row16, const G: usize, const V: usize>(
+    args: (*const f32, *const u8, *const u8, usize, usize, usize, f32),
+    mp: *mut f32,
+    sp: *mut f32,
+    ap: *mut f32,
+    ahead: (*const u8, *const u8),
+) {
+    let (qp, kp, vp, rb, d, n, scale) = args;
+    let scores = K::scores::<G, V>(qp, kp, d, ahead.0);
+    // As `softmax_page`: the slots past `n` score -inf, each score is scaled, the page's max
+    // taken; then each head's max and sum move to the page's, and its weights are
+    // `exp(score - max)`, summed in the 16 lanes.
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let (vscale, tail) = (_mm512_set1_ps(scale), (n - 16 * (V - 1)) as u32);
+    let mut w = [[0f32; PAGE_SLOTS]; G];
+    for j in 0..G {
+        let mut x = scores[j];
+        let mut vm = ninf;
+        for v in 0..V {
+            if v == V - 1 && tail < 16 {
+                x[v] = _mm512_mask_mov_ps(ninf, ((1u32 << tail) - 1) as __mmask16, x[v]);
+            }
+            x[v] = _mm512_mul_ps(x[v], vscale);
+            vm = _mm512_max_ps(vm, x[v]);
+        }
+        let (max, sum) = (&mut *mp.add(j), &mut *sp.add(j));
+        let page_max = _mm512_reduce_max_ps(vm);
+        if page_max > *max {
+            let c = (*max - page_max).exp();
+            *sum *= c;
+            *max = page_max;
+            for a in std::slice::from_raw_parts_mut(ap.add(j * d), d) {
+                *a *= c;
+            }
+        }
+        let vmax = _mm512_set1_ps(*max);
+        let mut lanes = _mm512_setzero_ps();
+        for v in 0..V {
+            let wv = exp16(_mm512_sub_ps(x[v], vmax));
+            _mm512_storeu_ps(w[j].as_mut_ptr().add(16 * v), wv);
+            lanes = _mm512_add_ps(lanes, wv);
+        }
+        *sum += hsum512(lanes);
+    }
+    let ahead = (ahead.1, PAGE_SLOTS * rb);
+    let wp = w.as_ptr() as *const f32;
+    attend_g::<R, G>(ap, d, wp, PAGE_SLOTS, vp, rb, &PAGE_ROWS[..n], ahead);
 }

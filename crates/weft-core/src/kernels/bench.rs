@@ -311,10 +311,11 @@ fn bench_pool_and_decode() {
 
 /// One decode's attention over `keys` keys of `layers` layers (each its own K and V pages, so
 /// they come from DRAM), one KV head of `g` query heads of `d` values, page by page as
-/// `models::attention` walks it: scores with the next page's keys hinted, the softmax of each
-/// head, the weighted sum of the values with the next page's values hinted. Seconds per layer.
+/// `models::attention` walks it: a page step each (scores with the next page's keys hinted,
+/// the softmax of each head, the weighted sum of the values with the next page's values
+/// hinted). Seconds per layer.
 fn attention_decode(kv: super::attention::KvType, g: usize, d: usize, keys: usize) -> f64 {
-    use super::attention::{attend, dots, quantize_row, softmax_page, write_key};
+    use super::attention::{page_step, quantize_row, write_key};
     use crate::kv::PAGE_SIZE as PAGE;
     let rb = kv.row_bytes(d);
     let layer_bytes = 2 * keys * rb;
@@ -336,8 +337,7 @@ fn attention_decode(kv: super::attention::KvType, g: usize, d: usize, keys: usiz
             .for_each(|r| quantize_row(kv, &row, r));
     }
     let q = rng.f32s(g * d, 0.2);
-    let (mut scores, mut acc) = (vec![0f32; g * PAGE], vec![0f32; g * d]);
-    let slots: Vec<u32> = (0..PAGE as u32).collect();
+    let mut acc = vec![0f32; g * d];
     let page_bytes = PAGE * rb;
     let mut layer = 0;
     time(Duration::from_millis(1500), || {
@@ -346,26 +346,17 @@ fn attention_decode(kv: super::attention::KvType, g: usize, d: usize, keys: usiz
         let (mut max, mut sum) = ([f32::NEG_INFINITY; 8], [0f32; 8]);
         acc.fill(0.0);
         for p in 0..keys / PAGE {
-            let kp = &k[p * page_bytes..][..page_bytes];
-            let next_k: &[u8] = k
-                .get((p + 1) * page_bytes..(p + 2) * page_bytes)
-                .unwrap_or(&[]);
-            let next_v: &[u8] = v
-                .get((p + 1) * page_bytes..(p + 2) * page_bytes)
-                .unwrap_or(&[]);
-            dots(kv, &q, kp, PAGE, g, &mut scores, PAGE, next_k);
-            for j in 0..g {
-                let c = softmax_page(
-                    &mut scores[j * PAGE..(j + 1) * PAGE],
-                    None,
-                    0.125,
-                    &mut max[j],
-                    &mut sum[j],
-                );
-                acc[j * d..(j + 1) * d].iter_mut().for_each(|a| *a *= c);
-            }
-            let vp = &v[p * page_bytes..][..page_bytes];
-            attend(kv, &mut acc, d, &scores, PAGE, vp, &slots, next_v);
+            let (kp, vp) = (
+                &k[p * page_bytes..][..page_bytes],
+                &v[p * page_bytes..][..page_bytes],
+            );
+            let next = (p + 1) * page_bytes..(p + 2) * page_bytes;
+            let next_k = k.get(next.clone()).unwrap_or(&[]);
+            let next_v = v.get(next).unwrap_or(&[]);
+            let (max, sum) = (&mut max[..g], &mut sum[..g]);
+            page_step(
+                kv, &q, kp, vp, PAGE, 0.125, max, sum, &mut acc, next_k, next_v,
+            );
         }
         std::hint::black_box(&acc);
     })

@@ -116,16 +116,15 @@ struct PageScratch {
     scores: [f32; PAGE_SIZE * G],
 }
 
-/// Turns rows `0..n_rows` of `scores` (the first `n` of each: the page's first `n` slots if
-/// `whole`, else the slots `rows` lists) into softmax weights for the state rows from
-/// `st_row`: scaled, plus the float mask's bias of each listed slot, then one
-/// online-softmax step per row (rescaling what the row accumulated when its max grows).
+/// Turns rows `0..n_rows` of `scores` (the first `n` of each: the slots `rows` lists) into
+/// softmax weights for the state rows from `st_row`: scaled, plus the float mask's bias of
+/// each listed slot, then one online-softmax step per row (rescaling what the row accumulated
+/// when its max grows) — as [`attn::page_step`] does for a whole page without a bias.
 #[allow(clippy::too_many_arguments)]
 fn softmax_rows(
     ps: &mut PageScratch,
     n_rows: usize,
     n: usize,
-    whole: bool,
     scale: f32,
     bias: Option<(&[f32], usize)>,
     st: &mut State<'_>,
@@ -143,20 +142,13 @@ fn softmax_rows(
             scale = 1.0;
         }
         let r = st_row + j;
-        let slots = (!whole).then_some(&ps.rows[..n]);
+        let slots = Some(&ps.rows[..n]);
         let c = attn::softmax_page(sc, slots, scale, &mut st.max[r], &mut st.sum[r]);
         if c != 1.0 {
             st.acc[r * head_dim..(r + 1) * head_dim]
                 .iter_mut()
                 .for_each(|a| *a *= c);
         }
-    }
-}
-
-/// Lists every slot of a page as visible: `rows[s] = s`.
-fn fill_slots(rows: &mut [u32]) {
-    for (s, r) in rows.iter_mut().enumerate() {
-        *r = s as u32;
     }
 }
 
@@ -224,22 +216,20 @@ fn attend_chunk<'k>(
             }
         };
         if tile.len() > 1 && tile.iter().all(whole) {
-            let n_rows = tile.len() * gh;
-            // The scores and the weighted sum for all rows at once (each line of keys widened
+            // The page step for all rows at once (each line of keys and row of values widened
             // once for every head of every query).
-            let (q, sc) = (&qs[..n_rows * head_dim], &mut ps.scores[..]);
-            attn::dots(kv_type, q, keys, in_page, n_rows, sc, PAGE_SIZE, next_keys);
-            softmax_rows(ps, n_rows, in_page, true, scale, None, st, 0, head_dim);
-            fill_slots(&mut ps.rows[..in_page]);
-            let (rows, w) = (&ps.rows[..in_page], &ps.scores);
-            attn::attend(
+            let n_rows = tile.len() * gh;
+            attn::page_step(
                 kv_type,
-                st.acc,
-                head_dim,
-                w,
-                PAGE_SIZE,
+                &qs[..n_rows * head_dim],
+                keys,
                 values,
-                rows,
+                in_page,
+                scale,
+                &mut st.max[..n_rows],
+                &mut st.sum[..n_rows],
+                &mut st.acc[..n_rows * head_dim],
+                next_keys,
                 next_values,
             );
             continue;
@@ -252,33 +242,42 @@ fn attend_chunk<'k>(
             } else {
                 (&[][..], &[][..])
             };
-            let all = whole(qr);
-            // The visible slots: the whole page, or those the mask (causal, or the token's
-            // own) and the layer's window let through.
-            let n = if all {
-                fill_slots(&mut ps.rows[..in_page]);
-                in_page
-            } else {
-                let mut n = 0;
-                for (s, &p) in slots.iter().enumerate() {
-                    let allowed = match qr.mask {
-                        None => p <= qr.token.pos,
-                        Some(m) => m.allows(first + s),
-                    };
-                    if allowed && in_window(qr.token.pos, p) {
-                        ps.rows[n] = s as u32;
-                        n += 1;
-                    }
+            if whole(qr) {
+                let rows = t * gh..(t + 1) * gh;
+                attn::page_step(
+                    kv_type,
+                    q,
+                    keys,
+                    values,
+                    in_page,
+                    scale,
+                    &mut st.max[rows.clone()],
+                    &mut st.sum[rows],
+                    &mut st.acc[t * row..(t + 1) * row],
+                    next_keys,
+                    next_values,
+                );
+                continue;
+            }
+            // The visible slots: those the mask (causal, or the token's own) and the layer's
+            // window let through.
+            let mut n = 0;
+            for (s, &p) in slots.iter().enumerate() {
+                let allowed = match qr.mask {
+                    None => p <= qr.token.pos,
+                    Some(m) => m.allows(first + s),
+                };
+                if allowed && in_window(qr.token.pos, p) {
+                    ps.rows[n] = s as u32;
+                    n += 1;
                 }
-                n
-            };
+            }
             if n == 0 {
                 continue;
             }
             // The page's scores up to its last visible slot in one call (a key's score does
-            // not depend on the others); for a part of the page, the visible slots' then moved
-            // to the front — slots ascend, so each score moves down or stays, in place, front
-            // to back.
+            // not depend on the others), the visible slots' then moved to the front — slots
+            // ascend, so each score moves down or stays, in place, front to back.
             let upto = ps.rows[n - 1] as usize + 1;
             attn::dots(
                 kv_type,
@@ -290,15 +289,13 @@ fn attend_chunk<'k>(
                 PAGE_SIZE,
                 next_keys,
             );
-            if !all {
-                for sc in ps.scores.chunks_exact_mut(PAGE_SIZE).take(gh) {
-                    for (i, &r) in ps.rows[..n].iter().enumerate() {
-                        sc[i] = sc[r as usize];
-                    }
+            for sc in ps.scores.chunks_exact_mut(PAGE_SIZE).take(gh) {
+                for (i, &r) in ps.rows[..n].iter().enumerate() {
+                    sc[i] = sc[r as usize];
                 }
             }
             let bias = qr.mask.and_then(SlotMask::bias).map(|b| (b, first));
-            softmax_rows(ps, gh, n, all, scale, bias, st, t * gh, head_dim);
+            softmax_rows(ps, gh, n, scale, bias, st, t * gh, head_dim);
             let acc = &mut st.acc[t * row..(t + 1) * row];
             let (rows, w) = (&ps.rows[..n], &ps.scores);
             attn::attend(
