@@ -431,9 +431,13 @@ impl KvCache {
         );
         let kv_type = self.layout.kv_type;
         let s = self.seq(seq)?;
-        let (g, page, off) = self
-            .locate(layer, s, slot)
-            .ok_or(Error::UnknownSequence { seq: seq.0 })?;
+        let (g, page, off) = self.locate(layer, s, slot).ok_or(Error::BadBatch {
+            reason: format!(
+                "slot {slot} of sequence {} holds no page in layer {layer} (never appended, or \
+                 released behind the sliding window)",
+                seq.0
+            ),
+        })?;
         let li = self.layer_slot[layer].1;
         let group = &mut self.groups[g];
         let n_pages = group.pool.n_pages();
@@ -735,6 +739,16 @@ pub(crate) mod tests {
         // Highest position 191, horizon 191 - 64 = 127: pages 0..=2 (positions < 96) go,
         // page 3 holds position 127 and stays.
         assert_eq!(usage[1].total - usage[1].free, 3);
+        // A released slot cannot be written; the error says why (not "no such sequence").
+        let row = vec![0.0; 2];
+        match kv.write(1, s, 0, &row, &row) {
+            Err(Error::BadBatch { reason }) => assert!(reason.contains("released"), "{reason}"),
+            other => panic!("writing a released slot: {other:?}"),
+        }
+        assert!(
+            kv.write(0, s, 0, &row, &row).is_ok(),
+            "full attention keeps slot 0"
+        );
         assert!(kv.truncate(s, 5 * PAGE_SIZE).is_ok());
         let e = kv.truncate(s, 3 * PAGE_SIZE).unwrap_err();
         assert!(matches!(e, Error::RewindPastWindow { .. }));
