@@ -16,9 +16,14 @@ use crate::kv::{GroupSpec, KvCache, KvLayout, KvType};
 use crate::threadpool::ThreadPool;
 
 /// Seconds per layer of one decode's attention at `depth` keys, `n_kv` KV heads of `group`
-/// query heads of `d` values, the layers (each its own pages) used in turn so the KV comes
-/// from memory.
-fn decode_attention(pool: &ThreadPool, n_kv: usize, group: usize, d: usize, depth: usize) -> f64 {
+/// query heads of `d` values, in layers of full attention or with a sliding `window`, the
+/// layers (each its own pages) used in turn so the KV comes from memory.
+fn decode_attention(
+    pool: &ThreadPool,
+    (n_kv, group, d): (usize, usize, usize),
+    window: Option<usize>,
+    depth: usize,
+) -> f64 {
     let per_layer = 2 * (depth + 1) * n_kv * KvType::F16.row_bytes(d);
     let layers = (256usize << 20).div_ceil(per_layer);
     let layout = KvLayout {
@@ -27,7 +32,7 @@ fn decode_attention(pool: &ThreadPool, n_kv: usize, group: usize, d: usize, dept
         head_dim: d,
         groups: vec![GroupSpec {
             layers: (0..layers).collect(),
-            window: None,
+            window,
         }],
         kv_type: KvType::F16,
     };
@@ -42,6 +47,7 @@ fn decode_attention(pool: &ThreadPool, n_kv: usize, group: usize, d: usize, dept
             kv.write(layer, seq, slot, &k, &v).expect("write");
         }
     }
+    kv.release_behind_window(seq);
     let n_head = n_kv * group;
     let q = rng.f32s(n_head * d, 1.0);
     let mut out = vec![0f32; n_head * d];
@@ -80,14 +86,21 @@ fn decode_attention(pool: &ThreadPool, n_kv: usize, group: usize, d: usize, dept
 #[ignore = "micro-benchmark; run with --release -- --ignored --nocapture"]
 fn bench_decode_attention() {
     let threads = bench_threads();
-    // SmolLM2's layer shape (3 KV heads of 3 query heads, 64 values) and Gemma 3's global
-    // layers' (1 KV head of 4 query heads, 256 values).
-    for (name, n_kv, group, d) in [("smollm2", 3, 3, 64), ("gemma3", 1, 4, 256)] {
+    // SmolLM2's layer shape (3 KV heads of 3 query heads, 64 values), Gemma 3's global
+    // layers' (1 KV head of 4 query heads, 256 values) and its local layers' (the same with a
+    // 512-key window: a decode at depth 4,096 reads 512 keys).
+    let layers = [
+        ("smollm2", (3, 3, 64), None),
+        ("gemma3", (1, 4, 256), None),
+        ("gemma3 local", (1, 4, 256), Some(512)),
+    ];
+    for (name, shape, window) in layers {
+        let (n_kv, _, d) = shape;
         for &nt in &threads {
             let pool = ThreadPool::new(nt);
             for depth in [512, 4096] {
-                let t = decode_attention(&pool, n_kv, group, d, depth);
-                let keys = (depth * n_kv) as f64;
+                let t = decode_attention(&pool, shape, window, depth);
+                let keys = (window.unwrap_or(depth).min(depth) * n_kv) as f64;
                 let bytes = 2.0 * keys * KvType::F16.row_bytes(d) as f64;
                 println!(
                     "decode attention, {name} layer, {nt} thr, depth {depth}: {:.1} us \
