@@ -432,10 +432,11 @@ pub(crate) static PAGE_ROWS: [u32; PAGE_SLOTS] = {
 /// bias): [`dots`] of the query rows `qs` (`g × d`) against `keys`, each head's
 /// [`softmax_page`] step (scaled by `scale`; its running `max` and `sum`, its row of `acc`
 /// multiplied by the step's factor), then the [`attend`] of `values` — the flash-attention
-/// inner step. The results have the bits of those three calls; on AVX-512 the scores stay in
-/// registers through the softmax, the heads' steps side by side (the step per head, one after
-/// the other, was a fifth of a decode's attention kernels: reductions and `exp`s waiting on
-/// each other). `ahead_keys` and `ahead_values` are as [`dots`] and [`attend`] take them.
+/// inner step. The results have the bits of those three calls; the heads' softmax steps run
+/// side by side (the step per head, one after the other, was a fifth of a decode's attention
+/// kernels on AVX-512: reductions and `exp`s waiting on each other), and on AVX-512 the scores
+/// stay in registers through them. `ahead_keys` and `ahead_values` are as [`dots`] and
+/// [`attend`] take them.
 ///
 /// # Panics
 /// If `g` is not in `1..=MAX_GROUP`, `sum`, `qs` or `acc` do not hold `g` rows (`d` values
@@ -481,6 +482,14 @@ pub fn page_step(
         // SAFETY: AVX-512 F (with AVX2/FMA/F16C) was detected; the shapes are checked.
         return unsafe {
             attention_avx512::page_step(kv, qs, keys, values, n, scale, max, sum, acc, ahead)
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() && d.is_multiple_of(8) {
+        let ahead = (ahead_ptr(ahead_keys), ahead_ptr(ahead_values));
+        // SAFETY: AVX2/FMA/F16C were detected; the shapes are checked.
+        return unsafe {
+            attention_avx2::page_step(kv, qs, keys, values, n, scale, max, sum, acc, ahead)
         };
     }
     let mut scores = [0f32; PAGE_SLOTS * MAX_GROUP];
@@ -900,14 +909,100 @@ mod tests {
         }
     }
 
-    /// A page step has the bits of its three kernels called one after the other: for both
-    /// storage types, every group size, whole and partial pages, and heads whose running max
-    /// is unset, below the page's (the state rescaled) or above it.
+    type PageStepFn = fn(
+        KvType,
+        &[f32],
+        &[u8],
+        &[u8],
+        usize,
+        f32,
+        &mut [f32],
+        &mut [f32],
+        &mut [f32],
+        &[u8],
+        &[u8],
+    );
+
+    /// The three kernels of a page step one after the other (scale 0.125): the dispatchers',
+    /// or with `simd` the AVX2 set's (whose bits every SIMD set gives) where it runs.
+    #[allow(clippy::too_many_arguments)]
+    fn compose(
+        simd: bool,
+        kv: KvType,
+        qs: &[f32],
+        keys: &[u8],
+        values: &[u8],
+        n: usize,
+        m: &mut [f32],
+        s: &mut [f32],
+        a: &mut [f32],
+    ) {
+        let (g, ps) = (m.len(), PAGE_SLOTS);
+        let d = qs.len() / g;
+        let mut w = vec![0f32; g * ps];
+        #[cfg(target_arch = "x86_64")]
+        if simd && crate::kernels::SimdLevel::Avx2.available() && d.is_multiple_of(8) {
+            let none = std::ptr::null();
+            // SAFETY: AVX2/FMA/F16C are present; the shapes are valid.
+            unsafe {
+                match kv {
+                    KvType::F16 => attention_avx2::dots_f16(qs, keys, n, g, &mut w, ps, none),
+                    KvType::Q8_0 => attention_avx2::dots_q8(qs, keys, n, g, &mut w, ps, none),
+                }
+                for j in 0..g {
+                    let sc = &mut w[j * ps..][..n];
+                    let c = attention_avx2::softmax_page(sc, None, 0.125, &mut m[j], &mut s[j]);
+                    a[j * d..(j + 1) * d].iter_mut().for_each(|a| *a *= c);
+                }
+                attention_avx2::attend(kv, a, d, &w, ps, values, &PAGE_ROWS[..n], none);
+            }
+            return;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = simd;
+        dots(kv, qs, keys, n, g, &mut w, ps, &[]);
+        for j in 0..g {
+            let c = softmax_page(&mut w[j * ps..][..n], None, 0.125, &mut m[j], &mut s[j]);
+            a[j * d..(j + 1) * d].iter_mut().for_each(|a| *a *= c);
+        }
+        attend(kv, a, d, &w, ps, values, &PAGE_ROWS[..n], &[]);
+    }
+
+    /// A page step has the bits of its three kernels called one after the other, in every
+    /// set this CPU runs: for both storage types, every group size, whole and partial pages,
+    /// and heads whose running max is unset, below the page's (the state rescaled) or above it.
     #[test]
     fn page_step_matches_its_three_kernels() {
+        #[allow(unused_mut)]
+        let mut sets: Vec<(&str, PageStepFn)> = vec![("dispatch", page_step)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::SimdLevel;
+            if SimdLevel::Avx2.available() {
+                sets.push(("avx2", |kv, q, k, v, n, sc, m, s, a, ak, av| {
+                    let ahead = (ahead_ptr(ak), ahead_ptr(av));
+                    // SAFETY: AVX2/FMA/F16C are present; the shapes are valid.
+                    unsafe { attention_avx2::page_step(kv, q, k, v, n, sc, m, s, a, ahead) }
+                }));
+            }
+            if SimdLevel::Avx512.available() {
+                sets.push(("avx512", |kv, q, k, v, n, sc, m, s, a, ak, av| {
+                    let ahead = (ahead_ptr(ak), ahead_ptr(av));
+                    // SAFETY (both): AVX-512 F and AVX2 are present; the shapes are valid (the
+                    // test's head sizes are multiples of 8; of 16 for the AVX-512 step).
+                    if !(q.len() / m.len()).is_multiple_of(16) {
+                        // As the dispatcher on this level: the AVX2 step.
+                        return unsafe {
+                            attention_avx2::page_step(kv, q, k, v, n, sc, m, s, a, ahead)
+                        };
+                    }
+                    unsafe { attention_avx512::page_step(kv, q, k, v, n, sc, m, s, a, ahead) }
+                }));
+            }
+        }
         let mut rng = Rng::new(12);
         for kv in [KvType::F16, KvType::Q8_0] {
-            for d in [32, 64, 96, 256, 40] {
+            for d in [32, 64, 96, 256, 40, 24] {
                 if !kv.fits(d) {
                     continue;
                 }
@@ -918,43 +1013,35 @@ mod tests {
                     let qs = rng.f32s(g * d, 1.0);
                     for n in [1, 9, 16, 17, 32] {
                         for start in [f32::NEG_INFINITY, -30.0, 30.0] {
-                            let (mut m1, mut s1) = (vec![start; g], vec![0.0; g]);
-                            let mut a1 = match start {
+                            let mut s0 = vec![0.0; g];
+                            let a0 = match start {
                                 f32::NEG_INFINITY => vec![0.0; g * d],
                                 _ => rng.f32s(g * d, 1.0),
                             };
                             if start > f32::NEG_INFINITY {
-                                s1.iter_mut().for_each(|s| *s = 3.0);
+                                s0.iter_mut().for_each(|s| *s = 3.0);
                             }
-                            let (mut m2, mut s2, mut a2) = (m1.clone(), s1.clone(), a1.clone());
-                            let mut w = vec![0f32; g * PAGE_SLOTS];
-                            dots(kv, &qs, &keys, n, g, &mut w, PAGE_SLOTS, &ahead);
-                            for j in 0..g {
-                                let sc = &mut w[j * PAGE_SLOTS..][..n];
-                                let c = softmax_page(sc, None, 0.125, &mut m1[j], &mut s1[j]);
-                                a1[j * d..(j + 1) * d].iter_mut().for_each(|a| *a *= c);
-                            }
-                            attend(
-                                kv,
-                                &mut a1,
-                                d,
-                                &w,
-                                PAGE_SLOTS,
-                                &values,
-                                &PAGE_ROWS[..n],
-                                &[],
-                            );
-                            page_step(
-                                kv, &qs, &keys, &values, n, 0.125, &mut m2, &mut s2, &mut a2,
-                                &ahead, &ahead,
-                            );
+                            let state = (vec![start; g], s0, a0);
                             let bits =
                                 |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                            assert_eq!(
-                                (bits(&m1), bits(&s1), bits(&a1)),
-                                (bits(&m2), bits(&s2), bits(&a2)),
-                                "{kv} d {d} g {g} n {n} max {start}"
-                            );
+                            let (k, v) = (&keys[..], &values[..]);
+                            for &(name, step) in &sets {
+                                // "dispatch" against the dispatchers' kernels, the SIMD sets
+                                // against the AVX2 ones (all SIMD kernels give their bits).
+                                let (mut m1, mut s1, mut a1) = state.clone();
+                                let simd = name != "dispatch";
+                                compose(simd, kv, &qs, k, v, n, &mut m1, &mut s1, &mut a1);
+                                let (mut m2, mut s2, mut a2) = state.clone();
+                                step(
+                                    kv, &qs, k, v, n, 0.125, &mut m2, &mut s2, &mut a2, &ahead,
+                                    &ahead,
+                                );
+                                assert_eq!(
+                                    (bits(&m1), bits(&s1), bits(&a1)),
+                                    (bits(&m2), bits(&s2), bits(&a2)),
+                                    "{name}: {kv} d {d} g {g} n {n} max {start}"
+                                );
+                            }
                         }
                     }
                 }

@@ -10,7 +10,9 @@
 use std::arch::x86_64::*;
 
 use super::attention::exp_consts::*;
-use super::attention::{scalar, KvType, PAGE_SLOTS, Q8_BLOCK, Q8_KEY_QS, Q8_KEY_SECTION};
+use super::attention::{
+    scalar, KvType, MAX_GROUP, PAGE_ROWS, PAGE_SLOTS, Q8_BLOCK, Q8_KEY_QS, Q8_KEY_SECTION,
+};
 use super::x86::{hsum_ps, prefetch_line, SpreadHints};
 
 /// How a row type is widened.
@@ -423,4 +425,120 @@ pub unsafe fn softmax_page(
     };
     *sum += page_sum;
     c
+}
+
+/// AVX2 twin of [`super::attention::page_step`] for one page: the scores go through memory (a
+/// page's 32 slots for every head do not fit 16 registers), then the heads' softmax steps run
+/// side by side (a step of [`softmax_page`] per head, one after the other, left each head's
+/// reductions and `exp`s waiting on each other), then the weighted sum. The operations of
+/// [`dots_f16`]/[`dots_q8`], [`softmax_page`] and [`attend`] lane by lane: the same bits.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `d` must be a multiple of 8 and the shapes as the
+/// safe wrapper checks.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn page_step(
+    kv: KvType,
+    qs: &[f32],
+    keys: &[u8],
+    values: &[u8],
+    n: usize,
+    scale: f32,
+    max: &mut [f32],
+    sum: &mut [f32],
+    acc: &mut [f32],
+    ahead: (*const u8, *const u8),
+) {
+    let g = max.len();
+    let d = qs.len() / g;
+    let mut w = [0f32; PAGE_SLOTS * MAX_GROUP];
+    match kv {
+        KvType::F16 => dots_f16(qs, keys, n, g, &mut w, PAGE_SLOTS, ahead.0),
+        KvType::Q8_0 => dots_q8(qs, keys, n, g, &mut w, PAGE_SLOTS, ahead.0),
+    }
+    let (wp, ap, vp, rb) = (
+        w.as_mut_ptr(),
+        acc.as_mut_ptr(),
+        values.as_ptr(),
+        kv.row_bytes(d),
+    );
+    let (mp, sp) = (max.as_mut_ptr(), sum.as_mut_ptr());
+    let sums = (ap, d, vp, rb, (ahead.1, PAGE_SLOTS * rb));
+    dispatch!(kv, g, step_g(wp, n, scale, mp, sp, sums));
+}
+
+/// [`page_step`] after the scores (`wp`, a row of [`PAGE_SLOTS`] a head) for `G` heads: each
+/// head's softmax step over the first `n` as [`softmax_page`] takes it, the heads' vectors
+/// one after the other in each step, then [`attend_g`] with `sums` (the accumulators, `d`, the
+/// value page, its row size and the page to hint).
+// `j` indexes the heads' rows, maxima and lane sums at once.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn step_g<R: Row, const G: usize>(
+    wp: *mut f32,
+    n: usize,
+    scale: f32,
+    mp: *mut f32,
+    sp: *mut f32,
+    sums: (*mut f32, usize, *const u8, usize, (*const u8, usize)),
+) {
+    let (ap, d, vp, rb, ahead) = sums;
+    let (vscale, whole) = (_mm256_set1_ps(scale), n / 8 * 8);
+    let row = |j: usize| wp.add(j * PAGE_SLOTS);
+    let mut vm = [_mm256_set1_ps(f32::NEG_INFINITY); G];
+    for i in (0..whole).step_by(8) {
+        for j in 0..G {
+            let x = _mm256_mul_ps(_mm256_loadu_ps(row(j).add(i)), vscale);
+            _mm256_storeu_ps(row(j).add(i), x);
+            vm[j] = _mm256_max_ps(vm[j], x);
+        }
+    }
+    let mut vmax = [_mm256_setzero_ps(); G];
+    for j in 0..G {
+        for s in whole..n {
+            let x = row(j).add(s);
+            *x *= scale;
+            vm[j] = _mm256_max_ps(vm[j], _mm256_set1_ps(*x));
+        }
+        let m = _mm_max_ps(
+            _mm256_castps256_ps128(vm[j]),
+            _mm256_extractf128_ps::<1>(vm[j]),
+        );
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let page_max = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let (max, sum) = (&mut *mp.add(j), &mut *sp.add(j));
+        if page_max > *max {
+            let c = (*max - page_max).exp();
+            *sum *= c;
+            *max = page_max;
+            if c != 1.0 {
+                for a in std::slice::from_raw_parts_mut(ap.add(j * d), d) {
+                    *a *= c;
+                }
+            }
+        }
+        vmax[j] = _mm256_set1_ps(*max);
+    }
+    let mut lanes = [[_mm256_setzero_ps(); 2]; G];
+    for i in (0..whole).step_by(8) {
+        for j in 0..G {
+            let w = exp8(_mm256_sub_ps(_mm256_loadu_ps(row(j).add(i)), vmax[j]));
+            _mm256_storeu_ps(row(j).add(i), w);
+            lanes[j][i / 8 % 2] = _mm256_add_ps(lanes[j][i / 8 % 2], w);
+        }
+    }
+    for j in 0..G {
+        if whole < n {
+            // The tail as `softmax_page` takes it: padded with -inf, weights 0.
+            let mut tail = [f32::NEG_INFINITY; 8];
+            std::ptr::copy_nonoverlapping(row(j).add(whole), tail.as_mut_ptr(), n - whole);
+            let w = exp8(_mm256_sub_ps(_mm256_loadu_ps(tail.as_ptr()), vmax[j]));
+            _mm256_storeu_ps(tail.as_mut_ptr(), w);
+            std::ptr::copy_nonoverlapping(tail.as_ptr(), row(j).add(whole), n - whole);
+            lanes[j][whole / 8 % 2] = _mm256_add_ps(lanes[j][whole / 8 % 2], w);
+        }
+        *sp.add(j) += hsum_ps(_mm256_add_ps(lanes[j][0], lanes[j][1]));
+    }
+    attend_g::<R, G>(ap, d, wp, PAGE_SLOTS, vp, rb, &PAGE_ROWS[..n], ahead);
 }
