@@ -119,13 +119,20 @@ pub struct ContextArg {
 }
 
 impl ContextArg {
-    /// Sets `cfg`'s context length (and KV capacity) when `--ctx-size` was given.
-    pub fn apply(&self, cfg: &mut weft::EngineConfig) -> anyhow::Result<()> {
+    /// [`ThreadsArg::engine_at`] with this context length (and KV capacity) when `--ctx-size`
+    /// was given.
+    pub fn engine_at(
+        &self,
+        threads: &ThreadsArg,
+        file: std::sync::Arc<GgufFile>,
+        path: &Path,
+    ) -> anyhow::Result<weft::Engine> {
+        let mut cfg = threads.engine_config()?;
         if let Some(n) = self.ctx_size {
             anyhow::ensure!(n >= MIN_CTX, "--ctx-size must be at least {MIN_CTX}");
             cfg.n_ctx = Some(n);
         }
-        Ok(())
+        Ok(weft::Engine::from_file_at(file, path, cfg)?)
     }
 }
 

@@ -67,9 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let own_template = file
         .opt_str("tokenizer.chat_template")
         .is_ok_and(|t| t.is_some_and(|t| !t.trim().is_empty()));
-    let mut config = args.threads.engine_config()?;
-    args.context.apply(&mut config)?;
-    let engine = weft::Engine::from_file_at(file, &path, config)?;
+    let engine = args.context.engine_at(&args.threads, file, &path)?;
     engine.chat_template()?;
     if !own_template {
         // Such as gemma3-270m: a pretrained model, which answers a chat poorly.

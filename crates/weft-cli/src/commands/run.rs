@@ -91,9 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let penalties = args.sampling.penalties()?;
     let path = args.model.path()?;
     let file = Arc::new(args.model.open_path(&path)?);
-    let mut config = args.threads.engine_config()?;
-    args.context.apply(&mut config)?;
-    let engine = weft::Engine::from_file_at(file, &path, config)?;
+    let engine = args.context.engine_at(&args.threads, file, &path)?;
     let seed = args.sampling.seed();
     let (mut ctx, reused) = match &args.load_session {
         Some(f) => load_session(&engine, f, &args.prompt)?,
