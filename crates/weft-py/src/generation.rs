@@ -114,6 +114,16 @@ type Deltas = Pin<Box<dyn Stream<Item = weft::Result<String>> + Send>>;
 /// The stream, `None` once it ended (the context is back in its slot then).
 type Shared = Arc<tokio::sync::Mutex<Option<Deltas>>>;
 
+/// Ends its generator when dropped ([`weft::Generator::end`]).
+struct EndOnDrop<'g, 'c>(&'g mut weft::Generator<'c>);
+
+impl Drop for EndOnDrop<'_, '_> {
+    fn drop(&mut self) {
+        // An error here (the pass of a dropped step failed) leaves the context as it is.
+        let _ = self.0.end();
+    }
+}
+
 /// The Python name of a stop reason.
 pub fn reason_name(r: &weft::StopReason) -> &'static str {
     match r {
@@ -122,6 +132,7 @@ pub fn reason_name(r: &weft::StopReason) -> &'static str {
         weft::StopReason::StopSequence(_) => "stop_sequence",
         weft::StopReason::StopString(_) => "stop_string",
         weft::StopReason::Constraint => "constraint",
+        weft::StopReason::Ended => "closed",
         _ => "error",
     }
 }
@@ -142,6 +153,10 @@ impl Generation {
         let deltas = async_stream::stream! {
             let mut lease = lease;
             let mut gen = opts.apply(lease.ctx());
+            // Dropped with the stream (a loop left early, `close()`): ends the generator so
+            // the context keeps the last token streamed.
+            let ending = EndOnDrop(&mut gen);
+            let gen = &mut *ending.0;
             loop {
                 let next = gen.next_text().await;
                 {
@@ -290,14 +305,16 @@ impl Generation {
         self.drain_then(py, |p| Python::attach(|py| parse_json(py, &p.text)))
     }
 
-    /// Stops the generation now and gives the context back (what was generated stays in it).
+    /// Stops the generation now and gives the context back (what was generated stays in it,
+    /// the last token streamed pending); `stop_reason` turns "closed" if it had not stopped.
     fn close(&self, py: Python<'_>) {
         let stream = self.stream.clone();
         py.detach(|| weft::block_on(async { *stream.lock().await = None }));
+        self.progress().stop_reason.get_or_insert("closed");
     }
 
     /// Why it stopped: "max_tokens", "stop_token", "stop_sequence", "stop_string",
-    /// "constraint", or None while it runs.
+    /// "constraint", "closed", or None while it runs.
     #[getter]
     fn stop_reason(&self) -> Option<&'static str> {
         self.progress().stop_reason

@@ -66,6 +66,52 @@ fn ignore_eos_generates_exactly_n_tokens_past_the_end_of_turn() {
 }
 
 #[test]
+fn a_generation_ended_early_keeps_its_last_token_and_goes_on_as_if_never_stopped() {
+    let engine = common::engine_with("smollm2-135m", config());
+    let mut ctx = engine.context();
+    ctx.fill("Once upon a time").expect("fill");
+    let prompt = ctx.pending().to_vec();
+    let whole = block_on(
+        ctx.generate(Sampler::Argmax)
+            .max_tokens(12)
+            .ignore_eos()
+            .collect_tokens(),
+    )
+    .expect("generate");
+
+    let mut ctx = engine.context();
+    ctx.fill("Once upon a time").expect("fill");
+    let mut gen = ctx.generate(Sampler::Argmax).max_tokens(12).ignore_eos();
+    let mut streamed = String::new();
+    while let Some(delta) = block_on(gen.next_text()).expect("step") {
+        streamed.push_str(&delta);
+        if gen.tokens_generated() == 5 {
+            gen.end().expect("end");
+            break;
+        }
+    }
+    assert_eq!(gen.stop_reason(), Some(&StopReason::Ended));
+    gen.end().expect("a second end does nothing");
+    assert!(block_on(gen.next_text()).expect("ended").is_none());
+    // The context holds all five tokens streamed, the last one pending ...
+    let mut held = ctx.tokens().to_vec();
+    held.extend_from_slice(ctx.pending());
+    assert_eq!(held[..prompt.len()], prompt[..]);
+    assert_eq!(held[prompt.len()..], whole[..5]);
+    assert_eq!(ctx.pending().len(), 1);
+    assert_eq!(engine.detokenize(&whole[..5]).expect("text"), streamed);
+    // ... so a new generation goes on exactly where the uninterrupted one went.
+    let rest = block_on(
+        ctx.generate(Sampler::Argmax)
+            .max_tokens(7)
+            .ignore_eos()
+            .collect_tokens(),
+    )
+    .expect("go on");
+    assert_eq!(rest, whole[5..]);
+}
+
+#[test]
 fn engine_defaults_apply_to_generators_that_set_nothing() {
     let defaults = GenerationDefaults {
         sampler: Sampler::TopK {

@@ -53,6 +53,27 @@ def test_stream_deltas_add_up_to_the_text_and_the_context_keeps_them(smollm2):
     assert "Paris" in g.text()
 
 
+@pytest.mark.parametrize("leave", ["break", "close"])
+def test_a_loop_left_early_keeps_every_streamed_token_in_the_context(smollm2, leave):
+    ctx = smollm2.context()
+    ctx.fill("Once upon a time")
+    prompt = ctx.pending
+    g = ctx.generate(weft.Argmax(), max_tokens=50, ignore_eos=True)
+    out = ""
+    for delta in g:
+        out += delta
+        if len(out) > 12:
+            break
+    if leave == "close":
+        g.close()
+        assert g.stop_reason == "closed"
+    del g
+    # Everything streamed is in the context: the last token waits for the next pass.
+    generated = (ctx.tokens + ctx.pending)[len(prompt):]
+    assert smollm2.detokenize(generated) == out
+    assert len(ctx.pending) == 1
+
+
 def test_stop_strings_cut_the_text(smollm2):
     ctx = smollm2.context()
     ctx.fill("The capital of France is")

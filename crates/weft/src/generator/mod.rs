@@ -32,6 +32,8 @@ pub enum StopReason {
     Constraint,
     /// A builder option was invalid (the error was returned by `next`).
     Error,
+    /// The caller ended it early with [`Generator::end`].
+    Ended,
 }
 
 /// A multi-step generation loop over a [`Context`].
@@ -41,7 +43,8 @@ pub enum StopReason {
 /// model's end-of-turn set plus [`Generator::stop`], stop sequences of ids, stop strings.
 /// Drain it with a collector, or drive it with [`Generator::next`] to see or replace each
 /// step. When it stops, the last accepted token (not run yet) is left in the context's pending
-/// buffer, so the context holds the whole conversation.
+/// buffer, so the context holds the whole conversation. To leave a loop early and keep that
+/// token too, call [`Generator::end`]: a generator dropped before it stops drops it.
 ///
 /// ```no_run
 /// use weft::{Engine, Sampler};
@@ -349,6 +352,37 @@ impl<'c> Generator<'c> {
     /// The context this generator runs on.
     pub fn context(&self) -> &Context {
         self.ctx
+    }
+
+    /// Stops here, as a stop rule would ([`StopReason::Ended`]): the tokens accepted but not
+    /// run yet (the last one streamed) go to the context's pending buffer, so the context
+    /// holds everything generated so far; a step whose future was dropped is undone first.
+    /// Does nothing once stopped.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("Once upon a time")?;
+    /// let mut gen = ctx.generate(weft::Sampler::Argmax);
+    /// let mut text = String::new();
+    /// while let Some(delta) = weft::block_on(gen.next_text())? {
+    ///     text.push_str(&delta);
+    ///     if text.len() > 12 {
+    ///         gen.end()?;
+    ///         break;
+    ///     }
+    /// }
+    /// // The last token streamed waits in the pending buffer, run by the next pass.
+    /// assert!(!ctx.pending().is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn end(&mut self) -> Result<()> {
+        self.undo_dropped_step()?;
+        if self.stopped.is_none() {
+            self.finish(StopReason::Ended);
+        }
+        Ok(())
     }
 
     /// Whether the generator has stopped.
