@@ -102,7 +102,42 @@ fn bad_models_are_clear_errors_not_panics() {
         assert!(!stderr.contains("panicked"), "{model}: {stderr}");
         assert!(stderr.contains(needle), "{model}: {stderr}");
         assert!(stderr.starts_with("error: "), "{model}: {stderr}");
+        // A server whose model fails to load exits with the same error instead of answering
+        // 503 forever.
+        let (status, stderr) = serve_until_exit(&model);
+        assert_eq!(status.code(), Some(1), "serve -m {model}: {stderr}");
+        assert!(!stderr.contains("panicked"), "serve -m {model}: {stderr}");
+        assert!(stderr.contains(needle), "serve -m {model}: {stderr}");
     }
+}
+
+/// Runs `weft serve -m MODEL` on a free port and waits (at most a minute) for it to exit.
+fn serve_until_exit(model: &str) -> (std::process::ExitStatus, String) {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "-m", model, "--port", "0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run weft serve");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for weft serve") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("weft serve -m {model} still runs a minute after its model failed to load");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    use std::io::Read;
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut stderr).ok();
+    }
+    (status, stderr)
 }
 
 /// llama-perplexity's figures for `shared/reference/perplexity-text.txt` at context 512.

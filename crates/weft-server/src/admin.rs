@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State as Extract;
+use axum::extract::{Path, State as Extract};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -21,8 +21,28 @@ pub async fn health(Extract(state): Extract<Arc<State>>) -> Result<Json<Value>, 
     Ok(Json(json!({"status": "ok"})))
 }
 
-/// `GET /v1/models`: the one model served.
+/// `GET /v1/models`: the model served, its adapters and the embedding model.
 pub async fn models(Extract(state): Extract<Arc<State>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": model_list(&state)}))
+}
+
+/// `GET /v1/models/{id}`: one of them (what the OpenAI client's `models.retrieve` asks).
+pub async fn model(
+    Extract(state): Extract<Arc<State>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let list = model_list(&state);
+    match list.iter().find(|m| m["id"] == id.as_str()) {
+        Some(m) => Ok(Json(m.clone())),
+        None => {
+            let served: Vec<&str> = list.iter().filter_map(|m| m["id"].as_str()).collect();
+            Err(ApiError::model_not_found(&id, &served.join(", ")))
+        }
+    }
+}
+
+/// Every model object `/v1/models` lists.
+fn model_list(state: &State) -> Vec<Value> {
     let mut model = json!({
         "id": state.config.model_id, "object": "model", "created": unix_time(), "owned_by": "weft",
     });
@@ -30,7 +50,7 @@ pub async fn models(Extract(state): Extract<Arc<State>>) -> Json<Value> {
         model["meta"] = json!({
             "n_ctx": engine.n_ctx(),
             "n_vocab": engine.info().vocab_size,
-            "architecture": format!("{:?}", engine.info().arch),
+            "architecture": engine.info().arch,
         });
     }
     let base = &state.config.model_id;
@@ -46,7 +66,7 @@ pub async fn models(Extract(state): Extract<Arc<State>>) -> Json<Value> {
             "id": id, "object": "model", "created": unix_time(), "owned_by": "weft",
         }));
     }
-    Json(json!({"object": "list", "data": data}))
+    data
 }
 
 /// `GET /metrics`: Prometheus text.

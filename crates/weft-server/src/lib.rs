@@ -65,6 +65,7 @@ pub fn router(state: Arc<State>) -> Router {
         .merge(api)
         .route("/health", get(admin::health))
         .route("/v1/models", get(admin::models))
+        .route("/v1/models/{id}", get(admin::model))
         .route("/metrics", get(admin::metrics))
         .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
@@ -74,10 +75,20 @@ pub fn router(state: Arc<State>) -> Router {
         .with_state(state)
 }
 
-/// Serves `router(state)` on `listener` until Ctrl-C or SIGTERM.
-pub async fn serve(listener: tokio::net::TcpListener, state: Arc<State>) -> std::io::Result<()> {
+/// Serves `router(state)` on `listener` until Ctrl-C, SIGTERM or `stop` completes (the front
+/// end's signal that the model failed to load), then lets the requests in flight finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<State>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = stop => {}
+            }
+        })
         .await
 }
 

@@ -48,12 +48,15 @@ impl GenParams {
         };
         let n = body.integer("n", 1, MAX_N)?.unwrap_or(1) as usize;
         let temperature = body.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;
-        let top_p = body.number("top_p", f64::MIN_POSITIVE, 1.0)?;
+        let top_p = body.number("top_p", 0.0, 1.0)?;
         let top_k = body.integer("top_k", -1, i64::from(u32::MAX))?;
         let min_p = body.number("min_p", 0.0, 1.0)?;
-        // Values that pass as f64 but vanish as f32 (1e-300) must not reach the engine.
-        if top_p.is_some_and(|p| p as f32 <= 0.0) {
-            return Err(ApiError::param("top_p", "'top_p' is too small."));
+        // Zero, and values that pass as f64 but vanish as f32 (1e-300), keep no token.
+        if let Some(p) = top_p.filter(|&p| p as f32 <= 0.0) {
+            return Err(ApiError::param(
+                "top_p",
+                format!("'top_p' must be greater than 0 and at most 1, got {p}."),
+            ));
         }
         // The library checks every range once (the CLI shares it); -1 and 0 turn top-k off.
         let sampler = Sampler::from_params(

@@ -50,6 +50,12 @@ impl std::fmt::Debug for Served {
     }
 }
 
+/// A known model's name for any of its aliases (`smollm2` -> `smollm2-135m`), else `asked`: a
+/// request may name the model either way, whichever the server was started with.
+fn canonical(asked: &str) -> &str {
+    weft::hub::find(asked).map_or(asked, |m| m.name)
+}
+
 /// The shared state behind the router.
 #[derive(Debug)]
 pub struct State {
@@ -108,7 +114,7 @@ impl State {
         asked: Option<&str>,
     ) -> Result<(String, Arc<dyn EmbeddingModel>), ApiError> {
         let chat_id = self.config.model_id.as_str();
-        match (self.embedding.get(), asked) {
+        match (self.embedding.get(), asked.map(canonical)) {
             (Some(e), None) => Ok((e.id.clone(), e.model.clone())),
             (Some(e), Some(m)) if m == e.id => Ok((e.id.clone(), e.model.clone())),
             (_, None) => Ok((chat_id.to_string(), Arc::new(self.engine()?.clone()))),
@@ -133,6 +139,11 @@ impl State {
         let _ = self.load_error.set(message);
     }
 
+    /// Why the model could not be loaded, if it could not.
+    pub fn load_error(&self) -> Option<&str> {
+        self.load_error.get().map(String::as_str)
+    }
+
     /// The engine, or 503 while it loads.
     pub fn engine(&self) -> Result<&Engine, ApiError> {
         self.engine
@@ -147,7 +158,7 @@ impl State {
     /// adapter as `BASE:NAME` (vLLM's convention) or `NAME`, which is returned.
     pub fn check_model(&self, asked: Option<&str>) -> Result<Option<Adapter>, ApiError> {
         let Some(m) = asked else { return Ok(None) };
-        if m == self.config.model_id {
+        if canonical(m) == self.config.model_id {
             return Ok(None);
         }
         let name = m

@@ -235,6 +235,14 @@ fn bad_requests_get_openai_errors_naming_the_parameter() {
             let (p, _) = error_shape(&v);
             assert_eq!(p, json!(param), "{body} -> {v}");
         }
+        // The range is said as a person would (not as the smallest positive double).
+        for top_p in [0.0, 2.0] {
+            let body = json!({"messages": msgs, "top_p": top_p});
+            let (_, v) = post(&s, "/v1/chat/completions", body).await;
+            let message = v["error"]["message"].as_str().expect("message");
+            assert!(message.len() < 80, "{message}");
+            assert!(message.contains("'top_p'"), "{message}");
+        }
         let (st, v) = post(&s, "/v1/completions", json!({"prompt": "x", "suffix": "y"})).await;
         assert_eq!(st, StatusCode::BAD_REQUEST);
         assert_eq!(error_shape(&v).0, "suffix");
@@ -372,10 +380,24 @@ fn an_adapter_is_chosen_by_model_name_and_listed() {
         let v: Value = serde_json::from_slice(&body).expect("json");
         assert_eq!(v["data"][1]["id"], "smollm2-135m:weaver");
         assert_eq!(v["data"][1]["parent"], "smollm2-135m");
+        assert_eq!(v["data"][0]["meta"]["architecture"], "llama");
+        // One model by id, as the OpenAI client's `models.retrieve` asks.
+        for (i, id) in ["smollm2-135m", "smollm2-135m:weaver"].iter().enumerate() {
+            let (st, body) = call(&s, "GET", &format!("/v1/models/{id}"), "").await;
+            assert_eq!(st, StatusCode::OK, "{id}");
+            let one: Value = serde_json::from_slice(&body).expect("json");
+            assert_eq!(one["id"], v["data"][i]["id"]);
+        }
+        let (st, body) = call(&s, "GET", "/v1/models/nope", "").await;
+        assert_eq!(st, StatusCode::NOT_FOUND);
+        let v: Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(error_shape(&v).1, "model_not_found");
         for (model, want) in [
             ("smollm2-135m:weaver", &adapted),
             ("weaver", &adapted),
             ("smollm2-135m", &base),
+            // The registry's alias names the same model.
+            ("smollm2", &base),
         ] {
             let body = json!({"model": model, "prompt": "The history of weaving",
                 "max_tokens": 16, "temperature": 0});

@@ -114,6 +114,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let model = args.model.clone();
         let loras = args.lora.clone();
         let embedding = args.embedding_model.clone();
+        // A model that fails to load ends the server (exit status 1), as llama-server does:
+        // a supervisor sees the failure instead of a server answering 503 forever.
+        let (failed, load_failed) = tokio::sync::oneshot::channel::<()>();
         tokio::task::spawn_blocking(move || {
             let loaded = model.path().and_then(|path| {
                 if let Some(name) = &embedding {
@@ -144,19 +147,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     loading.set_engine(engine);
                 }
                 Err(e) => {
-                    eprintln!("error: {e:#}");
                     loading.set_load_error(format!("{e:#}"));
+                    let _ = failed.send(());
                 }
             }
         });
-        weft_server::serve(listener, state).await?;
-        anyhow::Ok(())
+        // A dropped sender means the model loaded: serve until a signal.
+        let stop = async move {
+            if load_failed.await.is_err() {
+                std::future::pending::<()>().await
+            }
+        };
+        weft_server::serve(listener, state.clone(), stop).await?;
+        match state.load_error() {
+            Some(e) => Err(anyhow::anyhow!("{e}")),
+            None => anyhow::Ok(()),
+        }
     })
 }
 
-/// The id an embedding model is served under: a known name as given, a model folder (or its
-/// `model.safetensors`) by the folder's name, a GGUF file by its file name.
+/// The id an embedding model is served under: a known model by its name, a model folder (or
+/// its `model.safetensors`) by the folder's name, a GGUF file by its file name.
 fn embedding_name(model: &str) -> String {
+    if weft::hub::find(model).is_some() {
+        return served_name(model);
+    }
     let p = std::path::Path::new(model.trim_end_matches('/'));
     let folder = if p.file_name().is_some_and(|n| n == "model.safetensors") {
         p.parent()
@@ -169,13 +184,35 @@ fn embedding_name(model: &str) -> String {
     }
 }
 
-/// The id a model is served under: a known name as given, a file path by its file name.
+/// The id a model is served under: a known model by its name (for any of its aliases), a
+/// file path by its file name.
 fn served_name(model: &str) -> String {
+    if let Some(known) = weft::hub::find(model) {
+        return known.name.to_string();
+    }
     let p = std::path::Path::new(model);
     if model.ends_with(".gguf") || p.components().count() > 1 {
         p.file_name()
             .map_or_else(|| model.to_string(), |n| n.to_string_lossy().into_owned())
     } else {
         model.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_models_are_served_by_name_files_by_file_name() {
+        assert_eq!(served_name("smollm2"), "smollm2-135m");
+        assert_eq!(served_name("smollm2-135m"), "smollm2-135m");
+        assert_eq!(served_name("/models/tiny.gguf"), "tiny.gguf");
+        assert_eq!(embedding_name("minilm"), "all-minilm-l6-v2");
+        assert_eq!(embedding_name("/m/my-encoder/"), "my-encoder");
+        assert_eq!(
+            embedding_name("/m/my-encoder/model.safetensors"),
+            "my-encoder"
+        );
     }
 }
