@@ -230,6 +230,44 @@ fn run_json(args: &[&str]) -> (Vec<u64>, Vec<u64>) {
 }
 
 #[test]
+fn run_takes_one_constraint_and_refuses_two() {
+    let args = [
+        "run",
+        "-m",
+        "smollm2-135m",
+        "--temp",
+        "0",
+        "-n",
+        "16",
+        "--json",
+        "--regex",
+        "[0-9]{3}",
+        "The number after 122 is",
+    ];
+    let out = weft(&args, "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    let text = v["text"].as_str().expect("text");
+    assert!(
+        text.len() == 3 && text.bytes().all(|b| b.is_ascii_digit()),
+        "{text:?}"
+    );
+    // Two at once is a usage error before any model work, as the server and Python refuse it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let grammar = dir.path().join("yes-no.lark");
+    std::fs::write(&grammar, "start: \"yes\" | \"no\"\n").expect("write");
+    let grammar = grammar.to_str().expect("path");
+    let out = weft(
+        &["run", "--grammar", grammar, "--regex", "a", "Question?"],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
+#[test]
 fn session_files_continue_and_reuse_a_run() {
     let dir = std::env::temp_dir().join(format!("weft-session-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -29,15 +29,16 @@ pub struct Args {
     /// Print `{"prompt_ids":[...],"ids":[...],"text":"..."}` instead of streaming text.
     #[arg(long)]
     json: bool,
-    /// Constrain the output to JSON valid under the JSON Schema in FILE.
-    #[arg(long, value_name = "FILE")]
+    /// Constrain the output to JSON valid under the JSON Schema in FILE (one constraint at a
+    /// time, as the server and the Python package take).
+    #[arg(long, value_name = "FILE", group = "constraint")]
     json_schema: Option<std::path::PathBuf>,
     /// Constrain the output to the grammar in FILE: Lark syntax, or GBNF if the file name ends
     /// in `.gbnf`.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", group = "constraint")]
     grammar: Option<std::path::PathBuf>,
     /// Constrain the output to match a regular expression.
-    #[arg(long, value_name = "REGEX")]
+    #[arg(long, value_name = "REGEX", group = "constraint")]
     regex: Option<String>,
     /// Speculative decoding with the built-in n-gram (prompt-lookup) drafter.
     #[arg(long)]
@@ -59,7 +60,7 @@ pub struct Args {
 }
 
 impl Args {
-    /// The constraints the flags ask for.
+    /// The constraint the flags ask for (clap lets through at most one).
     fn schemas(&self) -> anyhow::Result<Vec<Schema>> {
         let read = |p: &std::path::Path| {
             std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
