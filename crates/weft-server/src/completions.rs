@@ -169,7 +169,7 @@ fn legacy_logprobs(lps: &[TokenLogprob], start: usize) -> Value {
     let mut offsets = Vec::with_capacity(lps.len());
     for t in lps {
         offsets.push(offset);
-        offset += t.token.len();
+        offset += t.text_len;
     }
     json!({
         "tokens": lps.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),

@@ -1,6 +1,7 @@
 //! The text of one choice as it grows token by token: what may be shown yet (never a prefix
 //! of a stop string), where a stop string cuts it, and the log-probability entry of each
-//! token, whose strings concatenate to exactly the text shown.
+//! token, whose bytes concatenate to exactly the text shown (and whose strings do, but for
+//! the pieces of characters split over tokens, named `bytes:\xNN...` as OpenAI names them).
 
 use weft::tokenizer::Utf8Buffer;
 use weft::{StopStrings, Tokenizer};
@@ -8,9 +9,11 @@ use weft::{StopStrings, Tokenizer};
 /// The log-probability of one generated token and its top alternatives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {
-    /// The token's share of the output text (empty for a token that is part of a character
-    /// a later token completes; cut where a stop string starts).
+    /// The token's share of the output text (cut where a stop string starts), or for a piece
+    /// of a character its [`token_name`] (`bytes:\xf0\x9f`).
     pub token: String,
+    /// The length in bytes of the token's share of the output text (`text_offset` steps).
+    pub text_len: usize,
     /// The token's own bytes.
     pub bytes: Vec<u8>,
     pub logprob: f32,
@@ -118,12 +121,34 @@ impl TextTracker {
             }
             if let Some(lp) = &e.logprob {
                 let mut lp = lp.clone();
-                lp.token = self.text[e.start..e.end.min(visible)].to_string();
+                // A token that is text on its own is its share of the text (cut where a stop
+                // string starts); a piece of a character keeps its `bytes:` name.
+                let share = &self.text[e.start..e.end.min(visible)];
+                lp.text_len = share.len();
+                if std::str::from_utf8(&lp.bytes).is_ok() {
+                    lp.token = share.to_string();
+                }
                 logprobs.push(lp);
             }
             self.sent_entries += 1;
         }
         Delta { text, logprobs }
+    }
+}
+
+/// How a token is named in log-probabilities: its text, or, for a piece of a character (bytes
+/// that are not UTF-8 on their own), `bytes:` and its bytes as `\xNN` escapes, as OpenAI names
+/// them: distinct pieces get distinct names (keys of the legacy `top_logprobs` maps).
+pub fn token_name(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_string(),
+        Err(_) => {
+            let mut name = String::from("bytes:");
+            for b in bytes {
+                name.push_str(&format!("\\x{b:02x}"));
+            }
+            name
+        }
     }
 }
 
@@ -148,7 +173,7 @@ pub fn logprob_entry(tok: &Tokenizer, logits: &[f32], id: u32, top: usize) -> To
     let piece = |id: u32| {
         let mut b = Vec::new();
         let _ = tok.append_piece(id, true, &mut b);
-        (String::from_utf8_lossy(&b).into_owned(), b)
+        (token_name(&b), b)
     };
     let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
     if top > 0 {
@@ -161,9 +186,10 @@ pub fn logprob_entry(tok: &Tokenizer, logits: &[f32], id: u32, top: usize) -> To
             best.truncate(top);
         }
     }
-    let (_, bytes) = piece(id);
+    let (token, bytes) = piece(id);
     TokenLogprob {
-        token: String::new(),
+        token,
+        text_len: 0,
         bytes,
         logprob: logits.get(id as usize).map_or(-9999.0, |&l| lp(l)),
         top: best
@@ -191,21 +217,32 @@ mod tests {
     /// Feeds `text` token by token; returns the streamed deltas, the final text and the
     /// concatenated logprob tokens.
     fn stream(tok: &Tokenizer, text: &str, stops: &[&str]) -> (Vec<String>, String, String) {
+        let (deltas, all, lps) = stream_entries(tok, text, stops);
+        let lp = lps.iter().map(|l| l.token.as_str()).collect();
+        (deltas, all, lp)
+    }
+
+    /// As [`stream`], with the logprob entries.
+    fn stream_entries(
+        tok: &Tokenizer,
+        text: &str,
+        stops: &[&str],
+    ) -> (Vec<String>, String, Vec<TokenLogprob>) {
         let ids = tok.encode(text, false, false);
         let mut t = TextTracker::new(stops.iter().map(|s| s.to_string()).collect());
-        let (mut deltas, mut lp) = (Vec::new(), String::new());
+        let (mut deltas, mut lp) = (Vec::new(), Vec::new());
         let logits = vec![0.0f32; tok.vocab_size()];
         for &id in &ids {
             t.push(tok, id, Some(logprob_entry(tok, &logits, id, 2)));
             let d = t.delta();
-            lp.extend(d.logprobs.iter().map(|l| l.token.clone()));
+            lp.extend(d.logprobs);
             deltas.push(d.text);
             if t.cut().is_some() {
                 break;
             }
         }
         let d = t.finish();
-        lp.extend(d.logprobs.iter().map(|l| l.token.clone()));
+        lp.extend(d.logprobs);
         deltas.push(d.text);
         let all = deltas.concat();
         (deltas, all, lp)
@@ -234,10 +271,56 @@ mod tests {
     fn multibyte_characters_split_over_tokens_stay_whole() {
         let tok = tokenizer();
         let text = "Emoji: 🦀🦀 and accents: déjà vu";
-        let (deltas, all, lp) = stream(&tok, text, &["vu"]);
+        let (deltas, all, _) = stream_entries(&tok, text, &["vu"]);
         assert_eq!(all, "Emoji: 🦀🦀 and accents: déjà ");
-        assert_eq!(lp, all);
         assert!(deltas.iter().all(|d| !d.contains('\u{fffd}')));
+        // The entries' bytes make up the text, and so do their shares of it; a token that is
+        // text on its own is named by it, a piece of a character by its bytes.
+        let (_, all, lps) = stream_entries(&tok, text, &[]);
+        let bytes: Vec<u8> = lps.iter().flat_map(|l| l.bytes.clone()).collect();
+        assert_eq!(bytes, all.as_bytes());
+        assert_eq!(lps.iter().map(|l| l.text_len).sum::<usize>(), all.len());
+        let mut pieces = 0;
+        for l in &lps {
+            match std::str::from_utf8(&l.bytes) {
+                Ok(s) => assert_eq!(l.token, s),
+                Err(_) => {
+                    pieces += 1;
+                    assert_eq!(l.token, token_name(&l.bytes));
+                    assert!(l.token.starts_with("bytes:\\x"), "{}", l.token);
+                }
+            }
+        }
+        assert!(pieces >= 2, "the crabs are split over tokens: {lps:?}");
+    }
+
+    #[test]
+    fn pieces_of_characters_get_distinct_names() {
+        let tok = tokenizer();
+        // Three tokens that are no text on their own, the most likely at a step.
+        let pieces: Vec<u32> = (0..tok.vocab_size() as u32)
+            .filter(|&id| {
+                let mut b = Vec::new();
+                tok.append_piece(id, true, &mut b).is_ok()
+                    && !b.is_empty()
+                    && std::str::from_utf8(&b).is_err()
+            })
+            .take(3)
+            .collect();
+        assert_eq!(pieces.len(), 3);
+        let mut logits = vec![0.0f32; tok.vocab_size()];
+        for (i, &id) in pieces.iter().enumerate() {
+            logits[id as usize] = 10.0 - i as f32;
+        }
+        let e = logprob_entry(&tok, &logits, pieces[0], 3);
+        let names: Vec<&str> = e.top.iter().map(|t| t.0.as_str()).collect();
+        assert_eq!(
+            names[0], e.token,
+            "the chosen token is named as its alternative"
+        );
+        assert!(names.iter().all(|n| n.starts_with("bytes:")), "{names:?}");
+        assert!(names[0] != names[1] && names[1] != names[2] && names[0] != names[2]);
+        assert_eq!(token_name(&[0xf0, 0x9f]), "bytes:\\xf0\\x9f");
     }
 
     #[test]

@@ -143,3 +143,35 @@ def test_completion_logprobs_have_the_legacy_shape(http, model):
         assert abs(max(top.values()) - tok_lp) < 1e-3, (i, tok, tok_lp, top)
     for i in range(len(tokens) - 1):
         assert offsets[i + 1] - offsets[i] == len(tokens[i]), (i, offsets, tokens)
+
+
+def test_pieces_of_characters_are_named_by_their_bytes_in_logprobs(http, model):
+    """Tokens that are no text on their own are `bytes:\\xNN...` (OpenAI's names): distinct
+    keys in `top_logprobs`, and the chosen token is named as its alternative."""
+    body = {"model": model, "prompt": "🦀🦀🦀🦀", "max_tokens": 3, "ignore_eos": True, **greedy()}
+    r = http.post("/v1/completions", json={**body, "logprobs": 5})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    lp = choice["logprobs"]
+    for i, (tok, tok_lp, top) in enumerate(zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])):
+        assert len(top) == 5, (i, top)
+        assert tok in top and abs(top[tok] - tok_lp) < 1e-3, (i, tok, top)
+    # Offsets step by each token's share of the text, which adds up to the text.
+    offsets = lp["text_offset"]
+    assert offsets == sorted(offsets) and offsets[-1] <= len(choice["text"].encode())
+    r = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": "🦀🦀🦀🦀"}],
+            "max_tokens": 3,
+            "logprobs": True,
+            "top_logprobs": 5,
+            **greedy(),
+        },
+    )
+    assert r.status_code == 200, r.text
+    for entry in r.json()["choices"][0]["logprobs"]["content"]:
+        names = [t["token"] for t in entry["top_logprobs"]]
+        assert len(set(names)) == len(names), names
+        assert entry["token"] in names, (entry["token"], names)
