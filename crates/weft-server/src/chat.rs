@@ -31,7 +31,7 @@ pub async fn handle(
     let body = Body::read(body)?;
     let asked = body.get::<String>("model", "a string")?;
     let adapter = state.check_model(asked.as_deref())?;
-    let mut params = GenParams::parse(&body, engine.info().vocab_size)?;
+    let mut params = GenParams::parse(&body, engine.info().vocab_size, 1)?;
     params.adapter = adapter;
     let logprobs = body.flag("logprobs")?;
     let top = body.integer("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
@@ -61,6 +61,7 @@ pub async fn handle(
         seed: params.seed.unwrap_or_else(|| state.random()),
         params: params.clone(),
         arrived,
+        score_prompt: None,
     };
     let prompt_tokens = job.prompts[0].len();
     let rx = respond::start(&state, &engine, job, &id).await?;

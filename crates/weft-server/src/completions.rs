@@ -36,7 +36,8 @@ pub async fn handle(
             "'suffix' (fill-in-the-middle) is not supported by this server.",
         ));
     }
-    let mut params = GenParams::parse(&body, engine.info().vocab_size)?;
+    // `max_tokens` 0 with `echo` and `logprobs` scores a prompt (lm-eval-harness asks so).
+    let mut params = GenParams::parse(&body, engine.info().vocab_size, 0)?;
     params.adapter = adapter;
     params.logprobs = body
         .integer("logprobs", 0, MAX_TOP_LOGPROBS)?
@@ -66,10 +67,13 @@ pub async fn handle(
     let id = state.new_id("cmpl");
     let prompt_tokens = prompts.iter().map(|p| p.0.len()).sum();
     let n = params.n;
+    // A scored prompt's echo comes from the job, with its tokens' log-probabilities.
+    let score_prompt = params.logprobs.filter(|_| echo);
     let echoes: Vec<String> = prompts
         .iter()
         .flat_map(|(_, text)| {
-            std::iter::repeat_n(if echo { text.clone() } else { String::new() }, n)
+            let echoed = echo && score_prompt.is_none();
+            std::iter::repeat_n(if echoed { text.clone() } else { String::new() }, n)
         })
         .collect();
     let job = Job {
@@ -77,6 +81,7 @@ pub async fn handle(
         seed: params.seed.unwrap_or_else(|| state.random()),
         params: params.clone(),
         arrived,
+        score_prompt,
     };
     let rx = respond::start(&state, &engine, job, &id).await?;
     let meta = Meta {
@@ -171,10 +176,15 @@ fn legacy_logprobs(lps: &[TokenLogprob], start: usize) -> Value {
         offsets.push(offset);
         offset += t.text_len;
     }
+    // An echoed prompt's first token has no log-probability (NaN) and no alternatives.
+    let unscored = |t: &TokenLogprob| t.logprob.is_nan();
     json!({
         "tokens": lps.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": lps.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "token_logprobs": lps.iter().map(|t| (!unscored(t)).then_some(t.logprob)).collect::<Vec<_>>(),
         "top_logprobs": lps.iter().map(|t| {
+            if unscored(t) {
+                return Value::Null;
+            }
             let mut m = Map::new();
             for (tok, _, lp) in &t.top {
                 m.entry(tok.clone()).or_insert(json!(lp));

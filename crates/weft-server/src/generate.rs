@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use weft::{Context, Engine, Logits, StopReason};
+use weft::{Context, Distribution, Engine, Logits, Logprob, ProbeHandle, StopReason};
 
 use crate::error::ApiError;
 use crate::params::GenParams;
 use crate::state::State;
-use crate::text::{logprob_entry, Delta, TextTracker};
+use crate::text::{logprob_entry, prompt_logprobs, Delta, PromptScore, TextTracker};
 
 /// What one request runs.
 #[derive(Debug, Clone)]
@@ -26,6 +26,9 @@ pub struct Job {
     pub seed: u64,
     /// When the request arrived (for time-to-first-token).
     pub arrived: Instant,
+    /// Score each prompt (`echo` with `logprobs`): its tokens' log-probabilities with this
+    /// many alternatives each, sent to every choice as the prompt's text before its output.
+    pub score_prompt: Option<usize>,
 }
 
 /// Why a choice ended, in OpenAI's words.
@@ -124,6 +127,9 @@ pub async fn run(state: Arc<State>, engine: Engine, job: Job, tx: mpsc::Sender<E
     }
 }
 
+/// Most prompt tokens a scoring pass runs (its logits: 64 rows, 64 MB for Gemma 3).
+const SCORED_PART: usize = 64;
+
 /// Prefills `prompt` once and runs its choices `first..first + n`.
 async fn run_prompt(
     state: &State,
@@ -137,27 +143,60 @@ async fn run_prompt(
     let n = job.params.n;
     let mut base = engine.context();
     let mut contexts = Vec::with_capacity(n);
-    if n > 1 && prompt.len() > 1 {
-        // Everything but the last prompt token runs once; the choices fork from it and
-        // each runs the last token itself (its logits start the choice).
+    let mut scores = Vec::new();
+    if (n > 1 || job.score_prompt.is_some()) && prompt.len() > 1 {
+        // Everything but the last prompt token runs once (scored where asked: each position
+        // predicts the next prompt token); the choices fork from it and each runs the last
+        // token itself (its logits start the choice).
         let (shared, last) = prompt.split_at(prompt.len() - 1);
-        base.fill_tokens(shared)?;
+        // A scored prompt runs in parts, so that its passes' logits stay small (a row of
+        // Gemma 3's is 1 MB).
+        let part_len = match job.score_prompt {
+            Some(_) => SCORED_PART,
+            None => shared.len(),
+        };
         let mut preempted = None;
-        loop {
-            let ran = tokio::select! {
-                r = base.forward().execute() => r,
-                _ = tx.closed() => return Ok(()),
-            };
-            match ran {
-                Ok(_) => break,
-                Err(e) if e.is_kv_full() => {
-                    let wait = state.preempted(engine, prompt.len());
-                    preempted = tokio::select! {
-                        g = wait => Some(g),
-                        _ = tx.closed() => return Ok(()),
-                    };
+        for (p, part) in shared.chunks(part_len).enumerate() {
+            base.fill_tokens(part)?;
+            loop {
+                let mut pass = base.forward();
+                let probes: Vec<_> = match job.score_prompt {
+                    None => Vec::new(),
+                    Some(k) => (0..part.len())
+                        .map(|i| {
+                            let next = prompt[p * part_len + i + 1];
+                            let own = pass.probe(i, Logprob(next));
+                            let top = (k > 0).then(|| {
+                                pass.probe(
+                                    i,
+                                    Distribution {
+                                        temperature: 1.0,
+                                        k,
+                                    },
+                                )
+                            });
+                            (own, top)
+                        })
+                        .collect(),
+                };
+                let ran = tokio::select! {
+                    r = pass.execute() => r,
+                    _ = tx.closed() => return Ok(()),
+                };
+                match ran {
+                    Ok(out) => {
+                        scores.extend(prompt_scores(&out, &probes));
+                        break;
+                    }
+                    Err(e) if e.is_kv_full() => {
+                        let wait = state.preempted(engine, prompt.len());
+                        preempted = tokio::select! {
+                            g = wait => Some(g),
+                            _ = tx.closed() => return Ok(()),
+                        };
+                    }
+                    Err(e) => return Err(e.into()),
                 }
-                Err(e) => return Err(e.into()),
             }
         }
         drop(preempted);
@@ -174,6 +213,15 @@ async fn run_prompt(
         }
         contexts.insert(0, base);
     }
+    if job.score_prompt.is_some() {
+        let delta = prompt_logprobs(engine.tokenizer(), prompt, &scores);
+        for choice in first..first + n {
+            let delta = delta.clone();
+            if send(tx, Event::Delta { choice, delta }).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
     let choices = contexts
         .iter_mut()
         .enumerate()
@@ -181,6 +229,41 @@ async fn run_prompt(
     // The first failing choice ends the others (and gives their pages back) at once.
     futures_util::future::try_join_all(choices).await?;
     Ok(())
+}
+
+/// Each scored position's log-probability of the next prompt token and its alternatives
+/// (the log of their probabilities at temperature 1, -inf clamped to -9999 as
+/// [`crate::text::logprob_entry`] does).
+fn prompt_scores(
+    out: &weft::ForwardOutput,
+    probes: &[(ProbeHandle<Logprob>, Option<ProbeHandle<Distribution>>)],
+) -> Vec<PromptScore> {
+    let clamp = |v: f32| {
+        if v.is_finite() {
+            v.max(-9999.0)
+        } else {
+            -9999.0
+        }
+    };
+    probes
+        .iter()
+        .map(|&(own, top)| PromptScore {
+            logprob: clamp(
+                out.logprobs(own)
+                    .and_then(|v| v.first().copied())
+                    .unwrap_or(f32::NEG_INFINITY),
+            ),
+            top: top
+                .and_then(|h| out.distribution(h))
+                .map(|(ids, ps)| {
+                    ids.iter()
+                        .zip(ps)
+                        .map(|(&t, &p)| (t, clamp(p.ln())))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+        .collect()
 }
 
 /// Runs one choice on `ctx` (its prompt already filled).

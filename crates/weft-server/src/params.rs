@@ -40,11 +40,13 @@ pub struct GenParams {
 }
 
 impl GenParams {
-    /// Reads the shared fields of `body` for a model with `vocab` tokens.
-    pub fn parse(body: &Body, vocab: usize) -> Result<GenParams, ApiError> {
-        let max_tokens = match body.integer("max_completion_tokens", 1, i64::from(u32::MAX))? {
+    /// Reads the shared fields of `body` for a model with `vocab` tokens; `max_tokens` may
+    /// be as low as `min_max_tokens` (0 where an echoed prompt is an answer in itself).
+    pub fn parse(body: &Body, vocab: usize, min_max_tokens: i64) -> Result<GenParams, ApiError> {
+        let limit = i64::from(u32::MAX);
+        let max_tokens = match body.integer("max_completion_tokens", min_max_tokens, limit)? {
             Some(m) => Some(m),
-            None => body.integer("max_tokens", 1, i64::from(u32::MAX))?,
+            None => body.integer("max_tokens", min_max_tokens, limit)?,
         };
         let n = body.integer("n", 1, MAX_N)?.unwrap_or(1) as usize;
         let temperature = body.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;

@@ -16,6 +16,7 @@ pub struct TokenLogprob {
     pub text_len: usize,
     /// The token's own bytes.
     pub bytes: Vec<u8>,
+    /// NaN for an echoed prompt's first token, which nothing predicted (`null` in JSON).
     pub logprob: f32,
     /// The most likely tokens at this step, most likely first: (text, bytes, logprob).
     pub top: Vec<(String, Vec<u8>, f32)>,
@@ -152,6 +153,48 @@ pub fn token_name(bytes: &[u8]) -> String {
     }
 }
 
+/// Token `id`'s [`token_name`] and bytes (a control token's text rendered).
+fn named_piece(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let mut b = Vec::new();
+    let _ = tok.append_piece(id, true, &mut b);
+    (token_name(&b), b)
+}
+
+/// What a prompt-scoring pass found where token `i + 1` of a prompt was predicted: its
+/// log-probability and the most likely tokens there with theirs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptScore {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// An echoed prompt's text and log-probability entries (`echo` with `logprobs`): the first
+/// token has no log-probability (NaN) and no alternatives, token `i` gets `scores[i - 1]`.
+pub fn prompt_logprobs(tok: &Tokenizer, prompt: &[u32], scores: &[PromptScore]) -> Delta {
+    let mut text = TextTracker::new(Vec::new());
+    for (i, &id) in prompt.iter().enumerate() {
+        let (token, bytes) = named_piece(tok, id);
+        let score = i.checked_sub(1).and_then(|j| scores.get(j));
+        let entry = TokenLogprob {
+            token,
+            text_len: 0,
+            bytes,
+            logprob: score.map_or(f32::NAN, |s| s.logprob),
+            top: score.map_or_else(Vec::new, |s| {
+                s.top
+                    .iter()
+                    .map(|&(t, lp)| {
+                        let (name, bytes) = named_piece(tok, t);
+                        (name, bytes, lp)
+                    })
+                    .collect()
+            }),
+        };
+        text.push(tok, id, Some(entry));
+    }
+    text.finish()
+}
+
 /// The log-probability entry of token `id` from its step's logits: log-softmax of the raw
 /// model output (before temperature, penalties and masks, as OpenAI and vLLM report them),
 /// `-inf` clamped to -9999.
@@ -170,11 +213,7 @@ pub fn logprob_entry(tok: &Tokenizer, logits: &[f32], id: u32, top: usize) -> To
             -9999.0
         }
     };
-    let piece = |id: u32| {
-        let mut b = Vec::new();
-        let _ = tok.append_piece(id, true, &mut b);
-        (token_name(&b), b)
-    };
+    let piece = |id: u32| named_piece(tok, id);
     let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
     if top > 0 {
         for (i, &l) in logits.iter().enumerate() {

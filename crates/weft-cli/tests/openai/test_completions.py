@@ -1,6 +1,10 @@
 """POST /v1/completions: shapes, streaming, prompt forms, echo, legacy logprobs, usage."""
 
-from conftest import finite_logprob, greedy, stream_post, tokenize
+import json
+import os
+import pathlib
+
+from conftest import MODEL, finite_logprob, greedy, stream_post, tokenize
 
 PROMPT = "Once upon a time, in a small village by the sea,"
 PROMPTS = ["The capital of France is", "Water is made of"]
@@ -175,3 +179,74 @@ def test_pieces_of_characters_are_named_by_their_bytes_in_logprobs(http, model):
         names = [t["token"] for t in entry["top_logprobs"]]
         assert len(set(names)) == len(names), names
         assert entry["token"] in names, (entry["token"], names)
+
+
+def reference_greedy() -> list:
+    """llama.cpp's greedy runs of this model (prompt ids, generated ids, top-5 logits a step)."""
+    root = pathlib.Path(__file__).resolve().parents[4]
+    ref = pathlib.Path(os.environ.get("WEFT_REFERENCE_DIR", root.parent / "shared" / "reference"))
+    with open(ref / "greedy.json", encoding="utf-8") as f:
+        cases = json.load(f)["cases"]
+    return [c for c in cases if c["model"] == MODEL.split("-")[0]]
+
+
+def test_an_echoed_prompt_is_scored_as_llama_cpp_scores_it(http, model):
+    """`echo` + `logprobs` + `max_tokens` 0, lm-eval-harness's log-likelihood request, on
+    llama.cpp's prompts followed by its greedy continuations: each continuation token is the most
+    likely where llama.cpp's margin is clear, and the gaps between the top-5 log-probabilities
+    are llama.cpp's gaps between their logits."""
+    cases = reference_greedy()
+    assert cases
+    gaps = []
+    for case in cases:
+        ids = case["prompt_ids"] + case["greedy_ids"]
+        body = {"model": model, "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 5}
+        r = http.post("/v1/completions", json={**body, **greedy()})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        choice, lp = out["choices"][0], out["choices"][0]["logprobs"]
+        assert choice["finish_reason"] == "length" and out["usage"]["completion_tokens"] == 0
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(ids)
+        # Nothing predicts the first token.
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert all(finite_logprob(x) for x in lp["token_logprobs"][1:])
+        offsets = lp["text_offset"]
+        assert offsets == sorted(offsets) and offsets[-1] <= len(choice["text"].encode())
+        start = len(case["prompt_ids"])
+        for s, step in enumerate(case["steps"]):
+            own, top = lp["token_logprobs"][start + s], lp["top_logprobs"][start + s]
+            ours = sorted(top.values(), reverse=True)
+            theirs = [logit for _, logit in step["top5"]]
+            assert len(ours) == 5, top
+            if theirs[0] - theirs[1] >= 0.5:
+                assert abs(own - ours[0]) < 1e-3, (case["prompt"], s, own, top)
+            gaps += [abs((ours[0] - ours[j]) - (theirs[0] - theirs[j])) for j in range(1, 5)]
+    # A long prompt is scored in parts; each position's scores are those of a shorter prompt.
+    ids = (cases[0]["prompt_ids"] + cases[0]["greedy_ids"]) * 5
+    assert len(ids) > 150
+
+    def scored(ids):
+        body = {"model": model, "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 2}
+        return http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+
+    whole, prefix = scored(ids), scored(ids[:40])
+    assert whole["token_logprobs"][:40] == prefix["token_logprobs"]
+    assert whole["top_logprobs"][:40] == prefix["top_logprobs"]
+    mean, worst = sum(gaps) / len(gaps), max(gaps)
+    print(f"{model}: top-5 log-probability gaps vs llama.cpp's logit gaps: mean {mean:.3f}, max {worst:.3f}")
+    # The bounds of the logits themselves (crates/weft-core/tests/greedy_reference.rs).
+    assert mean < 0.24 and worst < 1.3, (mean, worst)
+
+
+def test_echo_with_logprobs_streams_the_scored_prompt_first(http, model):
+    body = {"model": model, "prompt": "The capital of France is", "max_tokens": 4, "echo": True,
+            "logprobs": 2, **greedy()}
+    whole = http.post("/v1/completions", json=body).json()["choices"][0]
+    events = stream_post(http, "/v1/completions", {**body, "stream": True})
+    chunks = [c for c in events if isinstance(c, dict) and c.get("choices")]
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    tokens = [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]]
+    offsets = [o for c in chunks if c["choices"][0]["logprobs"] for o in c["choices"][0]["logprobs"]["text_offset"]]
+    assert text == whole["text"] and text.startswith("The capital of France is")
+    assert tokens == whole["logprobs"]["tokens"]
+    assert offsets == whole["logprobs"]["text_offset"]
