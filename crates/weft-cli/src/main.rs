@@ -45,12 +45,39 @@ enum Command {
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // The reader of the output went away (`weft run ... | head`): stop quietly, as
+        // command-line tools do.
+        Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // `{:#}` prints the whole cause chain on one line, without a backtrace.
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The whole cause chain on one line (as `{:#}` prints it), without a cause that its parent's
+/// message already ends with (an I/O error both shown and kept as the source).
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+/// Whether `e` comes from writing to a pipe whose reader has closed it.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn run() -> anyhow::Result<()> {
@@ -66,6 +93,8 @@ fn run() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
         Command::Serve(args) => commands::serve::run(args),

@@ -29,6 +29,7 @@ impl ModelArg {
 
     /// Opens the model file at an already resolved `path`.
     pub fn open_path(&self, path: &Path) -> anyhow::Result<GgufFile> {
+        weft::ensure_decoder(path)?;
         GgufFile::open(path).with_context(|| format!("cannot load model {}", path.display()))
     }
 }

@@ -230,6 +230,63 @@ fn run_json(args: &[&str]) -> (Vec<u64>, Vec<u64>) {
 }
 
 #[test]
+fn run_reports_what_ran_and_checks_what_it_will_need() {
+    // -n 0: the prompt is echoed, and nothing ran, so no rate.
+    let out = weft(&["run", "-n", "0", "The capital of France is"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        "The capital of France is"
+    );
+    assert!(
+        stderr.contains("prompt: 5 tokens, not run | generated: 0 tokens"),
+        "{stderr}"
+    );
+    // One token: the prompt's pass made it; there is no decode rate to give.
+    let out = weft(
+        &["run", "-n", "1", "--temp", "0", "The capital of France is"],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("generated: 1 tokens"), "{stderr}");
+    assert!(!stderr.contains("generated: 1 tokens,"), "{stderr}");
+    // A session that could not be saved is an error before the generation.
+    let out = weft(
+        &["run", "--save-session", "/no/such/dir/s.bin", "Hello"],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no such directory") && out.stdout.is_empty(),
+        "{stderr}"
+    );
+    // A missing adapter: the OS's reason once.
+    let out = weft(&["run", "--lora", "/no/such/adapter.gguf", "Hello"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
+    // An encoder where a decoder is needed says so.
+    let out = weft(&["tokenize", "-m", "all-minilm-l6-v2"], "Hello");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is an encoder model"), "{stderr}");
+    // A reader that goes away is no error.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["run", "-n", "64", "--temp", "0", "Once upon a time"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run weft");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("error"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn run_takes_one_constraint_and_refuses_two() {
     let args = [
         "run",
@@ -368,6 +425,21 @@ fn embed_prints_one_unit_vector_per_line() {
         assert!((norm - 1.0).abs() < 1e-4, "{norm}");
     }
     assert_ne!(lines[0], lines[1]);
+    // Every token's vector: an array of unit vectors, one per token of the text.
+    let out = weft(&["embed", "--pooling", "none"], "hello world\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tokens: Vec<Vec<f64>> = serde_json::from_slice(&out.stdout).expect("array of arrays");
+    let ids = weft(&["tokenize"], "hello world");
+    let ids: Vec<u32> = serde_json::from_slice(&ids.stdout).expect("ids");
+    assert_eq!(tokens.len(), ids.len());
+    for v in &tokens {
+        let norm: f64 = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!(v.len() == 576 && (norm - 1.0).abs() < 1e-4, "{norm}");
+    }
     let out = weft(&["embed", "--pooling", "median"], "x\n");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

@@ -218,6 +218,20 @@ pub fn open_embedding_model(
     Ok(std::sync::Arc::new(embedder))
 }
 
+/// Refuses a path that holds an encoder (a sentence-transformers folder or its
+/// `model.safetensors`) where a GGUF decoder is needed, with a message that says so (rather
+/// than "not a GGUF file").
+pub fn ensure_decoder(path: &std::path::Path) -> Result<()> {
+    let folder = path.is_dir() || path.extension().is_some_and(|e| e == "safetensors");
+    if folder && !is_gguf(path) {
+        return Err(Error::Config(format!(
+            "{} is an encoder model (safetensors), not a GGUF decoder: it embeds text (weft::Embedder, `weft embed`) but does not generate",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Whether the file at `path` starts with the GGUF magic.
 pub fn is_gguf(path: &std::path::Path) -> bool {
     let mut magic = [0u8; 4];

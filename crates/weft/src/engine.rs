@@ -229,13 +229,7 @@ impl Engine {
 
     /// Loads the GGUF file at `path`.
     pub fn open(path: &Path, config: EngineConfig) -> Result<Engine> {
-        let folder = path.is_dir() || path.extension().is_some_and(|e| e == "safetensors");
-        if folder && !crate::embed::is_gguf(path) {
-            return Err(Error::Config(format!(
-                "{} is an encoder model (safetensors), not a GGUF decoder: it embeds text (weft::Embedder, `weft embed`) but does not generate",
-                path.display()
-            )));
-        }
+        crate::embed::ensure_decoder(path)?;
         let file = Arc::new(GgufFile::open(path)?);
         Engine::build(file, Some(path.to_path_buf()), config, None)
     }

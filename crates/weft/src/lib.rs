@@ -51,7 +51,9 @@ pub use brle::Brle;
 pub use chat::{ChatTemplate, Message};
 pub use constraint::{Constraint, Schema, TokenMask};
 pub use context::Context;
-pub use embed::{is_gguf, open_embedding_model, EmbedOptions, EmbeddingModel, Pooling};
+pub use embed::{
+    ensure_decoder, is_gguf, open_embedding_model, EmbedOptions, EmbeddingModel, Pooling,
+};
 pub use embedder::{Embedder, EmbedderConfig};
 pub use engine::{Engine, EngineConfig, GenerationDefaults, Metrics};
 pub use error::{Error, Result};

@@ -378,6 +378,10 @@ const WARM_UP_TOKENS: usize = 16;
 pub fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.repetitions > 0, "--repetitions must be at least 1");
     anyhow::ensure!(
+        !args.parallel.contains(&0),
+        "--parallel counts sequences: each must be at least 1"
+    );
+    anyhow::ensure!(
         args.n_gen > 0 || args.n_prompt.iter().any(|&p| p > 0),
         "nothing to measure: the prompt lengths (-p) and the generation length (-n) are all 0"
     );

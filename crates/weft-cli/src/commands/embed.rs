@@ -1,5 +1,5 @@
 //! `weft embed -m MODEL [--pooling P] [--no-normalize] [FILE|-]`: one JSON array (the text's
-//! embedding) per input line, computed in batches — through the engine's scheduler for a GGUF
+//! embedding; with `--pooling none` an array of each token's) per input line, computed in batches — through the engine's scheduler for a GGUF
 //! decoder, through the encoder for a sentence-transformers model (`all-minilm-l6-v2`).
 
 use std::io::{BufRead, Write};
@@ -16,7 +16,8 @@ pub struct Args {
     model: ModelArg,
     #[command(flatten)]
     threads: ThreadsArg,
-    /// How token states become one vector: mean, max, last, cls, or none (every token's).
+    /// How token states become one vector: mean, max, last, cls, or none (every token's, as an
+    /// array of arrays).
     /// Default: the model's own (an encoder's pooling config), else mean.
     #[arg(long)]
     pooling: Option<String>,
@@ -57,7 +58,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut flush = |lines: &mut Vec<String>| -> anyhow::Result<()> {
         let texts: Vec<&str> = lines.iter().map(String::as_str).collect();
         for v in model.embed_texts(&texts, opts)? {
-            writeln!(out, "{}", serde_json::to_string(&v)?)?;
+            let line = match opts.pooling {
+                // Every token's vector: one array of arrays a line.
+                Pooling::None => {
+                    let rows: Vec<&[f32]> = v.chunks(model.dimensions().max(1)).collect();
+                    serde_json::to_string(&rows)?
+                }
+                _ => serde_json::to_string(&v)?,
+            };
+            writeln!(out, "{line}")?;
         }
         lines.clear();
         Ok(())

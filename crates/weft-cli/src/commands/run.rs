@@ -105,6 +105,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.sampling.seed.is_some() || args.load_session.is_none() {
         ctx.set_seed(seed);
     }
+    // A session that cannot be saved is found out before the generation, not after it.
+    if let Some(f) = &args.save_session {
+        let dir = f.parent().filter(|d| !d.as_os_str().is_empty());
+        anyhow::ensure!(
+            dir.is_none_or(std::path::Path::is_dir),
+            "cannot save the session to {}: no such directory",
+            f.display()
+        );
+    }
     let prompt_ids = ctx.pending().to_vec();
     anyhow::ensure!(
         !prompt_ids.is_empty() || !ctx.is_empty(),
@@ -162,6 +171,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             out.flush()?;
         }
     }
+    if !args.json && t_prompt.is_none() {
+        // Nothing ran (`-n 0`): the prompt is still the output's start.
+        write!(out, "{}", args.prompt)?;
+    }
     let total = t0.elapsed();
     let ids = g.tokens().to_vec();
     let context_full = max_tokens < args.n_predict && ids.len() >= max_tokens;
@@ -172,6 +185,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         writeln!(out, "{}", stream.finish())?;
     }
+    let ran = t_prompt.is_some();
     let t_prompt = t_prompt.unwrap_or(total);
     let t_gen = total.saturating_sub(t_prompt).as_secs_f64();
     // A greedy generation draws no random number: its seed means nothing.
@@ -204,12 +218,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             engine.n_ctx()
         );
     }
+    // The prompt's pass gives the first token; the decode rate counts the ones after it.
+    let prompt_rate = match ran {
+        true => format!(
+            ", {:.1} tokens/s",
+            prompt_ids.len() as f64 / t_prompt.as_secs_f64().max(1e-9)
+        ),
+        false => ", not run".to_string(),
+    };
+    let gen_rate = match ids.len() {
+        0 | 1 => String::new(),
+        n => format!(", {:.1} tokens/s", (n - 1) as f64 / t_gen.max(1e-9)),
+    };
     eprintln!(
-        "\nprompt: {} tokens{session_note}, {:.1} tokens/s | generated: {} tokens, {:.1} tokens/s{seed_note}{spec_note}",
+        "\nprompt: {} tokens{session_note}{prompt_rate} | generated: {} tokens{gen_rate}{seed_note}{spec_note}",
         prompt_ids.len(),
-        prompt_ids.len() as f64 / t_prompt.as_secs_f64().max(1e-9),
         ids.len(),
-        ids.len().saturating_sub(1) as f64 / t_gen.max(1e-9),
     );
     Ok(())
 }
