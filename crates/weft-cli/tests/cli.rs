@@ -111,6 +111,19 @@ fn bad_models_are_clear_errors_not_panics() {
     }
 }
 
+#[test]
+fn serve_refuses_settings_that_would_lock_out_every_request() {
+    for (args, needle) in [
+        (&["--api-key", ""][..], "--api-key is empty"),
+        (&["--max-body-mib", "0"][..], "--max-body-mib must be at least 1"),
+    ] {
+        let out = weft(&[&["serve", "--port", "0"][..], args].concat(), "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
 /// Runs `weft serve -m MODEL` on a free port and waits (at most a minute) for it to exit.
 fn serve_until_exit(model: &str) -> (std::process::ExitStatus, String) {
     use std::process::Stdio;

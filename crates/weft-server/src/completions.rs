@@ -30,6 +30,19 @@ pub async fn handle(
     let body = Body::read(body)?;
     let asked = body.get::<String>("model", "a string")?;
     let adapter = state.check_model(asked.as_deref())?;
+    // `best_of` beyond the choices returned would need ranking by log-probability, which
+    // this server does not do: refused rather than ignored.
+    if let Some(best_of) = body.integer("best_of", 1, MAX_N)? {
+        let n = body.integer("n", 1, MAX_N)?.unwrap_or(1);
+        if best_of != n {
+            return Err(ApiError::param(
+                "best_of",
+                format!(
+                    "'best_of' ({best_of}) other than 'n' ({n}) is not supported by this server."
+                ),
+            ));
+        }
+    }
     if body.raw("suffix").is_some() {
         return Err(ApiError::param(
             "suffix",
@@ -140,9 +153,9 @@ fn prompts(body: &Body, engine: &weft::Engine) -> Result<Vec<(Vec<u32>, String)>
             Value::String(_) => a
                 .iter()
                 .map(|v| {
-                    v.as_str()
-                        .map(from_text)
-                        .ok_or_else(|| bad("A list of prompts must hold only strings."))
+                    v.as_str().map(from_text).ok_or_else(|| {
+                        bad("A list of prompts must be all strings or all lists of token ids.")
+                    })
                 })
                 .collect::<Result<_, _>>()?,
             Value::Number(_) => vec![from_ids(a)?],
@@ -150,7 +163,9 @@ fn prompts(body: &Body, engine: &weft::Engine) -> Result<Vec<(Vec<u32>, String)>
                 .iter()
                 .map(|v| match v {
                     Value::Array(ids) => from_ids(ids),
-                    _ => Err(bad("A list of token-id prompts must hold only lists.")),
+                    _ => Err(bad(
+                        "A list of prompts must be all strings or all lists of token ids.",
+                    )),
                 })
                 .collect::<Result<_, _>>()?,
             _ => {

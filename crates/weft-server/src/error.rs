@@ -130,7 +130,12 @@ impl ApiError {
         let mut e = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_exceeded",
-            format!("The server is busy: {max_queue} requests are already waiting. Retry later."),
+            match max_queue {
+                0 => "The server is busy and keeps no requests waiting. Retry later.".to_string(),
+                _ => format!(
+                    "The server is busy: {max_queue} requests are already waiting. Retry later."
+                ),
+            },
         );
         e.code = Some("queue_full");
         e

@@ -122,8 +122,10 @@ async fn auth(Extract(state): Extract<Arc<State>>, req: Request, next: Next) -> 
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+            // The scheme's name is case-insensitive (RFC 7235).
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim());
         if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
             return ApiError::unauthorized().into_response();
         }

@@ -243,6 +243,11 @@ fn bad_requests_get_openai_errors_naming_the_parameter() {
             assert!(message.len() < 80, "{message}");
             assert!(message.contains("'top_p'"), "{message}");
         }
+        let (st, v) = post(&s, "/v1/completions", json!({"prompt": "x", "best_of": 3})).await;
+        assert_eq!(
+            (st, error_shape(&v).0),
+            (StatusCode::BAD_REQUEST, json!("best_of"))
+        );
         let (st, v) = post(&s, "/v1/completions", json!({"prompt": "x", "suffix": "y"})).await;
         assert_eq!(st, StatusCode::BAD_REQUEST);
         assert_eq!(error_shape(&v).0, "suffix");
@@ -313,6 +318,22 @@ fn api_key_guards_the_api_but_not_health_or_models() {
         assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
         let bytes = resp.into_body().collect().await.expect("body").to_bytes();
         error_shape(&serde_json::from_slice(&bytes).expect("json"));
+        // The scheme's name in any case; a key given without it is not one.
+        for (header, want) in [
+            ("bearer sesame", StatusCode::OK),
+            ("BEARER sesame", StatusCode::OK),
+            ("sesame", StatusCode::UNAUTHORIZED),
+            ("Basic sesame", StatusCode::UNAUTHORIZED),
+        ] {
+            let req = Request::builder()
+                .method("POST")
+                .uri("/tokenize")
+                .header("authorization", header)
+                .body(Body::from(json!({"content": "x"}).to_string()))
+                .expect("request");
+            let resp = router(s.clone()).oneshot(req).await.expect("infallible");
+            assert_eq!(resp.status(), want, "{header}");
+        }
     });
 }
 

@@ -69,7 +69,11 @@ fn parse_lora(s: &str) -> Result<(String, std::path::PathBuf), String> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let api_key = match (&args.api_key, &args.api_key_file) {
-        (Some(k), _) => Some(k.clone()),
+        (Some(k), _) => {
+            // An empty key would lock every client out.
+            anyhow::ensure!(!k.trim().is_empty(), "--api-key is empty");
+            Some(k.clone())
+        }
         (None, Some(f)) => {
             let text = std::fs::read_to_string(f)
                 .with_context(|| format!("cannot read the API key file {}", f.display()))?;
@@ -80,6 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, None) => None,
     };
     anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
+    anyhow::ensure!(args.max_body_mib >= 1, "--max-body-mib must be at least 1");
     if let Some(k) = args.kv_tokens {
         anyhow::ensure!(k >= 32, "--kv-tokens must be at least 32");
     }
@@ -93,7 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         api_key,
         parallel: args.parallel,
         max_queue: args.max_queue,
-        body_limit: args.max_body_mib.max(1) << 20,
+        body_limit: args.max_body_mib << 20,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
