@@ -115,7 +115,10 @@ fn bad_models_are_clear_errors_not_panics() {
 fn serve_refuses_settings_that_would_lock_out_every_request() {
     for (args, needle) in [
         (&["--api-key", ""][..], "--api-key is empty"),
-        (&["--max-body-mib", "0"][..], "--max-body-mib must be at least 1"),
+        (
+            &["--max-body-mib", "0"][..],
+            "--max-body-mib must be at least 1",
+        ),
     ] {
         let out = weft(&[&["serve", "--port", "0"][..], args].concat(), "");
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -147,7 +147,12 @@ pub struct Generation {
 }
 
 impl Generation {
-    pub fn start(lease: Lease, opts: GenOptions) -> PyResult<Generation> {
+    pub fn start(mut lease: Lease, opts: GenOptions) -> PyResult<Generation> {
+        // An invalid constraint raises here, where `generate` is called, not at the first
+        // delta (the check compiles it once more; the server does the same).
+        if let Some(schema) = &opts.schema {
+            weft::constraint::compile(lease.ctx().engine(), schema).map_err(to_py)?;
+        }
         let progress = Arc::new(Mutex::new(Progress::default()));
         let record = progress.clone();
         let deltas = async_stream::stream! {

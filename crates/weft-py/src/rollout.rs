@@ -25,11 +25,13 @@ pub struct Rollout {
 
 #[pymethods]
 impl Rollout {
-    fn __repr__(&self) -> String {
-        format!(
-            "weft.Rollout(text={:?}, stop_reason={:?})",
-            self.text, self.stop_reason
-        )
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let text = pyo3::types::PyString::new(py, &self.text).repr()?;
+        let reason = match &self.stop_reason {
+            Some(r) => pyo3::types::PyString::new(py, r).repr()?.to_string(),
+            None => "None".to_string(),
+        };
+        Ok(format!("weft.Rollout(text={text}, stop_reason={reason})"))
     }
 }
 

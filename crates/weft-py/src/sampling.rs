@@ -12,8 +12,49 @@ pub struct Sampler {
 
 #[pymethods]
 impl Sampler {
+    /// The constructor call that makes it: `weft.TopP(p=0.9, temperature=0.7)`.
     fn __repr__(&self) -> String {
-        format!("{:?}", self.inner)
+        use weft::Sampler as S;
+        match self.inner {
+            S::Argmax => "weft.Argmax()".into(),
+            S::Temperature { temperature } => format!("weft.Temperature({temperature:?})"),
+            S::TopK { k, temperature } => format!("weft.TopK({k}, temperature={temperature:?})"),
+            S::TopP { p, temperature } => format!("weft.TopP({p:?}, temperature={temperature:?})"),
+            S::MinP { p, temperature } => format!("weft.MinP({p:?}, temperature={temperature:?})"),
+            S::Chain {
+                k,
+                p,
+                min_p,
+                temperature,
+            } => format!(
+                "weft.Chain(top_k={k}, top_p={p:?}, min_p={min_p:?}, temperature={temperature:?})"
+            ),
+            ref other => format!("weft.Sampler({other:?})"),
+        }
+    }
+}
+
+/// A constructor's value, checked before the object exists.
+trait Checked {
+    fn checked(self) -> PyResult<Self>
+    where
+        Self: Sized;
+}
+
+impl Checked for weft::Sampler {
+    /// The library's ranges (temperature >= 0, top-p in (0, 1], ...), so `weft.TopP(2.0)`
+    /// raises `InvalidSampler` where it is written, not at the first generation.
+    fn checked(self) -> PyResult<Self> {
+        match self.validate(usize::MAX) {
+            Ok(()) => Ok(self),
+            Err(e) => Err(crate::errors::to_py(weft::Error::Sampler(e))),
+        }
+    }
+}
+
+impl Checked for ProbeKind {
+    fn checked(self) -> PyResult<Self> {
+        Ok(self)
     }
 }
 
@@ -29,8 +70,9 @@ macro_rules! subclass {
         impl $name {
             #[new]
             #[pyo3(signature = $sig)]
-            fn new($($arg: $ty),*) -> PyClassInitializer<Self> {
-                PyClassInitializer::from($base { $field: $make }).add_subclass($name)
+            fn new($($arg: $ty),*) -> PyResult<PyClassInitializer<Self>> {
+                let $field = Checked::checked($make)?;
+                Ok(PyClassInitializer::from($base { $field }).add_subclass($name))
             }
         }
     };
@@ -102,8 +144,18 @@ pub struct Probe {
 
 #[pymethods]
 impl Probe {
+    /// The constructor call that makes it: `weft.Distribution(temperature=1.0, k=5)`.
     fn __repr__(&self) -> String {
-        format!("{:?}", self.kind)
+        match &self.kind {
+            ProbeKind::Logits => "weft.Logits()".into(),
+            ProbeKind::Distribution { temperature, k } => {
+                format!("weft.Distribution(temperature={temperature:?}, k={k})")
+            }
+            ProbeKind::Logprob(id) => format!("weft.Logprob({id})"),
+            ProbeKind::Logprobs(ids) => format!("weft.Logprobs({ids:?})"),
+            ProbeKind::Entropy => "weft.Entropy()".into(),
+            ProbeKind::Hidden => "weft.Hidden()".into(),
+        }
     }
 }
 

@@ -408,6 +408,10 @@ impl Engine {
 
     /// The text of `ids` (control tokens are not rendered).
     pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
+        let vocab_size = self.info().vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(Error::TokenOutOfVocab { id, vocab_size });
+        }
         Ok(self.inner.tokenizer.decode(ids)?)
     }
 

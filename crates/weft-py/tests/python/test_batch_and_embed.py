@@ -12,6 +12,7 @@ def test_generate_batch_equals_single_generations(smollm2):
     for r, p in zip(rollouts, PROMPTS):
         assert r.prompt_tokens == smollm2.tokenize(p)
         assert r.sequence[: len(r.prompt_tokens)] == r.prompt_tokens
+        assert repr(r) == f"weft.Rollout(text={r.text!r}, stop_reason={r.stop_reason!r})"
 
 
 def test_generate_batch_padded_arrays(smollm2):

@@ -46,13 +46,21 @@ def test_a_context_length_past_the_cache_grows_the_cache():
 def test_invalid_sampler_grammar_and_tokens(smollm2):
     ctx = smollm2.context()
     ctx.fill("Hello")
+    # Raised where they are written: the sampler's constructor, the `generate` call.
     with pytest.raises(weft.InvalidSampler, match="top-p must be in"):
-        ctx.generate(weft.TopP(1.5), max_tokens=4).text()
+        weft.TopP(1.5)
+    with pytest.raises(weft.InvalidSampler):
+        weft.Temperature(-1.0)
     with pytest.raises(weft.GrammarError):
-        ctx.generate(weft.Argmax(), regex="(unclosed").text()
+        ctx.generate(weft.Argmax(), regex="(unclosed")
+    # The context is free again after the refused call.
+    assert ctx.generate(weft.Argmax(), max_tokens=1).tokens()
     with pytest.raises(weft.TokenOutOfVocab, match="not in the vocabulary"):
         ctx.fill_tokens([10**9])
-        ctx.generate(weft.Argmax(), max_tokens=1).text()
+    with pytest.raises(weft.TokenOutOfVocab, match="not in the vocabulary"):
+        smollm2.detokenize([10**9])
+    assert repr(weft.TopP(0.9, temperature=0.7)) == "weft.TopP(0.9, temperature=0.7)"
+    assert repr(weft.Distribution(k=5)) == "weft.Distribution(temperature=1.0, k=5)"
     with pytest.raises(weft.TruncateTooLong):
         smollm2.context().truncate(5)
 
