@@ -14,7 +14,7 @@ use weft::{Context, Distribution, Engine, Logits, Logprob, ProbeHandle, StopReas
 use crate::error::ApiError;
 use crate::params::GenParams;
 use crate::state::State;
-use crate::text::{logprob_entry, prompt_logprobs, Delta, PromptScore, TextTracker};
+use crate::text::{clamp_logprob, logprob_entry, prompt_logprobs, Delta, PromptScore, TextTracker};
 
 /// What one request runs.
 #[derive(Debug, Clone)]
@@ -160,25 +160,11 @@ async fn run_prompt(
             base.fill_tokens(part)?;
             loop {
                 let mut pass = base.forward();
-                let probes: Vec<_> = match job.score_prompt {
-                    None => Vec::new(),
-                    Some(k) => (0..part.len())
-                        .map(|i| {
-                            let next = prompt[p * part_len + i + 1];
-                            let own = pass.probe(i, Logprob(next));
-                            let top = (k > 0).then(|| {
-                                pass.probe(
-                                    i,
-                                    Distribution {
-                                        temperature: 1.0,
-                                        k,
-                                    },
-                                )
-                            });
-                            (own, top)
-                        })
-                        .collect(),
-                };
+                // Position i of the part predicts the prompt's next token.
+                let next = &prompt[p * part_len + 1..][..part.len()];
+                let probes = job
+                    .score_prompt
+                    .map_or_else(Vec::new, |k| scoring_probes(&mut pass, next, k));
                 let ran = tokio::select! {
                     r = pass.execute() => r,
                     _ = tx.closed() => return Ok(()),
@@ -231,24 +217,33 @@ async fn run_prompt(
     Ok(())
 }
 
-/// Each scored position's log-probability of the next prompt token and its alternatives
-/// (the log of their probabilities at temperature 1, -inf clamped to -9999 as
-/// [`crate::text::logprob_entry`] does).
-fn prompt_scores(
-    out: &weft::ForwardOutput,
-    probes: &[(ProbeHandle<Logprob>, Option<ProbeHandle<Distribution>>)],
-) -> Vec<PromptScore> {
-    let clamp = |v: f32| {
-        if v.is_finite() {
-            v.max(-9999.0)
-        } else {
-            -9999.0
-        }
+/// A scoring pass's probes: at each position, the log-probability of the token `next` holds
+/// for it and, for `k` > 0, the `k` most likely tokens there.
+type ScoringProbes = Vec<(ProbeHandle<Logprob>, Option<ProbeHandle<Distribution>>)>;
+
+fn scoring_probes(pass: &mut weft::Forward<'_>, next: &[u32], k: usize) -> ScoringProbes {
+    let top = Distribution {
+        temperature: 1.0,
+        k,
     };
+    next.iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            (
+                pass.probe(i, Logprob(t)),
+                (k > 0).then(|| pass.probe(i, top)),
+            )
+        })
+        .collect()
+}
+
+/// What the probes found: each position's log-probability of the next prompt token and its
+/// alternatives' (the log of their probabilities at temperature 1).
+fn prompt_scores(out: &weft::ForwardOutput, probes: &ScoringProbes) -> Vec<PromptScore> {
     probes
         .iter()
         .map(|&(own, top)| PromptScore {
-            logprob: clamp(
+            logprob: clamp_logprob(
                 out.logprobs(own)
                     .and_then(|v| v.first().copied())
                     .unwrap_or(f32::NEG_INFINITY),
@@ -256,10 +251,8 @@ fn prompt_scores(
             top: top
                 .and_then(|h| out.distribution(h))
                 .map(|(ids, ps)| {
-                    ids.iter()
-                        .zip(ps)
-                        .map(|(&t, &p)| (t, clamp(p.ln())))
-                        .collect()
+                    let lps = ps.iter().map(|p| clamp_logprob(p.ln()));
+                    ids.iter().copied().zip(lps).collect()
                 })
                 .unwrap_or_default(),
         })

@@ -195,6 +195,15 @@ pub fn prompt_logprobs(tok: &Tokenizer, prompt: &[u32], scores: &[PromptScore]) 
     text.finish()
 }
 
+/// A log-probability as the API reports it: `-inf` (and NaN) as -9999.
+pub fn clamp_logprob(v: f32) -> f32 {
+    if v.is_finite() {
+        v.max(-9999.0)
+    } else {
+        -9999.0
+    }
+}
+
 /// The log-probability entry of token `id` from its step's logits: log-softmax of the raw
 /// model output (before temperature, penalties and masks, as OpenAI and vLLM report them),
 /// `-inf` clamped to -9999.
@@ -205,14 +214,7 @@ pub fn logprob_entry(tok: &Tokenizer, logits: &[f32], id: u32, top: usize) -> To
         .map(|&l| f64::from(l - max).exp())
         .sum::<f64>();
     let lse = f64::from(max) + sum.ln();
-    let lp = |l: f32| {
-        let v = (f64::from(l) - lse) as f32;
-        if v.is_finite() {
-            v.max(-9999.0)
-        } else {
-            -9999.0
-        }
-    };
+    let lp = |l: f32| clamp_logprob((f64::from(l) - lse) as f32);
     let piece = |id: u32| named_piece(tok, id);
     let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
     if top > 0 {

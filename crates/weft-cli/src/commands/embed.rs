@@ -1,6 +1,7 @@
 //! `weft embed -m MODEL [--pooling P] [--no-normalize] [FILE|-]`: one JSON array (the text's
-//! embedding; with `--pooling none` an array of each token's) per input line, computed in batches — through the engine's scheduler for a GGUF
-//! decoder, through the encoder for a sentence-transformers model (`all-minilm-l6-v2`).
+//! embedding; with `--pooling none` an array of each token's) per input line, computed in
+//! batches — through the engine's scheduler for a GGUF decoder, through the encoder for a
+//! sentence-transformers model (`all-minilm-l6-v2`).
 
 use std::io::{BufRead, Write};
 use std::sync::Arc;
