@@ -267,6 +267,16 @@ fn run_reports_what_ran_and_checks_what_it_will_need() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("generated: 1 tokens"), "{stderr}");
     assert!(!stderr.contains("generated: 1 tokens,"), "{stderr}");
+    // `-` reads the prompt from standard input: the same output as the argument.
+    let args = ["run", "-n", "6", "--temp", "0", "--json"];
+    let given = weft(&[&args[..], &["The capital of France is"]].concat(), "");
+    let piped = weft(&[&args[..], &["-"]].concat(), "The capital of France is");
+    assert!(
+        piped.status.success(),
+        "{}",
+        String::from_utf8_lossy(&piped.stderr)
+    );
+    assert_eq!(given.stdout, piped.stdout);
     // A session that could not be saved is an error before the generation.
     let out = weft(
         &["run", "--save-session", "/no/such/dir/s.bin", "Hello"],

@@ -54,7 +54,7 @@ pub struct Args {
     /// (repeatable; the adapters' deltas add up).
     #[arg(long, value_name = "PATH[:SCALE]", value_parser = parse_lora)]
     lora: Vec<(std::path::PathBuf, f32)>,
-    /// The prompt, used as is (no chat template).
+    /// The prompt, used as is (no chat template); `-` reads it from standard input.
     #[arg(default_value = "")]
     prompt: String,
 }
@@ -86,7 +86,13 @@ impl Args {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    if args.prompt == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("cannot read the prompt from standard input")?;
+        args.prompt = text;
+    }
     let schemas = args.schemas()?;
     let sampler = args.sampling.sampler()?;
     let penalties = args.sampling.penalties()?;
