@@ -112,6 +112,36 @@ fn a_generation_ended_early_keeps_its_last_token_and_goes_on_as_if_never_stopped
 }
 
 #[test]
+fn a_pass_whose_mask_allows_no_token_leaves_context_and_cache_as_it_found_them() {
+    let engine = common::engine_with("smollm2-135m", config());
+    let vocab = engine.info().vocab_size;
+    let prompt = engine.tokenize("The capital of France is");
+    let paris = engine.tokenize(" Paris")[0];
+    let mut reference = engine.context();
+    reference.fill_tokens(&prompt).expect("fill");
+    reference.fill_tokens(&[paris]).expect("fill");
+    let want = block_on(reference.flush_logits()).expect("reference");
+
+    let mut ctx = engine.context();
+    ctx.fill_tokens(&prompt).expect("fill");
+    block_on(ctx.flush_logits()).expect("prompt");
+    // The model runs the token before the sampler finds nothing allowed.
+    let mut fwd = ctx.forward();
+    fwd.input(&[paris]);
+    fwd.sample(&[0], Sampler::Argmax);
+    fwd.mask(weft::Brle::all(vocab, false));
+    let failed = block_on(fwd.execute());
+    assert!(matches!(failed, Err(Error::NothingAllowed)), "{failed:?}");
+    assert_eq!(ctx.len(), prompt.len());
+    // The same token again: the logits of a context that never saw the failed pass.
+    let got = block_on(ctx.decode(paris)).expect("decode");
+    assert_eq!(got, want);
+    ctx.snapshot().expect("context and cache agree");
+    drop((ctx, reference));
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
+#[test]
 fn engine_defaults_apply_to_generators_that_set_nothing() {
     let defaults = GenerationDefaults {
         sampler: Sampler::TopK {

@@ -368,6 +368,7 @@ impl Shared {
             if together.is_ok() {
                 ran.extend_from_slice(&chosen);
                 advance(&runner, active, &chosen);
+                unrun_failed(&mut runner, active, &chosen);
             } else if chosen.len() == 1 {
                 if let Err(e) = together {
                     fail(&mut runner, &mut active[chosen[0].0], e);
@@ -383,6 +384,7 @@ impl Shared {
                         Ok(()) => {
                             ran.push(c);
                             advance(&runner, active, &[c]);
+                            unrun_failed(&mut runner, active, &[c]);
                         }
                         Err(e) => fail(&mut runner, &mut active[c.0], e),
                     }
@@ -482,12 +484,28 @@ impl Shared {
 /// Fails a pass; tokens it ran in earlier steps (chunked prefill) leave the cache too, so the
 /// sequence is back where the pass found it.
 fn fail(runner: &mut ModelRunner, a: &mut Active, e: Error) {
+    unrun(runner, a);
+    a.outcome = Some(Err(e));
+}
+
+/// Takes the tokens a pass ran out of its sequence's cache.
+fn unrun(runner: &mut ModelRunner, a: &Active) {
     if a.done > 0 {
         if let Ok(len) = runner.kv().len(a.req.seq) {
             let _ = runner.truncate(a.req.seq, len.saturating_sub(a.done));
         }
     }
-    a.outcome = Some(Err(e));
+}
+
+/// Passes of `chosen` whose outcome failed after the model ran them (a logit mask that
+/// allows no token) leave the cache as a failed forward does: the context rolls back, and
+/// the cache must not keep what the context forgot.
+fn unrun_failed(runner: &mut ModelRunner, active: &[Active], chosen: &[(usize, usize, usize)]) {
+    for &(i, _, _) in chosen {
+        if matches!(active[i].outcome, Some(Err(_))) {
+            unrun(runner, &active[i]);
+        }
+    }
 }
 
 impl Active {
