@@ -58,6 +58,27 @@ fn greedy_with_the_ngram_drafter_equals_greedy_without_it() {
 }
 
 #[test]
+fn a_generation_stopped_on_a_draft_leaves_its_context_as_without_drafts() {
+    let engine = engine("smollm2-135m");
+    let prompt = "List the numbers: one, two, three, four, five, six, seven, eight, nine, ten. \
+                  Again: one, two, three, four,";
+    for stop in [" six,", " seven", " nine"] {
+        let run = |speculate: bool| {
+            let mut ctx = engine.context();
+            ctx.fill(prompt).expect("fill");
+            let g = ctx.generate(Sampler::Argmax).max_tokens(40).stop_string(stop);
+            let g = if speculate { g.system_speculation() } else { g };
+            let text = block_on(g.collect_text()).expect("generate");
+            (text, ctx.tokens().to_vec(), ctx.pending().to_vec())
+        };
+        let (plain, fast) = (run(false), run(true));
+        assert_eq!(fast, plain, "stop {stop:?}: the context differs with drafts");
+        assert_eq!(plain.2.len(), 1, "the last token waits in the pending buffer");
+    }
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
+#[test]
 fn greedy_speculation_accepts_drafts_when_the_output_copies_the_input() {
     let engine = engine("smollm2-135m");
     let code = "fn add(a: i32, b: i32) -> i32 {\n    let sum = a + b;\n    println!(\"{}\", sum);\n    sum\n}\n";

@@ -210,6 +210,11 @@ fn settle_draft(gen: &mut Generator<'_>, draft: &[u32], chosen: &[u32]) -> Resul
         let n = gen.ctx.len() - (m - taken);
         gen.ctx.truncate_keep_pending(n)?;
     }
+    if gen.is_done() && (1..=m).contains(&taken) {
+        // The stop fell on a draft token the pass ran: it leaves the cache for the pending
+        // buffer, where a generation without drafts leaves its last token.
+        gen.ctx.unrun_last()?;
+    }
     accepted.truncate(taken);
     Ok(accepted)
 }
