@@ -133,6 +133,7 @@ pub fn reason_name(r: &weft::StopReason) -> &'static str {
         weft::StopReason::StopString(_) => "stop_string",
         weft::StopReason::Constraint => "constraint",
         weft::StopReason::Ended => "closed",
+        weft::StopReason::ContextFull => "context_full",
         _ => "error",
     }
 }
@@ -319,7 +320,7 @@ impl Generation {
     }
 
     /// Why it stopped: "max_tokens", "stop_token", "stop_sequence", "stop_string",
-    /// "constraint", "closed", or None while it runs.
+    /// "constraint", "context_full", "closed", or None while it runs.
     #[getter]
     fn stop_reason(&self) -> Option<&'static str> {
         self.progress().stop_reason

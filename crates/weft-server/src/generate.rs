@@ -356,7 +356,7 @@ async fn run_choice(
         }
     }
     let finish = match gen.stop_reason() {
-        Some(StopReason::MaxTokens) => Finish::Length,
+        Some(StopReason::MaxTokens | StopReason::ContextFull) => Finish::Length,
         _ => Finish::Stop,
     };
     let tokens = gen.tokens_generated();

@@ -142,6 +142,35 @@ fn a_pass_whose_mask_allows_no_token_leaves_context_and_cache_as_it_found_them()
 }
 
 #[test]
+fn a_generation_that_fills_the_context_stops_there_with_its_output() {
+    let engine = common::engine_with(
+        "smollm2-135m",
+        EngineConfig {
+            n_ctx: Some(64),
+            ..config()
+        },
+    );
+    let mut ctx = engine.context();
+    ctx.fill("Once upon a time, in a small village by the sea, there lived")
+        .expect("fill");
+    let prompt = ctx.pending().len();
+    let mut gen = ctx.generate(Sampler::Argmax).max_tokens(100).ignore_eos();
+    let text = block_on(gen.next_text()).expect("first delta");
+    assert!(text.is_some());
+    while block_on(gen.next_text()).expect("no error at the end of the context").is_some() {}
+    assert_eq!(gen.stop_reason(), Some(&StopReason::ContextFull));
+    // Every position holds a token; the last one generated waits, pending, for room.
+    let made = gen.tokens().len();
+    assert_eq!(prompt + made, 64 + 1);
+    assert_eq!((ctx.len(), ctx.pending().len()), (64, 1));
+    // A prompt that does not fit at all is still an error.
+    let mut ctx = engine.context();
+    ctx.fill(&"word ".repeat(80)).expect("fill");
+    let failed = block_on(ctx.generate(Sampler::Argmax).max_tokens(4).collect_tokens());
+    assert!(matches!(failed, Err(Error::ContextTooLong { .. })), "{failed:?}");
+}
+
+#[test]
 fn engine_defaults_apply_to_generators_that_set_nothing() {
     let defaults = GenerationDefaults {
         sampler: Sampler::TopK {

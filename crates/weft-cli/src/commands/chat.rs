@@ -342,6 +342,7 @@ impl Chat {
         }
         Ok(match g.stop_reason() {
             Some(StopReason::MaxTokens) if room < self.n_predict => Ending::ContextFull(n_ctx),
+            Some(StopReason::ContextFull) => Ending::ContextFull(n_ctx),
             Some(StopReason::MaxTokens) => Ending::Cut,
             _ => Ending::Done,
         })

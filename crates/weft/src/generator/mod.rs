@@ -34,6 +34,9 @@ pub enum StopReason {
     Error,
     /// The caller ended it early with [`Generator::end`].
     Ended,
+    /// The context is full: the next token would not fit in the engine's `n_ctx` (it is left
+    /// pending, as a stop rule leaves the last token).
+    ContextFull,
 }
 
 /// A multi-step generation loop over a [`Context`].
@@ -431,6 +434,15 @@ impl<'c> Generator<'c> {
         }
         if self.stopped.is_none() && self.generated.len() >= self.stop.max_tokens {
             self.finish(StopReason::MaxTokens);
+        }
+        // A generation that has filled the context stops there, keeping what it made; a
+        // prompt that does not fit stays an error (`ContextTooLong`) from the pass.
+        let next_len = self.ctx.len() + self.ctx.pending().len() + self.next_input.len();
+        if self.stopped.is_none()
+            && !self.generated.is_empty()
+            && next_len > self.ctx.engine().n_ctx()
+        {
+            self.finish(StopReason::ContextFull);
         }
         if self.stopped.is_some() {
             return Ok(None);
