@@ -255,12 +255,19 @@ impl Context {
         pending: Vec<u32>,
         rng: Rng,
         generator: Option<String>,
+        custom_attention: bool,
     ) {
         self.tokens = tokens;
         self.positions = positions;
         self.pending = pending;
         self.rng = rng;
         self.saved_generator = generator;
+        self.custom_attention = custom_attention;
+    }
+
+    /// Whether tokens of this context ran under custom attention masks.
+    pub(crate) fn ran_custom_attention(&self) -> bool {
+        self.custom_attention
     }
 
     /// Takes the generator saved in the snapshot this context was resumed from.

@@ -157,7 +157,10 @@ fn a_generation_that_fills_the_context_stops_there_with_its_output() {
     let mut gen = ctx.generate(Sampler::Argmax).max_tokens(100).ignore_eos();
     let text = block_on(gen.next_text()).expect("first delta");
     assert!(text.is_some());
-    while block_on(gen.next_text()).expect("no error at the end of the context").is_some() {}
+    while block_on(gen.next_text())
+        .expect("no error at the end of the context")
+        .is_some()
+    {}
     assert_eq!(gen.stop_reason(), Some(&StopReason::ContextFull));
     // Every position holds a token; the last one generated waits, pending, for room.
     let made = gen.tokens().len();
@@ -167,7 +170,10 @@ fn a_generation_that_fills_the_context_stops_there_with_its_output() {
     let mut ctx = engine.context();
     ctx.fill(&"word ".repeat(80)).expect("fill");
     let failed = block_on(ctx.generate(Sampler::Argmax).max_tokens(4).collect_tokens());
-    assert!(matches!(failed, Err(Error::ContextTooLong { .. })), "{failed:?}");
+    assert!(
+        matches!(failed, Err(Error::ContextTooLong { .. })),
+        "{failed:?}"
+    );
 }
 
 #[test]

@@ -347,3 +347,39 @@ fn q8_0_kv_snapshots_resume_and_other_kv_types_are_refused() {
     );
     assert_eq!(f16.metrics().kv_pages_used, 0);
 }
+
+#[test]
+fn a_snapshot_remembers_that_its_context_ran_under_custom_attention_masks() {
+    let engine = engine_with_pool("smollm2-135m", 4096);
+    let ids = engine.tokenize("Alice likes apples. Bob likes");
+    // Causal, but token 1 hidden from the tokens after it.
+    let masks: Vec<weft::Brle> = (0..ids.len())
+        .map(|i| {
+            let mut row = vec![true; i + 1];
+            if i > 1 {
+                row[1] = false;
+            }
+            weft::Brle::from_bools(&row)
+        })
+        .collect();
+    let mut ctx = engine.context();
+    let mut fwd = ctx.forward();
+    fwd.input(&ids);
+    fwd.attention_mask(masks);
+    block_on(fwd.execute()).expect("masked pass");
+    assert!(
+        ctx.evict().is_err(),
+        "its pages cannot be recomputed from its tokens"
+    );
+    let mut resumed = engine
+        .resume(&ctx.snapshot().expect("snapshot"))
+        .expect("resume");
+    let evicted = resumed.evict();
+    assert!(
+        matches!(&evicted, Err(Error::Config(m)) if m.contains("custom attention")),
+        "{evicted:?}"
+    );
+    // And it goes on as the original does.
+    let want = block_on(ctx.decode(ids[0])).expect("original");
+    assert_eq!(block_on(resumed.decode(ids[0])).expect("resumed"), want);
+}

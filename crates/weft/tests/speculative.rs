@@ -66,14 +66,24 @@ fn a_generation_stopped_on_a_draft_leaves_its_context_as_without_drafts() {
         let run = |speculate: bool| {
             let mut ctx = engine.context();
             ctx.fill(prompt).expect("fill");
-            let g = ctx.generate(Sampler::Argmax).max_tokens(40).stop_string(stop);
+            let g = ctx
+                .generate(Sampler::Argmax)
+                .max_tokens(40)
+                .stop_string(stop);
             let g = if speculate { g.system_speculation() } else { g };
             let text = block_on(g.collect_text()).expect("generate");
             (text, ctx.tokens().to_vec(), ctx.pending().to_vec())
         };
         let (plain, fast) = (run(false), run(true));
-        assert_eq!(fast, plain, "stop {stop:?}: the context differs with drafts");
-        assert_eq!(plain.2.len(), 1, "the last token waits in the pending buffer");
+        assert_eq!(
+            fast, plain,
+            "stop {stop:?}: the context differs with drafts"
+        );
+        assert_eq!(
+            plain.2.len(),
+            1,
+            "the last token waits in the pending buffer"
+        );
     }
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }

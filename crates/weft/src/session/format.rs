@@ -46,6 +46,9 @@ pub(crate) struct Saved {
     pub rng: [u64; 4],
     /// A generator in flight, as JSON (see `generator::saved`).
     pub generator: Option<String>,
+    /// The tokens ran under custom attention masks: their pages cannot be recomputed from the
+    /// tokens alone (`weft.session.attention.custom`; a file without the key: false).
+    pub custom_attention: bool,
 }
 
 fn corrupt(reason: impl Into<String>) -> Error {
@@ -123,6 +126,9 @@ pub(crate) fn encode(s: &Saved) -> Vec<u8> {
     w.metadata(&key("rng"), Value::Array(Array::U64(s.rng.to_vec())));
     if let Some(g) = &s.generator {
         w.metadata(&key("generator"), Value::String(g.clone()));
+    }
+    if s.custom_attention {
+        w.metadata(&key("attention.custom"), Value::Bool(true));
     }
     let body = w.to_bytes();
     let mut out = Vec::with_capacity(HEADER + body.len());
@@ -337,6 +343,10 @@ fn read_v1(body: &[u8]) -> Result<Saved> {
         pending: u32s("pending")?,
         rng,
         generator,
+        custom_attention: file
+            .opt_bool(&key("attention.custom"))
+            .map_err(|e| corrupt(e.to_string()))?
+            .unwrap_or(false),
     })
 }
 
@@ -387,6 +397,7 @@ mod tests {
             pending: vec![7, 8],
             rng: [1, 2, 3, 4],
             generator: Some("{}".into()),
+            custom_attention: kv_type == KvType::Q8_0,
         }
     }
 

@@ -100,6 +100,7 @@ impl Engine {
             pending,
             rng,
             generator,
+            custom_attention,
             ..
         } = saved;
         // A new context: if the import fails, dropping it frees its (empty) sequence.
@@ -112,7 +113,14 @@ impl Engine {
             reply,
         });
         done.recv().unwrap_or(Err(Error::EngineStopped))?;
-        ctx.restore_imported(tokens, positions, pending, Rng::from_state(rng), generator);
+        ctx.restore_imported(
+            tokens,
+            positions,
+            pending,
+            Rng::from_state(rng),
+            generator,
+            custom_attention,
+        );
         Ok(ctx)
     }
 
@@ -204,6 +212,7 @@ impl Context {
             pending,
             rng: self.rng().state(),
             generator,
+            custom_attention: self.ran_custom_attention(),
         };
         Ok(format::encode(&saved))
     }
