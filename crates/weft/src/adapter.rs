@@ -76,6 +76,19 @@ impl PassAdapters {
         } else {
             self.stack.clone()
         };
+        // A NaN or infinite scale would turn every logit into NaN (read as 0).
+        if let Some((a, scale)) = stack.iter().find(|(_, s)| !s.is_finite()) {
+            return Err(Error::Config(format!(
+                "adapter {}: its scale must be a finite number, got {scale}",
+                a.name()
+            )));
+        }
+        if let Some(z) = self.zo.filter(|z| !z.sigma.is_finite()) {
+            return Err(Error::Config(format!(
+                "zo_seed: sigma must be a finite number, got {}",
+                z.sigma
+            )));
+        }
         if stack.is_empty() {
             return match self.zo {
                 Some(z) if z.sigma != 0.0 => Err(Error::Config(

@@ -588,6 +588,23 @@ fn the_engine_stack_pushes_pops_and_clears() {
     assert!(logits_with(&engine, &[(b, 0.5)], None) != only_a);
     engine.clear_loras();
     assert!(logits_with(&engine, &[], None) == base);
+    // A scale that is no number is refused before the pass runs (it made every logit NaN).
+    for scale in [f32::NAN, f32::INFINITY] {
+        let mut ctx = engine.context();
+        ctx.fill("The weaver").unwrap();
+        let mut fwd = ctx.forward();
+        fwd.adapter(a, scale);
+        let failed = block_on(fwd.execute());
+        assert!(
+            matches!(&failed, Err(weft::Error::Config(m)) if m.contains("finite")),
+            "{failed:?}"
+        );
+        engine.push_lora(a, scale);
+        let failed = block_on(ctx.flush_logits());
+        assert!(matches!(failed, Err(weft::Error::Config(_))), "{failed:?}");
+        engine.clear_loras();
+        assert_eq!(block_on(ctx.flush_logits()).unwrap().len(), base.len());
+    }
 }
 
 #[test]
