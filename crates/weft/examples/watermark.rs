@@ -58,7 +58,7 @@ pub fn run(
             }
         }
         let t = sample_temperature(&logits, 1.0, &mut rng);
-        g.accept(&[t]);
+        g.accept(&[t])?;
         out.push(t);
         prev = t;
     }

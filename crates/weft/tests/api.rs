@@ -421,8 +421,13 @@ fn manual_stepping_fork_truncate_and_text_stream() {
         assert!(out.entropy(ent).expect("entropy") >= 0.0);
         let t = weft::sampling::argmax(out.logits(h).expect("logits"));
         manual.push(t);
-        g.accept(&[t]);
+        g.accept(&[t]).expect("an id of the vocabulary");
     }
+    assert_eq!(g.tokens_generated(), 8);
+    // An id past the vocabulary is refused and taken by nothing.
+    let vocab = g.context().engine().info().vocab_size as u32;
+    let refused = g.accept(&[vocab + 1]);
+    assert!(matches!(refused, Err(Error::TokenOutOfVocab { .. })), "{refused:?}");
     assert_eq!(g.tokens_generated(), 8);
     drop(g);
     assert_eq!(

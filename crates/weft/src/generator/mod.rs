@@ -460,9 +460,15 @@ impl<'c> Generator<'c> {
 
     /// Registers tokens chosen outside the loop (after a step whose sampler was cleared):
     /// they count against `max_tokens`, are checked against the stop rules and are run by the
-    /// next step.
-    pub fn accept(&mut self, tokens: &[u32]) {
-        let _ = self.accept_run(tokens, 0);
+    /// next step. An id past the vocabulary is [`Error::TokenOutOfVocab`], and then none of
+    /// `tokens` is taken.
+    pub fn accept(&mut self, tokens: &[u32]) -> Result<()> {
+        let vocab_size = self.ctx.engine().info().vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(Error::TokenOutOfVocab { id, vocab_size });
+        }
+        self.accept_run(tokens, 0);
+        Ok(())
     }
 
     /// Accepts `tokens`, of which the first `in_cache` already ran (speculative drafts the
