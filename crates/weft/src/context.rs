@@ -334,6 +334,12 @@ impl Context {
     /// Buffers a conversation rendered with the model's chat template, ending with the
     /// assistant's turn opened (the template's generation prompt). The template writes its
     /// own BOS and markers, so no BOS is added here.
+    ///
+    /// `messages` is the whole conversation, rendered as a new one (BOS, default system
+    /// prompt): call it on an empty context. To go on with a conversation, render it all
+    /// again on a fresh context — the prefix cache finds the turns already computed — or
+    /// truncate this one to the longest start it shares with the new rendering, as `weft chat`
+    /// does.
     pub fn fill_chat(&mut self, messages: &[Message]) -> Result<()> {
         let text = self.engine.chat_template()?.render(messages, true)?;
         let ids = self.engine.inner.tokenizer.encode(&text, false, true);

@@ -119,7 +119,10 @@ impl ForwardOutput {
         }
     }
 
-    /// The value `handle` reads, or `None` for a handle of another pass.
+    /// The value `handle` reads, or `None` when this pass has nothing of the handle's kind at
+    /// its place. A handle is an index into its pass's outputs: one from another pass whose
+    /// outputs have the same shape reads this pass's value there, so keep handles with the
+    /// pass that made them.
     pub fn try_get<H: OutputHandle>(&self, handle: H) -> Option<H::Value<'_>> {
         handle.read(self)
     }

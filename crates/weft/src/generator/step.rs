@@ -22,7 +22,9 @@ pub struct StepOutput {
     /// The token the generator's sampler chose (`None` after `clear_sampler`); with
     /// speculative decoding, the last of the tokens the step accepted.
     pub token: Option<u32>,
-    /// Every token the step accepted (one, or more with speculative decoding).
+    /// Every token the step accepted (one, or more with speculative decoding), including a
+    /// stop token or stop id that ended the generation — which [`super::Generator::tokens`]
+    /// leaves out. To stream text, use [`super::Generator::next_text`].
     pub accepted: Vec<u32>,
     /// The pass's outputs: read probes with their handles.
     pub output: ForwardOutput,
