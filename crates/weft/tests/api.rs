@@ -409,6 +409,18 @@ fn manual_stepping_fork_truncate_and_text_stream() {
         )
         .expect("auto")
     };
+    // A step probe past the step's positions names them from the sampled one.
+    {
+        let mut fork = ctx.fork().expect("fork");
+        let mut g = fork.generate(Sampler::Argmax).max_tokens(8);
+        let mut step = g.next().expect("next").expect("a step");
+        step.probe(1, Entropy);
+        let refused = block_on(step.execute());
+        assert!(
+            matches!(&refused, Err(Error::Config(m)) if m.contains("index 1") && m.contains("1 position")),
+            "{refused:?}"
+        );
+    }
     // Manual stepping: pick the argmax of the Logits probe ourselves.
     let mut g = ctx.generate(Sampler::Argmax).max_tokens(8);
     let ent = g.probe_each_step(0, Entropy);
@@ -427,7 +439,10 @@ fn manual_stepping_fork_truncate_and_text_stream() {
     // An id past the vocabulary is refused and taken by nothing.
     let vocab = g.context().engine().info().vocab_size as u32;
     let refused = g.accept(&[vocab + 1]);
-    assert!(matches!(refused, Err(Error::TokenOutOfVocab { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(Error::TokenOutOfVocab { .. })),
+        "{refused:?}"
+    );
     assert_eq!(g.tokens_generated(), 8);
     drop(g);
     assert_eq!(

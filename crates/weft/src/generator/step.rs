@@ -100,6 +100,14 @@ async fn run(
     let last = fwd.len() - 1;
     fwd.input(&draft);
     for (i, p) in gen.each_step.iter().chain(step_probes) {
+        // Step probes count from the sampled position: say so, not the pass's own index.
+        if *i > draft.len() {
+            return Err(Error::Config(format!(
+                "step probe at index {i}: a step's probes count from the position it samples \
+                 (0), and this step has {} position(s) there",
+                draft.len() + 1
+            )));
+        }
         fwd.probe_kind(last + i, p.clone());
     }
     let sampler = gen.sampler.clone();
