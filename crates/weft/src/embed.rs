@@ -100,9 +100,9 @@ impl Engine {
     }
 
     /// The embeddings of `texts` with the given pooling and normalization. Each text is
-    /// tokenized as a fresh context's first fill (with the model's BOS if it wants one); an
-    /// empty text gives [`Error::EmptyPass`], one longer than the context
-    /// [`Error::ContextTooLong`].
+    /// tokenized as a fresh context's first fill (with the model's BOS if it wants one); a text
+    /// with no tokens (empty, on a model without BOS) gives [`Error::Config`] naming it, one
+    /// longer than the context [`Error::ContextTooLong`].
     pub fn embed_batch_opts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
         let inputs: Vec<Vec<u32>> = texts
             .iter()
@@ -119,10 +119,13 @@ impl Engine {
         let mut out = Vec::with_capacity(inputs.len());
         let mut group = Vec::new();
         let mut tokens = 0;
-        for ids in inputs {
+        for (i, ids) in inputs.iter().enumerate() {
             let n = ids.len();
             if n == 0 {
-                return Err(Error::EmptyPass);
+                return Err(Error::Config(format!(
+                    "embedding input {i} has no tokens (an empty text: this model adds no BOS \
+                     token to one)"
+                )));
             }
             if n > self.n_ctx() {
                 return Err(Error::ContextTooLong {
