@@ -191,8 +191,8 @@ impl Context {
 
     /// A pass builder over this context: its pending tokens are the pass's first inputs.
     fn forward(&self) -> PyResult<Forward> {
-        let pending = self.with(|c| Ok(c.pending().len()))?;
-        Ok(Forward::new(self.slot.clone(), pending))
+        let (ran, pending) = self.with(|c| Ok((c.len(), c.pending().len())))?;
+        Ok(Forward::new(self.slot.clone(), ran, pending))
     }
 
     fn __repr__(&self) -> String {

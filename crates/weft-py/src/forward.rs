@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::context::{Lease, Slot};
-use crate::errors::to_py;
+use crate::errors::{to_py, ContextBusy};
 use crate::sampling::{Probe, ProbeKind, Sampler};
 
 /// Every pass builder gets its own id, so a handle cannot read another pass's output.
@@ -47,6 +47,9 @@ pub struct ProbeHandle {
 #[pyclass(module = "weft")]
 pub struct Forward {
     slot: Slot,
+    /// The context's run and pending token counts when the builder was made: its indices
+    /// count from them, so a context changed since (filled, generated on) refuses the pass.
+    base: (usize, usize),
     id: u64,
     ops: Vec<Op>,
     len: usize,
@@ -56,9 +59,10 @@ pub struct Forward {
 }
 
 impl Forward {
-    pub fn new(slot: Slot, pending: usize) -> Forward {
+    pub fn new(slot: Slot, ran: usize, pending: usize) -> Forward {
         Forward {
             slot,
+            base: (ran, pending),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             ops: Vec::new(),
             len: pending,
@@ -81,7 +85,17 @@ impl Forward {
         if self.spent {
             return Err(PyRuntimeError::new_err("this pass has already run"));
         }
-        let lease = Lease::take(&self.slot)?;
+        let mut lease = Lease::take(&self.slot)?;
+        let now = (lease.ctx().len(), lease.ctx().pending().len());
+        if now != self.base {
+            // What Rust's borrow of the context rules out: the pass's indices would point
+            // at other tokens than the ones they were written for.
+            return Err(ContextBusy::new_err(format!(
+                "the context changed after forward() made this pass ({} run + {} pending \
+                 tokens then, {} + {} now): make the pass again",
+                self.base.0, self.base.1, now.0, now.1
+            )));
+        }
         self.spent = true;
         Ok(Prepared {
             lease,

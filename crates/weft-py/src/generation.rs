@@ -114,6 +114,10 @@ type Deltas = Pin<Box<dyn Stream<Item = weft::Result<String>> + Send>>;
 /// The stream, `None` once it ended (the context is back in its slot then).
 type Shared = Arc<tokio::sync::Mutex<Option<Deltas>>>;
 
+/// A delta made for an `__anext__` and not taken yet: one cancelled (a timeout) after its
+/// delta was made leaves it here for the next call, rather than losing its text.
+type Held = Arc<Mutex<Option<PyResult<Option<String>>>>>;
+
 /// Ends its generator when dropped ([`weft::Generator::end`]).
 struct EndOnDrop<'g, 'c>(&'g mut weft::Generator<'c>);
 
@@ -144,6 +148,7 @@ pub fn reason_name(r: &weft::StopReason) -> &'static str {
 #[pyclass(frozen, module = "weft")]
 pub struct Generation {
     stream: Shared,
+    held: Held,
     progress: Arc<Mutex<Progress>>,
 }
 
@@ -178,6 +183,11 @@ impl Generation {
                     Ok(Some(d)) => yield Ok(d),
                     Ok(None) => break,
                     Err(e) => {
+                        record
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .stop_reason
+                            .get_or_insert("error");
                         yield Err(e);
                         break;
                     }
@@ -186,8 +196,30 @@ impl Generation {
         };
         Ok(Generation {
             stream: Arc::new(tokio::sync::Mutex::new(Some(Box::pin(deltas)))),
+            held: Arc::new(Mutex::new(None)),
             progress,
         })
+    }
+
+    /// Takes the delta `hold_next` made, if any.
+    fn take_held(&self) -> Option<PyResult<Option<String>>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Runs to the end (after a held delta, whose text is already in the progress; a held
+    /// error is raised), delta by delta with the GIL released, so that Ctrl-C
+    /// (`KeyboardInterrupt`) stops it between two deltas rather than after the last.
+    fn drain_blocking(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(Err(e)) = self.take_held() {
+            return Err(e);
+        }
+        loop {
+            let stream = self.stream.clone();
+            match py.detach(|| weft::block_on(next_delta(stream)))? {
+                Some(_) => py.check_signals()?,
+                None => return Ok(()),
+            }
+        }
     }
 
     fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
@@ -203,6 +235,9 @@ impl Generation {
     where
         T: for<'a> IntoPyObject<'a> + Send + 'static,
     {
+        if let Some(Err(e)) = self.take_held() {
+            return Err(e);
+        }
         let (stream, progress) = (self.stream.clone(), self.progress.clone());
         crate::awaitable(py, async move {
             drain(stream).await?;
@@ -237,6 +272,34 @@ async fn drain(stream: Shared) -> PyResult<()> {
     Ok(())
 }
 
+/// Makes the next delta into `held` unless one is there. Dropped while it waits (a cancelled
+/// `__anext__`), it leaves the stream where it was; once the delta is made it is kept.
+async fn hold_next(stream: Shared, held: Held) {
+    let taken = |h: &Held| h.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+    if taken(&held) {
+        return;
+    }
+    let mut guard = stream.lock().await;
+    if taken(&held) {
+        return;
+    }
+    let next = match guard.as_mut() {
+        None => Ok(None),
+        Some(s) => match s.next().await {
+            Some(Ok(d)) => Ok(Some(d)),
+            Some(Err(e)) => {
+                *guard = None;
+                Err(to_py(e))
+            }
+            None => {
+                *guard = None;
+                Ok(None)
+            }
+        },
+    };
+    *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(next);
+}
+
 /// Parses the output as JSON, raising `weft.JsonError` (weft's message) when it is not.
 fn parse_json(py: Python<'_>, text: &str) -> PyResult<Py<PyAny>> {
     if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
@@ -258,35 +321,49 @@ impl Generation {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<String>> {
-        let stream = self.stream.clone();
-        py.detach(|| weft::block_on(next_delta(stream)))
+        let (stream, held) = (self.stream.clone(), self.held.clone());
+        py.detach(|| weft::block_on(hold_next(stream, held)));
+        self.take_held().unwrap_or(Ok(None))
     }
 
     fn __aiter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
     }
 
-    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let stream = self.stream.clone();
+    /// `weft._aio.next_delta(self)`: awaits `_ready()`, then returns `_take()` — so a
+    /// cancellation can only fall before the delta is taken, and leaves it for the next call.
+    fn __anext__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("weft._aio")?.getattr("next_delta")?.call1((slf,))
+    }
+
+    /// Awaitable: the next delta is made and held (see `__anext__`).
+    fn _ready<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (stream, held) = (self.stream.clone(), self.held.clone());
         crate::awaitable(py, async move {
-            match next_delta(stream).await? {
-                Some(d) => Ok(d),
-                None => Err(PyStopAsyncIteration::new_err(())),
-            }
+            hold_next(stream, held).await;
+            Ok(())
         })
+    }
+
+    /// The held delta; `StopAsyncIteration` at the end.
+    fn _take(&self) -> PyResult<String> {
+        match self.take_held() {
+            Some(Ok(Some(d))) => Ok(d),
+            Some(Err(e)) => Err(e),
+            _ => Err(PyStopAsyncIteration::new_err(())),
+        }
     }
 
     /// Runs to the end; the whole output text (cut before a stop string).
     fn text(&self, py: Python<'_>) -> PyResult<String> {
-        let stream = self.stream.clone();
-        py.detach(|| weft::block_on(drain(stream)))?;
+        self.drain_blocking(py)?;
         Ok(self.progress().text.clone())
     }
 
     /// Runs to the end; every generated token id (a stop token excluded).
     fn tokens(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
-        let stream = self.stream.clone();
-        py.detach(|| weft::block_on(drain(stream)))?;
+        self.drain_blocking(py)?;
         Ok(self.progress().tokens.clone())
     }
 
@@ -316,6 +393,7 @@ impl Generation {
     fn close(&self, py: Python<'_>) {
         let stream = self.stream.clone();
         py.detach(|| weft::block_on(async { *stream.lock().await = None }));
+        self.take_held();
         self.progress().stop_reason.get_or_insert("closed");
     }
 

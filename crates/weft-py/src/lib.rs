@@ -80,6 +80,9 @@ fn _weft(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<rollout::Rollout>()?;
     m.add_function(wrap_pyfunction!(rollout::generate_batch, m)?)?;
     m.add_function(wrap_pyfunction!(_quiesce, m)?)?;
+    // Private: `from weft import *` does not bring it.
+    let all = m.index()?;
+    all.call_method1("remove", ("_quiesce",))?;
     forward::register(m)?;
     sampling::register(m)?;
     errors::register(m)?;

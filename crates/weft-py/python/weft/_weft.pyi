@@ -11,7 +11,6 @@ _F32 = npt.NDArray[np.float32]
 
 __version__: str
 __all__ = [
-    "_quiesce",
     "Argmax",
     "AttentionBias",
     "BeamSearchError",

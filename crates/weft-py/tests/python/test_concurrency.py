@@ -21,6 +21,50 @@ def greedy(engine, prompt, n):
     return ctx.generate(weft.Argmax(), max_tokens=n, ignore_eos=True).text()
 
 
+def test_an_anext_cancelled_by_a_timeout_loses_no_text(smollm2):
+    async def main():
+        ctx = smollm2.context()
+        ctx.fill("Once upon a time")
+        g = ctx.generate(weft.Argmax(), max_tokens=40, ignore_eos=True)
+        got, timeouts = [], 0
+        while True:
+            try:
+                got.append(await asyncio.wait_for(g.__anext__(), 0.002))
+            except asyncio.TimeoutError:
+                timeouts += 1
+            except StopAsyncIteration:
+                break
+        return "".join(got), g.text(), timeouts
+
+    received, text, timeouts = asyncio.run(main())
+    assert timeouts > 0  # the pattern under test happened
+    assert received == text
+
+
+def test_ctrl_c_stops_a_blocking_collector_between_deltas(smollm2):
+    import os
+    import signal
+
+    ctx = smollm2.context()
+    ctx.fill("Once upon a time")
+    g = ctx.generate(weft.Argmax(), max_tokens=3000, ignore_eos=True)
+    next(g)  # the prompt has run
+    timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        g.text()
+        raise AssertionError("the interrupt did not reach the collector")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        timer.cancel()
+    # It stopped long before the 3000 tokens it was asked for; the context is free again.
+    assert len(g.text_so_far) > 0
+    assert g.stop_reason is None
+    g.close()
+    ctx.fill(" more")
+
+
 def passes_per_call(engine, run):
     before = engine.metrics()
     run()

@@ -74,6 +74,28 @@ def test_index_out_of_range_in_a_pass(smollm2):
         fwd.run()
 
 
+def test_a_pass_made_before_the_context_changed_refuses_to_run(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("The capital of France")
+    fwd = ctx.forward()
+    fwd.sample([len(fwd) - 1], weft.Argmax())
+    ctx.fill(" is")  # its indices no longer point where they were written for
+    with pytest.raises(weft.ContextBusy, match="changed after forward"):
+        fwd.run()
+    fresh = ctx.forward()
+    h = fresh.sample([len(fresh) - 1], weft.Argmax())
+    assert fresh.run()[h]  # the pass made now runs
+
+
+def test_a_failed_generation_says_so_afterwards(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("Hello")
+    g = ctx.generate(weft.Argmax(), max_tokens=5, logit_bias={10**6: 1.0})
+    with pytest.raises(weft.InvalidSampler):
+        g.text()
+    assert g.stop_reason == "error"
+
+
 def test_a_busy_context_raises_until_the_generation_ends(smollm2):
     ctx = smollm2.context()
     ctx.fill("Once upon a time")

@@ -53,3 +53,10 @@ def test_the_interpreter_exits_cleanly_after_async_use():
     for _ in range(5):
         r = run("-c", SCRIPT)
         assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr[-2000:]
+
+
+def test_star_import_brings_no_private_helper():
+    import weft
+
+    assert "_quiesce" not in weft.__all__
+    assert "Engine" in weft.__all__ and "Generation" in weft.__all__

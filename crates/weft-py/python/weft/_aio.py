@@ -1,0 +1,9 @@
+"""What the native module needs from Python: an ``__anext__`` that cannot lose a delta."""
+
+
+async def next_delta(gen):  # type: ignore[no-untyped-def]
+    """``Generation.__anext__``: wait until the next delta is made, then take it. The take has
+    no ``await`` before it, so a cancellation (``asyncio.wait_for``'s timeout) can only fall
+    while waiting, and a delta made by then stays held for the next call."""
+    await gen._ready()
+    return gen._take()
