@@ -147,13 +147,18 @@ impl Context {
     /// collectors `text()`, `tokens()`, `json()` and their awaitable forms `atext()`, …
     ///
     /// `sampler`: a `weft.Sampler` (default: the engine's, greedy unless configured).
-    /// `stop`: stop strings; `stop_token_ids`: extra stop tokens. One of `json_schema` (a
+    /// `stop`: a stop string or a list of them; `stop_token_ids`: extra stop tokens;
+    /// `stop_sequences`: lists of ids that end the generation when they appear.
+    /// `repeat_penalty`, `presence_penalty`, `frequency_penalty` (llama.cpp's semantics, over
+    /// the last `penalty_last_n` tokens: 64 by default, 0 = all) discourage repeats. One of `json_schema` (a
     /// dict), `regex`, `grammar` (Lark) or `gbnf` constrains the output. `speculate` drafts
     /// with the n-gram drafter. `seed` seeds the sampling.
     #[pyo3(signature = (
         sampler = None, *, max_tokens = None, min_tokens = None, stop = None,
-        stop_token_ids = None, json_schema = None, regex = None, grammar = None, gbnf = None,
-        speculate = false, seed = None, ignore_eos = false, logit_bias = None
+        stop_token_ids = None, stop_sequences = None, json_schema = None, regex = None,
+        grammar = None, gbnf = None, speculate = false, seed = None, ignore_eos = false,
+        logit_bias = None, repeat_penalty = None, presence_penalty = None,
+        frequency_penalty = None, penalty_last_n = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
@@ -161,8 +166,9 @@ impl Context {
         sampler: Option<PyRef<'_, Sampler>>,
         max_tokens: Option<usize>,
         min_tokens: Option<usize>,
-        stop: Option<Vec<String>>,
+        stop: Option<&Bound<'_, PyAny>>,
         stop_token_ids: Option<Vec<u32>>,
+        stop_sequences: Option<Vec<Vec<u32>>>,
         json_schema: Option<&Bound<'_, PyAny>>,
         regex: Option<String>,
         grammar: Option<String>,
@@ -171,13 +177,47 @@ impl Context {
         seed: Option<u64>,
         ignore_eos: bool,
         logit_bias: Option<std::collections::HashMap<u32, f32>>,
+        repeat_penalty: Option<f32>,
+        presence_penalty: Option<f32>,
+        frequency_penalty: Option<f32>,
+        penalty_last_n: Option<usize>,
     ) -> PyResult<Generation> {
+        // One string or a list of them, as OpenAI's `stop` takes.
+        let stop = match stop {
+            None => Vec::new(),
+            Some(s) => match s.extract::<String>() {
+                Ok(one) => vec![one],
+                Err(_) => s.extract::<Vec<String>>().map_err(|_| {
+                    pyo3::exceptions::PyTypeError::new_err(
+                        "stop must be a string or a list of strings",
+                    )
+                })?,
+            },
+        };
+        let penalties = [repeat_penalty, presence_penalty, frequency_penalty]
+            .iter()
+            .any(Option::is_some)
+            .then(|| {
+                let off = weft::Penalties::default();
+                weft::Penalties {
+                    repetition: repeat_penalty.unwrap_or(off.repetition),
+                    presence: presence_penalty.unwrap_or(off.presence),
+                    frequency: frequency_penalty.unwrap_or(off.frequency),
+                    last_n: penalty_last_n.unwrap_or(off.last_n),
+                }
+            });
+        if let Some(p) = &penalties {
+            p.validate()
+                .map_err(|e| crate::errors::to_py(weft::Error::Sampler(e)))?;
+        }
         let opts = GenOptions {
             sampler: sampler.map(|s| s.inner.clone()),
             max_tokens,
             min_tokens,
-            stop: stop.unwrap_or_default(),
+            stop,
             stop_token_ids: stop_token_ids.unwrap_or_default(),
+            stop_sequences: stop_sequences.unwrap_or_default(),
+            penalties,
             schema: GenOptions::schema(json_schema, regex, grammar, gbnf)?,
             speculate,
             seed,

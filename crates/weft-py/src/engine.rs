@@ -13,15 +13,31 @@ fn resolve(model: &str) -> weft::Result<std::path::PathBuf> {
     Ok(weft::Hub::from_env()?.resolve(model, &mut weft::NoProgress)?)
 }
 
-fn config(threads: Option<usize>, kv_tokens: Option<usize>) -> weft::EngineConfig {
+/// The engine's configuration; 0 threads, KV tokens or context positions are refused (they
+/// were read as 1, silently).
+fn config(
+    threads: Option<usize>,
+    kv_tokens: Option<usize>,
+    n_ctx: Option<usize>,
+) -> PyResult<weft::EngineConfig> {
+    for (name, v) in [
+        ("threads", threads),
+        ("kv_tokens", kv_tokens),
+        ("n_ctx", n_ctx),
+    ] {
+        if v == Some(0) {
+            return Err(ConfigError::new_err(format!("{name} must be at least 1")));
+        }
+    }
     let mut config = weft::EngineConfig::default();
     if let Some(t) = threads {
-        config.n_threads = t.max(1);
+        config.n_threads = t;
     }
     if let Some(k) = kv_tokens {
         config.kv_tokens = k;
     }
-    config
+    config.n_ctx = n_ctx;
+    Ok(config)
 }
 
 /// A loaded model with its scheduler thread. Every context of one engine shares its model
@@ -46,8 +62,7 @@ impl Engine {
         n_ctx: Option<usize>,
         kv_type: Option<&str>,
     ) -> PyResult<Engine> {
-        let mut config = config(threads, kv_tokens);
-        config.n_ctx = n_ctx;
+        let mut config = config(threads, kv_tokens, n_ctx)?;
         if let Some(t) = kv_type {
             config.kv_type = t.parse().map_err(ConfigError::new_err)?;
         }
@@ -128,7 +143,7 @@ impl Embedder {
     #[new]
     #[pyo3(signature = (model = "all-minilm-l6-v2", threads = None))]
     fn new(py: Python<'_>, model: &str, threads: Option<usize>) -> PyResult<Embedder> {
-        let config = config(threads, None);
+        let config = config(threads, None, None)?;
         let inner = py
             .detach(|| resolve(model).and_then(|p| weft::open_embedding_model(&p, config)))
             .py()?;

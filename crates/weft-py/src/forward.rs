@@ -42,6 +42,19 @@ pub struct ProbeHandle {
     index: usize,
 }
 
+#[pymethods]
+impl ProbeHandle {
+    /// `weft.ProbeHandle[float]` in annotations, as the stubs write it.
+    #[classmethod]
+    fn __class_getitem__<'py>(
+        cls: &Bound<'py, pyo3::types::PyType>,
+        item: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let alias = cls.py().import("types")?.getattr("GenericAlias")?;
+        alias.call1((cls, item))
+    }
+}
+
 /// One pass over a context: inputs at positions, masks, samplers and probes at any index.
 /// Nothing runs until `execute()` (awaitable) or `run()` (blocking).
 #[pyclass(module = "weft")]

@@ -22,6 +22,8 @@ pub struct GenOptions {
     pub min_tokens: Option<usize>,
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
+    pub stop_sequences: Vec<Vec<u32>>,
+    pub penalties: Option<weft::Penalties>,
     pub schema: Option<weft::Schema>,
     pub speculate: bool,
     pub seed: Option<u64>,
@@ -84,6 +86,12 @@ impl GenOptions {
         }
         if !self.stop_token_ids.is_empty() {
             g = g.stop(&self.stop_token_ids);
+        }
+        for s in &self.stop_sequences {
+            g = g.stop_sequence(s);
+        }
+        if let Some(p) = self.penalties {
+            g = g.penalties(p);
         }
         if let Some(schema) = self.schema {
             g = g.constrain_with(schema);
@@ -158,6 +166,16 @@ impl Generation {
         // delta (the check compiles it once more; the server does the same).
         if let Some(schema) = &opts.schema {
             weft::constraint::compile(lease.ctx().engine(), schema).map_err(to_py)?;
+        }
+        // So are ids past the vocabulary (they failed at the first token, or never).
+        let vocab_size = lease.ctx().engine().info().vocab_size;
+        let ids = opts.logit_bias.iter().map(|b| b.0);
+        let ids = ids.chain(opts.stop_token_ids.iter().copied());
+        if let Some(id) = ids
+            .chain(opts.stop_sequences.iter().flatten().copied())
+            .find(|&id| id as usize >= vocab_size)
+        {
+            return Err(to_py(weft::Error::TokenOutOfVocab { id, vocab_size }));
         }
         let progress = Arc::new(Mutex::new(Progress::default()));
         let record = progress.clone();
@@ -395,6 +413,16 @@ impl Generation {
         py.detach(|| weft::block_on(async { *stream.lock().await = None }));
         self.take_held();
         self.progress().stop_reason.get_or_insert("closed");
+    }
+
+    /// `await g.aclose()`: `close()` for `contextlib.aclosing` and async code.
+    fn aclose<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let this = slf.clone().unbind();
+        crate::awaitable(py, async move {
+            Python::attach(|py| this.borrow(py).close(py));
+            Ok(())
+        })
     }
 
     /// Why it stopped: "max_tokens", "stop_token", "stop_sequence", "stop_string",

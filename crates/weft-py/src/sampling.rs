@@ -53,8 +53,18 @@ impl Checked for weft::Sampler {
 }
 
 impl Checked for ProbeKind {
+    /// A distribution's temperature, as a pass would check it.
     fn checked(self) -> PyResult<Self> {
-        Ok(self)
+        match self {
+            ProbeKind::Distribution { temperature, .. }
+                if !(temperature.is_finite() && temperature >= 0.0) =>
+            {
+                Err(crate::errors::ConfigError::new_err(format!(
+                    "Distribution: the temperature must be a finite number >= 0, got {temperature}"
+                )))
+            }
+            ok => Ok(ok),
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 """Type stubs of weft's native module (re-exported by the ``weft`` package)."""
 
-from typing import final, Generic, TypeVar, Any, AsyncIterator, Awaitable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, overload
+from typing import final, Final, Literal, Generic, TypeVar, Any, AsyncIterator, Awaitable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 from typing_extensions import disjoint_base
@@ -144,17 +144,17 @@ class Hidden(Probe):
 @final
 class Metrics:
     """The scheduler's counters (``Engine.metrics()``)."""
-    steps: int
-    passes: int
-    mean_batch_passes: float
-    max_batch_passes: int
-    mean_batch_tokens: float
-    tokens_prefilled: int
-    tokens_decoded: int
-    kv_pages_used: int
-    kv_pages_free: int
-    prefix_queried_tokens: int
-    prefix_hit_tokens: int
+    steps: Final[int]
+    passes: Final[int]
+    mean_batch_passes: Final[float]
+    max_batch_passes: Final[int]
+    mean_batch_tokens: Final[float]
+    tokens_prefilled: Final[int]
+    tokens_decoded: Final[int]
+    kv_pages_used: Final[int]
+    kv_pages_free: Final[int]
+    prefix_queried_tokens: Final[int]
+    prefix_hit_tokens: Final[int]
 
 @final
 class Engine:
@@ -207,7 +207,7 @@ class Context:
     """A sequence of tokens with its KV cache."""
     def fill(self, text: str) -> None: ...
     def fill_tokens(self, ids: Sequence[int]) -> None: ...
-    def fill_chat(self, messages: Sequence[Mapping[str, str]]) -> None: ...
+    def fill_chat(self, messages: Sequence[Dict[str, str]]) -> None: ...
     def fork(self) -> Context: ...
     def truncate(self, n: int) -> None: ...
     def set_seed(self, seed: int) -> None: ...
@@ -224,8 +224,9 @@ class Context:
         *,
         max_tokens: Optional[int] = None,
         min_tokens: Optional[int] = None,
-        stop: Optional[Sequence[str]] = None,
+        stop: Optional[Union[str, Sequence[str]]] = None,
         stop_token_ids: Optional[Sequence[int]] = None,
+        stop_sequences: Optional[Sequence[Sequence[int]]] = None,
         json_schema: Optional[Union[Dict[str, Any], str]] = None,
         regex: Optional[str] = None,
         grammar: Optional[str] = None,
@@ -234,6 +235,10 @@ class Context:
         seed: Optional[int] = None,
         ignore_eos: bool = False,
         logit_bias: Optional[Mapping[int, float]] = None,
+        repeat_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        frequency_penalty: Optional[float] = None,
+        penalty_last_n: Optional[int] = None,
     ) -> Generation: ...
     def forward(self) -> Forward: ...
 
@@ -251,6 +256,7 @@ class Generation(Iterator[str], AsyncIterator[str]):
     def atokens(self) -> Awaitable[List[int]]: ...
     def ajson(self) -> Awaitable[Any]: ...
     def close(self) -> None: ...
+    def aclose(self) -> Awaitable[None]: ...
     @property
     def stop_reason(self) -> Optional[str]: ...
     @property
@@ -265,6 +271,8 @@ class SampleHandle:
 @final
 class ProbeHandle(Generic[_T]):
     """Reads a probe's value (of type ``_T``) from its pass's output."""
+    @classmethod
+    def __class_getitem__(cls, item: Any) -> Any: ...
 
 @final
 class Forward:
@@ -301,12 +309,13 @@ class ForwardOutput:
 @final
 class Rollout:
     """One generated sequence of a batch."""
-    prompt_tokens: List[int]
-    tokens: List[int]
-    text: str
-    stop_reason: Optional[str]
-    sequence: List[int]
+    prompt_tokens: Final[List[int]]
+    tokens: Final[List[int]]
+    text: Final[str]
+    stop_reason: Final[Optional[str]]
+    sequence: Final[List[int]]
 
+@overload
 def generate_batch(
     engine: Engine,
     prompts: Union[Sequence[str], Sequence[Sequence[int]], npt.ArrayLike],
@@ -317,9 +326,23 @@ def generate_batch(
     stop_sequences: Optional[Sequence[Sequence[int]]] = None,
     seed: int = 0,
     attention_mask: Optional[npt.ArrayLike] = None,
-    padded: bool = False,
+    padded: Literal[False] = False,
     pad_token_id: Optional[int] = None,
-) -> Union[List[Rollout], Tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint8]]]: ...
+) -> List[Rollout]: ...
+@overload
+def generate_batch(
+    engine: Engine,
+    prompts: Union[Sequence[str], Sequence[Sequence[int]], npt.ArrayLike],
+    sampler: Optional[Sampler] = None,
+    *,
+    max_tokens: int = 128,
+    max_length: Optional[int] = None,
+    stop_sequences: Optional[Sequence[Sequence[int]]] = None,
+    seed: int = 0,
+    attention_mask: Optional[npt.ArrayLike] = None,
+    padded: Literal[True],
+    pad_token_id: Optional[int] = None,
+) -> Tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint8]]: ...
 
 # --- errors ---------------------------------------------------------------------------------
 

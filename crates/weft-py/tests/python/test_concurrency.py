@@ -41,6 +41,21 @@ def test_an_anext_cancelled_by_a_timeout_loses_no_text(smollm2):
     assert received == text
 
 
+def test_aclose_ends_a_generation_for_contextlib_aclosing(smollm2):
+    import contextlib
+
+    async def main():
+        ctx = smollm2.context()
+        ctx.fill("Once upon a time")
+        async with contextlib.aclosing(ctx.generate(weft.Argmax(), max_tokens=40)) as g:
+            async for _ in g:
+                break
+        ctx.fill(" more")  # free again
+        return g.stop_reason
+
+    assert asyncio.run(main()) == "closed"
+
+
 def test_ctrl_c_stops_a_blocking_collector_between_deltas(smollm2):
     import os
     import signal

@@ -87,10 +87,20 @@ def test_a_pass_made_before_the_context_changed_refuses_to_run(smollm2):
     assert fresh.run()[h]  # the pass made now runs
 
 
+def test_settings_and_probes_are_checked_where_they_are_written():
+    for bad in ({"n_ctx": 0}, {"threads": 0}, {"kv_tokens": 0}):
+        with pytest.raises(weft.ConfigError, match="at least 1"):
+            weft.Engine("smollm2-135m", **bad)
+    with pytest.raises(weft.ConfigError, match="temperature"):
+        weft.Distribution(temperature=-1.0)
+    # The stubs' generic handle is subscriptable at run time too.
+    assert weft.ProbeHandle[float] is not None
+
+
 def test_a_failed_generation_says_so_afterwards(smollm2):
     ctx = smollm2.context()
     ctx.fill("Hello")
-    g = ctx.generate(weft.Argmax(), max_tokens=5, logit_bias={10**6: 1.0})
+    g = ctx.generate(weft.Argmax(), max_tokens=5, logit_bias={5: float("nan")})
     with pytest.raises(weft.InvalidSampler):
         g.text()
     assert g.stop_reason == "error"

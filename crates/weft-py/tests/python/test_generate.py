@@ -74,6 +74,31 @@ def test_a_loop_left_early_keeps_every_streamed_token_in_the_context(smollm2, le
     assert len(ctx.pending) == 1
 
 
+def test_stop_takes_a_string_and_id_sequences_and_penalties_apply(smollm2):
+    def run(**kw):
+        ctx = smollm2.context()
+        ctx.fill("One, two, three, four, five, six,")
+        return ctx.generate(weft.Argmax(), max_tokens=24, ignore_eos=True, **kw)
+
+    plain = run()
+    text = plain.text()
+    ids = plain.tokens()
+    # One string, as OpenAI's `stop` takes it, and a sequence of ids.
+    assert run(stop=text[4:8]).text() == text[: text.index(text[4:8])]
+    assert run(stop_sequences=[ids[3:5]]).tokens() == ids[:5]
+    # Penalties off change nothing; a strong presence penalty breaks the counting.
+    assert run(repeat_penalty=1.0, presence_penalty=0.0).tokens() == ids
+    penalized = run(presence_penalty=2.0, penalty_last_n=0).tokens()
+    assert penalized != ids
+    assert len(set(penalized)) > len(set(ids))
+    with pytest.raises(weft.InvalidSampler):
+        run(repeat_penalty=0.0)
+    with pytest.raises(weft.TokenOutOfVocab):
+        run(stop_token_ids=[10**6])
+    with pytest.raises(weft.TokenOutOfVocab):
+        run(logit_bias={10**6: 1.0})
+
+
 def test_stop_strings_cut_the_text(smollm2):
     ctx = smollm2.context()
     ctx.fill("The capital of France is")
