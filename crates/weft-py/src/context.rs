@@ -109,6 +109,14 @@ impl Context {
         self.with(|c| c.fill_chat(&list).py())
     }
 
+    /// The context as bytes — tokens, KV pages, pending tokens, random state — for
+    /// `Engine.resume`, in this process or another with the same model file.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let mut lease = Lease::take(&self.slot)?;
+        let bytes = py.detach(|| lease.ctx().snapshot()).py()?;
+        Ok(pyo3::types::PyBytes::new(py, &bytes))
+    }
+
     /// A copy sharing this context's KV pages (copy-on-write).
     fn fork(&self) -> PyResult<Context> {
         self.with(|c| Ok(Context::new(c.fork().py()?)))

@@ -77,6 +77,13 @@ impl Engine {
         Context::new(self.inner.context())
     }
 
+    /// The context a `Context.snapshot()` holds, going on exactly where it was taken
+    /// (`SnapshotCorrupt`, `SnapshotVersion`, `ModelFingerprintMismatch` if it cannot).
+    fn resume(&self, py: Python<'_>, snapshot: &[u8]) -> PyResult<Context> {
+        let ctx = py.detach(|| self.inner.resume(snapshot)).py()?;
+        Ok(Context::new(ctx))
+    }
+
     /// The token ids of `text` (special tokens written in the text are parsed). `add_bos`
     /// starts them with the model's BOS token when the model wants one, as the first fill
     /// of a context does.

@@ -156,6 +156,22 @@ def test_speculative_greedy_equals_plain_greedy(smollm2):
     assert run(True) == run(False)
 
 
+def test_a_snapshot_resumes_where_it_was_taken(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("Once upon a time")
+    first = ctx.generate(weft.Argmax(), max_tokens=8, ignore_eos=True).tokens()
+    saved = ctx.snapshot()
+    assert isinstance(saved, bytes)
+    more = ctx.generate(weft.Argmax(), max_tokens=8, ignore_eos=True).tokens()
+    resumed = smollm2.resume(saved)
+    assert resumed.tokens + resumed.pending == ctx.tokens[: len(resumed.tokens)] + [first[-1]]
+    assert resumed.generate(weft.Argmax(), max_tokens=8, ignore_eos=True).tokens() == more
+    damaged = bytearray(saved)
+    damaged[-1] ^= 1
+    with pytest.raises(weft.SnapshotCorrupt):
+        smollm2.resume(bytes(damaged))
+
+
 def test_fork_and_truncate(smollm2):
     ctx = smollm2.context()
     ctx.fill("The capital of France is")
