@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::adapter::Adapter;
 use crate::errors::{ContextBusy, IntoPyResult};
 use crate::forward::Forward;
 use crate::generation::{GenOptions, Generation};
@@ -158,7 +159,8 @@ impl Context {
     /// `stop`: a stop string or a list of them; `stop_token_ids`: extra stop tokens;
     /// `stop_sequences`: lists of ids that end the generation when they appear.
     /// `repeat_penalty`, `presence_penalty`, `frequency_penalty` (llama.cpp's semantics, over
-    /// the last `penalty_last_n` tokens: 64 by default, 0 = all) discourage repeats. One of `json_schema` (a
+    /// the last `penalty_last_n` tokens: 64 by default, 0 = all) discourage repeats.
+    /// `adapters`: LoRA adapters with their scales (default: the engine's stack). One of `json_schema` (a
     /// dict), `regex`, `grammar` (Lark) or `gbnf` constrains the output. `speculate` drafts
     /// with the n-gram drafter. `seed` seeds the sampling.
     #[pyo3(signature = (
@@ -166,7 +168,7 @@ impl Context {
         stop_token_ids = None, stop_sequences = None, json_schema = None, regex = None,
         grammar = None, gbnf = None, speculate = false, seed = None, ignore_eos = false,
         logit_bias = None, repeat_penalty = None, presence_penalty = None,
-        frequency_penalty = None, penalty_last_n = None
+        frequency_penalty = None, penalty_last_n = None, adapters = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
@@ -189,6 +191,7 @@ impl Context {
         presence_penalty: Option<f32>,
         frequency_penalty: Option<f32>,
         penalty_last_n: Option<usize>,
+        adapters: Option<Vec<(PyRef<'_, Adapter>, f32)>>,
     ) -> PyResult<Generation> {
         // One string or a list of them, as OpenAI's `stop` takes.
         let stop = match stop {
@@ -226,6 +229,11 @@ impl Context {
             stop_token_ids: stop_token_ids.unwrap_or_default(),
             stop_sequences: stop_sequences.unwrap_or_default(),
             penalties,
+            adapters: adapters
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(a, s)| (a.inner.clone(), s))
+                .collect(),
             schema: GenOptions::schema(json_schema, regex, grammar, gbnf)?,
             speculate,
             seed,

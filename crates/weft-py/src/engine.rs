@@ -5,6 +5,7 @@ use std::sync::Arc;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
+use crate::adapter::Adapter;
 use crate::context::Context;
 use crate::errors::{to_py, ConfigError, IntoPyResult};
 
@@ -75,6 +76,31 @@ impl Engine {
     /// A new, empty context on this engine.
     fn context(&self) -> Context {
         Context::new(self.inner.context())
+    }
+
+    /// Loads a LoRA adapter for this engine's model; an adapter for another architecture or
+    /// shape, or a damaged file, raises.
+    fn load_adapter(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<Adapter> {
+        let inner = py.detach(|| self.inner.load_adapter(&path)).py()?;
+        Ok(Adapter { inner })
+    }
+
+    /// Pushes `adapter` on the engine's stack: passes that name no adapter run with the stack.
+    #[pyo3(signature = (adapter, scale = 1.0))]
+    fn push_lora(&self, adapter: &Adapter, scale: f32) {
+        self.inner.push_lora(&adapter.inner, scale);
+    }
+
+    /// Removes the adapter pushed last, returning it with its scale.
+    fn pop_lora(&self) -> Option<(Adapter, f32)> {
+        self.inner
+            .pop_lora()
+            .map(|(inner, scale)| (Adapter { inner }, scale))
+    }
+
+    /// Empties the stack: passes that name no adapter run the base model.
+    fn clear_loras(&self) {
+        self.inner.clear_loras();
     }
 
     /// The context a `Context.snapshot()` holds, going on exactly where it was taken

@@ -26,6 +26,7 @@ enum Op {
     Horizon(usize),
     Sample(Vec<usize>, weft::Sampler),
     Probe(usize, ProbeKind),
+    Adapter(weft::Adapter, f32),
 }
 
 /// Reads the tokens a sampler chose (`out[h]`: one id per index, `out.token(h)`: the first).
@@ -174,6 +175,9 @@ impl Prepared {
                 Op::Horizon(n) => {
                     f.horizon(n);
                 }
+                Op::Adapter(a, scale) => {
+                    f.adapter(&a, scale);
+                }
                 Op::Sample(i, s) => samples.push(f.sample(&i, s)),
                 Op::Probe(i, kind) => probes.push(match kind {
                     ProbeKind::Logits => RustProbe::Logits(f.probe(i, weft::Logits)),
@@ -240,6 +244,12 @@ impl Forward {
     /// Adds `bias[id]` to the logits before sampling.
     fn logit_bias(&mut self, bias: std::collections::HashMap<u32, f32>) -> PyResult<()> {
         self.push(Op::LogitBias(bias.into_iter().collect()))
+    }
+
+    /// Runs the pass with `adapter` (several add up; none named: the engine's stack).
+    #[pyo3(signature = (adapter, scale = 1.0))]
+    fn adapter(&mut self, adapter: &crate::adapter::Adapter, scale: f32) -> PyResult<()> {
+        self.push(Op::Adapter(adapter.inner.clone(), scale))
     }
 
     /// Announces `n` more passes of this context (the scheduler may wait for them).

@@ -24,6 +24,7 @@ pub struct GenOptions {
     pub stop_token_ids: Vec<u32>,
     pub stop_sequences: Vec<Vec<u32>>,
     pub penalties: Option<weft::Penalties>,
+    pub adapters: Vec<(weft::Adapter, f32)>,
     pub schema: Option<weft::Schema>,
     pub speculate: bool,
     pub seed: Option<u64>,
@@ -92,6 +93,9 @@ impl GenOptions {
         }
         if let Some(p) = self.penalties {
             g = g.penalties(p);
+        }
+        for (a, scale) in &self.adapters {
+            g = g.adapter(a, *scale);
         }
         if let Some(schema) = self.schema {
             g = g.constrain_with(schema);

@@ -2,6 +2,7 @@
 //! class for class, with no logic of its own. Every call that runs the model releases the GIL,
 //! so Python threads and asyncio tasks on one engine share its scheduler's model calls.
 
+mod adapter;
 mod context;
 mod engine;
 mod errors;
@@ -73,6 +74,7 @@ fn _quiesce(py: Python<'_>) {
 fn _weft(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<engine::Engine>()?;
+    m.add_class::<adapter::Adapter>()?;
     m.add_class::<engine::Embedder>()?;
     m.add_class::<engine::Metrics>()?;
     m.add_class::<context::Context>()?;

@@ -12,9 +12,11 @@ use std::process::Command;
 use weft_testkit::{pinned_venv, reference_dir, run, target_dir, workspace_root};
 
 /// The suite's Python packages, pinned.
-const PACKAGES: [&str; 5] = [
+const PACKAGES: [&str; 6] = [
     "maturin==1.16.0",
     "numpy==2.4.6",
+    // Writes llama.cpp's reference LoRA adapter (`shared/reference/gen_lora.py`).
+    "gguf==0.19.0",
     "pytest==9.2.0",
     "jsonschema==4.26.0",
     "mypy==1.19.1",

@@ -2,6 +2,8 @@
 
 from typing import final, Final, Literal, Generic, TypeVar, Any, AsyncIterator, Awaitable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
+import os
+
 import numpy as np
 from typing_extensions import disjoint_base
 import numpy.typing as npt
@@ -11,6 +13,7 @@ _F32 = npt.NDArray[np.float32]
 
 __version__: str
 __all__ = [
+    "Adapter",
     "Argmax",
     "AttentionBias",
     "BeamSearchError",
@@ -157,6 +160,12 @@ class Metrics:
     prefix_hit_tokens: Final[int]
 
 @final
+class Adapter:
+    """A LoRA adapter loaded for one engine's model (``Engine.load_adapter``)."""
+    @property
+    def name(self) -> str: ...
+
+@final
 class Engine:
     """A loaded model with its scheduler thread; every context of one engine shares its model calls.
 
@@ -174,6 +183,11 @@ class Engine:
         """A new, empty context on this engine."""
     def resume(self, snapshot: bytes) -> Context:
         """The context a ``Context.snapshot()`` holds, going on where it was taken."""
+    def load_adapter(self, path: Union[str, os.PathLike[str]]) -> Adapter:
+        """A LoRA adapter (llama.cpp GGUF LoRA file or PEFT directory) for this model."""
+    def push_lora(self, adapter: Adapter, scale: float = 1.0) -> None: ...
+    def pop_lora(self) -> Optional[Tuple[Adapter, float]]: ...
+    def clear_loras(self) -> None: ...
     def tokenize(self, text: str, add_bos: bool = False) -> List[int]:
         """The token ids of ``text`` (special tokens written in the text are parsed)."""
     def detokenize(self, ids: Sequence[int]) -> str:
@@ -242,6 +256,7 @@ class Context:
         presence_penalty: Optional[float] = None,
         frequency_penalty: Optional[float] = None,
         penalty_last_n: Optional[int] = None,
+        adapters: Optional[Sequence[Tuple[Adapter, float]]] = None,
     ) -> Generation: ...
     def forward(self) -> Forward: ...
 
@@ -286,6 +301,7 @@ class Forward:
     def mask(self, allowed: Sequence[int]) -> None: ...
     def logit_bias(self, bias: Mapping[int, float]) -> None: ...
     def horizon(self, n: int) -> None: ...
+    def adapter(self, adapter: Adapter, scale: float = 1.0) -> None: ...
     def sample(self, indices: Sequence[int], sampler: Sampler) -> SampleHandle: ...
     @overload
     def probe(self, index: int, probe: Distribution) -> ProbeHandle[Tuple[npt.NDArray[np.uint32], _F32]]: ...
