@@ -3,6 +3,7 @@
 //! so Python threads and asyncio tasks on one engine share its scheduler's model calls.
 
 mod adapter;
+mod beam;
 mod context;
 mod engine;
 mod errors;
@@ -81,6 +82,8 @@ fn _weft(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<generation::Generation>()?;
     m.add_class::<rollout::Rollout>()?;
     m.add_function(wrap_pyfunction!(rollout::generate_batch, m)?)?;
+    m.add_class::<beam::BeamHypothesis>()?;
+    m.add_function(wrap_pyfunction!(beam::beam_search, m)?)?;
     m.add_function(wrap_pyfunction!(_quiesce, m)?)?;
     // Private: `from weft import *` does not bring it.
     let all = m.index()?;

@@ -15,6 +15,7 @@ __version__: str
 __all__ = [
     "Adapter",
     "Argmax",
+    "BeamHypothesis",
     "AttentionBias",
     "BeamSearchError",
     "Chain",
@@ -67,6 +68,7 @@ __all__ = [
     "TruncateTooLong",
     "WeftError",
     "__version__",
+    "beam_search",
     "generate_batch",
 ]
 
@@ -362,6 +364,29 @@ def generate_batch(
     padded: Literal[True],
     pad_token_id: Optional[int] = None,
 ) -> Tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint8]]: ...
+
+@final
+class BeamHypothesis:
+    """A finished beam: prompt + output (+ EOS) tokens and HF's length-penalized score."""
+    tokens: Final[List[int]]
+    prompt_len: Final[int]
+    score: Final[float]
+    sum_logprobs: Final[float]
+    @property
+    def generated(self) -> List[int]: ...
+
+def beam_search(
+    engine: Engine,
+    prompt: Union[str, Sequence[int]],
+    num_beams: int = 4,
+    *,
+    max_new_tokens: int = 20,
+    num_return_sequences: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: Union[bool, Literal["never"], None] = None,
+    eos_token_ids: Optional[Sequence[int]] = None,
+    allowed_tokens: Optional[Sequence[int]] = None,
+) -> List[BeamHypothesis]: ...
 
 # --- errors ---------------------------------------------------------------------------------
 

@@ -183,3 +183,20 @@ def test_fork_and_truncate(smollm2):
     ctx.truncate(len(prompt))
     assert ctx.tokens + ctx.pending == prompt
     assert ctx.generate(weft.Argmax(), max_tokens=6, ignore_eos=True).tokens() == ta
+
+
+def test_beam_search_one_beam_is_greedy_and_scores_follow_hf(smollm2):
+    prompt = smollm2.tokenize("The best way to learn a language is", add_bos=True)
+    ctx = smollm2.context()
+    ctx.fill_tokens(prompt)
+    greedy = ctx.generate(weft.Argmax(), max_tokens=12, ignore_eos=True).tokens()
+    [one] = weft.beam_search(smollm2, prompt, 1, max_new_tokens=12, eos_token_ids=[])
+    assert one.generated == greedy and one.tokens[: one.prompt_len] == prompt
+    found = weft.beam_search(smollm2, prompt, 4, max_new_tokens=12, num_return_sequences=3)
+    assert len(found) == 3
+    scores = [h.score for h in found]
+    assert scores == sorted(scores, reverse=True)
+    for h in found:  # length_penalty 1.0: the mean log-probability of the output
+        assert abs(h.score - h.sum_logprobs / len(h.generated)) < 1e-4
+    with pytest.raises(weft.BeamSearchError):
+        weft.beam_search(smollm2, prompt, 2, num_return_sequences=3)
