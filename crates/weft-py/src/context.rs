@@ -8,7 +8,6 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use crate::adapter::Adapter;
 use crate::errors::{ContextBusy, IntoPyResult};
@@ -95,15 +94,26 @@ impl Context {
 
     /// Appends `messages` (`[{"role": ..., "content": ...}]`) rendered by the model's chat
     /// template, with the assistant's turn opened.
-    fn fill_chat(&self, messages: Vec<Bound<'_, PyDict>>) -> PyResult<()> {
-        let mut list = Vec::with_capacity(messages.len());
-        for m in &messages {
+    fn fill_chat(&self, messages: &Bound<'_, PyAny>) -> PyResult<()> {
+        use pyo3::exceptions::{PyKeyError, PyTypeError};
+        let shape = "fill_chat takes a list of messages: [{\"role\": ..., \"content\": ...}]";
+        if messages.is_instance_of::<pyo3::types::PyString>() {
+            return Err(PyTypeError::new_err(shape));
+        }
+        let mut list = Vec::new();
+        for m in messages
+            .try_iter()
+            .map_err(|_| PyTypeError::new_err(shape))?
+        {
+            let m = m?;
+            // Any mapping: a dict, a MappingProxyType, ...
             let field = |k: &str| -> PyResult<String> {
-                m.get_item(k)?
-                    .ok_or_else(|| {
-                        pyo3::exceptions::PyKeyError::new_err(format!("a message has no {k:?}"))
-                    })?
-                    .extract()
+                let v = m
+                    .get_item(k)
+                    .map_err(|_| PyKeyError::new_err(format!("a message has no {k:?}")))?;
+                v.extract().map_err(|_| {
+                    PyTypeError::new_err(format!("a message's {k:?} must be a string, got {v}"))
+                })
             };
             list.push(weft::Message::new(field("role")?, field("content")?));
         }

@@ -1,7 +1,9 @@
 //! `weft.generate_batch`: batched rollouts (seed 003), as `weft::rollout` runs them.
 
 use numpy::{PyArray1, PyArrayMethods};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 use crate::engine::Engine;
 use crate::errors::{ConfigError, IntoPyResult};
@@ -79,7 +81,15 @@ pub fn generate_batch<'py>(
             RolloutRequest::from_padded(&ids, &mask, sampler).py()?
         }
         None => {
-            let list: Vec<Bound<'py, PyAny>> = prompts.extract()?;
+            // A lone string would be read as a list of one-character prompts.
+            let list: Vec<Bound<'py, PyAny>> = match prompts.is_instance_of::<PyString>() {
+                true => Err(PyTypeError::new_err(
+                    "prompts must be a list (of strings or of token-id lists), not one string",
+                )),
+                false => prompts.extract().map_err(|_| {
+                    PyTypeError::new_err("prompts must be a list of strings or of token-id lists")
+                }),
+            }?;
             let mut requests = Vec::with_capacity(list.len());
             for p in list {
                 let prompt = match p.extract::<String>() {

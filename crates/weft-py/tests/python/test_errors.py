@@ -97,6 +97,21 @@ def test_settings_and_probes_are_checked_where_they_are_written():
     assert weft.ProbeHandle[float] is not None
 
 
+def test_common_mistakes_get_plain_messages(smollm2):
+    import types
+
+    ctx = smollm2.context()
+    with pytest.raises(TypeError, match="list of messages"):
+        ctx.fill_chat("hi")
+    with pytest.raises(TypeError, match='"content" must be a string'):
+        ctx.fill_chat([{"role": "user", "content": 5}])
+    with pytest.raises(TypeError, match="not one string"):
+        weft.generate_batch(smollm2, "hello")
+    # Any mapping is a message.
+    ctx.fill_chat([types.MappingProxyType({"role": "user", "content": "Hi"})])
+    assert ctx.pending
+
+
 def test_a_failed_generation_says_so_afterwards(smollm2):
     ctx = smollm2.context()
     ctx.fill("Hello")
