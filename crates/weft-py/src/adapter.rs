@@ -7,7 +7,6 @@ use pyo3::prelude::*;
 /// A LoRA adapter loaded for one engine's model (llama.cpp's GGUF LoRA file or a PEFT
 /// directory). Cheap to share between generations.
 #[pyclass(frozen, module = "weft")]
-#[derive(Clone)]
 pub struct Adapter {
     pub inner: weft::Adapter,
 }

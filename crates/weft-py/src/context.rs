@@ -170,9 +170,9 @@ impl Context {
     /// `stop_sequences`: lists of ids that end the generation when they appear.
     /// `repeat_penalty`, `presence_penalty`, `frequency_penalty` (llama.cpp's semantics, over
     /// the last `penalty_last_n` tokens: 64 by default, 0 = all) discourage repeats.
-    /// `adapters`: LoRA adapters with their scales (default: the engine's stack). One of `json_schema` (a
-    /// dict), `regex`, `grammar` (Lark) or `gbnf` constrains the output. `speculate` drafts
-    /// with the n-gram drafter. `seed` seeds the sampling.
+    /// `adapters`: LoRA adapters with their scales (default: the engine's stack). One of
+    /// `json_schema` (a dict), `regex`, `grammar` (Lark) or `gbnf` constrains the output.
+    /// `speculate` drafts with the n-gram drafter. `seed` seeds the sampling.
     #[pyo3(signature = (
         sampler = None, *, max_tokens = None, min_tokens = None, stop = None,
         stop_token_ids = None, stop_sequences = None, json_schema = None, regex = None,
