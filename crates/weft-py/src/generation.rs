@@ -272,18 +272,22 @@ impl Generation {
 /// The next delta, `None` at the end. The stream is dropped (and the context freed) as soon
 /// as it ends or fails.
 async fn next_delta(stream: Shared) -> PyResult<Option<String>> {
-    let mut guard = stream.lock().await;
-    let Some(s) = guard.as_mut() else {
+    advance(&mut *stream.lock().await).await
+}
+
+/// The next delta of the stream in `slot`, which is emptied when the stream ends or fails.
+async fn advance(slot: &mut Option<Deltas>) -> PyResult<Option<String>> {
+    let Some(s) = slot.as_mut() else {
         return Ok(None);
     };
     match s.next().await {
         Some(Ok(d)) => Ok(Some(d)),
         Some(Err(e)) => {
-            *guard = None;
+            *slot = None;
             Err(to_py(e))
         }
         None => {
-            *guard = None;
+            *slot = None;
             Ok(None)
         }
     }
@@ -305,20 +309,7 @@ async fn hold_next(stream: Shared, held: Held) {
     if taken(&held) {
         return;
     }
-    let next = match guard.as_mut() {
-        None => Ok(None),
-        Some(s) => match s.next().await {
-            Some(Ok(d)) => Ok(Some(d)),
-            Some(Err(e)) => {
-                *guard = None;
-                Err(to_py(e))
-            }
-            None => {
-                *guard = None;
-                Ok(None)
-            }
-        },
-    };
+    let next = advance(&mut guard).await;
     *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(next);
 }
 
