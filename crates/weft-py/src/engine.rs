@@ -78,6 +78,18 @@ impl Engine {
         Context::new(self.inner.context())
     }
 
+    /// The vectors the model's first block reads for `ids` (a float32 array of
+    /// `len(ids) × n_embd`): given to `Forward.input_embeds` they reproduce the ids' logits.
+    fn input_embeddings<'py>(
+        &self,
+        py: Python<'py>,
+        ids: Vec<u32>,
+    ) -> PyResult<Bound<'py, numpy::PyArray2<f32>>> {
+        let d = self.inner.info().n_embd;
+        let rows = py.detach(|| self.inner.input_embeddings(&ids)).py()?;
+        PyArray1::from_vec(py, rows).reshape([ids.len(), d])
+    }
+
     /// Loads a LoRA adapter for this engine's model; an adapter for another architecture or
     /// shape, or a damaged file, raises.
     fn load_adapter(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<Adapter> {

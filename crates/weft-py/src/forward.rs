@@ -27,6 +27,8 @@ enum Op {
     Sample(Vec<usize>, weft::Sampler),
     Probe(usize, ProbeKind),
     Adapter(weft::Adapter, f32),
+    InputEmbeds(Vec<u32>, Vec<f32>, Vec<u32>),
+    AttentionBias(Vec<Vec<f32>>),
 }
 
 /// Reads the tokens a sampler chose (`out[h]`: one id per index, `out.token(h)`: the first).
@@ -178,6 +180,12 @@ impl Prepared {
                 Op::Adapter(a, scale) => {
                     f.adapter(&a, scale);
                 }
+                Op::InputEmbeds(ids, rows, positions) => {
+                    f.input_embeds_as(&ids, &rows, &positions);
+                }
+                Op::AttentionBias(rows) => {
+                    f.attention_bias(rows);
+                }
                 Op::Sample(i, s) => samples.push(f.sample(&i, s)),
                 Op::Probe(i, kind) => probes.push(match kind {
                     ProbeKind::Logits => RustProbe::Logits(f.probe(i, weft::Logits)),
@@ -234,6 +242,34 @@ impl Forward {
     /// One boolean row per input token: which context positions it may attend to.
     fn attention_mask(&mut self, rows: Vec<Vec<bool>>) -> PyResult<()> {
         self.push(Op::AttentionMask(rows))
+    }
+
+    /// Inputs given as vectors (`rows`: `len(positions) × n_embd` floats, e.g. a NumPy array
+    /// of that shape) at `positions`, recorded in the context as `ids` (default 0) —
+    /// `Engine.input_embeddings(ids)` gives the vectors that reproduce real tokens.
+    #[pyo3(signature = (rows, positions, ids = None))]
+    fn input_embeds(
+        &mut self,
+        rows: &Bound<'_, PyAny>,
+        positions: Vec<u32>,
+        ids: Option<Vec<u32>>,
+    ) -> PyResult<()> {
+        let rows: Vec<f32> = match rows.hasattr("ravel")? {
+            true => rows
+                .call_method0("ravel")?
+                .call_method0("tolist")?
+                .extract()?,
+            false => rows.extract::<Vec<Vec<f32>>>()?.concat(),
+        };
+        let ids = ids.unwrap_or_else(|| vec![0; positions.len()]);
+        self.len += ids.len();
+        self.push(Op::InputEmbeds(ids, rows, positions))
+    }
+
+    /// An additive attention bias: one row per input token, as long as an attention mask's
+    /// row (`len(ctx) + i + 1`); `-inf` hides a token.
+    fn attention_bias(&mut self, rows: Vec<Vec<f32>>) -> PyResult<()> {
+        self.push(Op::AttentionBias(rows))
     }
 
     /// Allows only these token ids for every sampler of the pass.

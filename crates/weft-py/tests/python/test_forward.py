@@ -78,3 +78,32 @@ def test_a_pass_runs_once(smollm2):
     fwd.run()
     with pytest.raises(RuntimeError):
         fwd.run()
+
+
+def test_input_vectors_reproduce_their_tokens_and_a_bias_shapes_attention(smollm2):
+    ids = smollm2.tokenize("The capital of France is")
+
+    def last_logits(build):
+        ctx = smollm2.context()
+        fwd = ctx.forward()
+        build(fwd)
+        h = fwd.probe(len(fwd) - 1, weft.Logits())
+        return fwd.run()[h]
+
+    plain = last_logits(lambda f: f.input(ids))
+    rows = smollm2.input_embeddings(ids)
+    assert rows.shape == (len(ids), 576) and rows.dtype == np.float32
+    # The tokens' own vectors give the tokens' logits, bit for bit.
+    as_vectors = last_logits(lambda f: f.input_embeds(rows, list(range(len(ids))), ids=ids))
+    assert (as_vectors == plain).all()
+    with pytest.raises(weft.InputEmbeds):
+        last_logits(lambda f: f.input_embeds(rows[:, :100], list(range(len(ids)))))
+    # A zero bias over the causal rows is causal attention; hiding a token changes the output.
+    causal = [[0.0] * (i + 1) for i in range(len(ids))]
+    assert np.allclose(last_logits(lambda f: (f.input(ids), f.attention_bias(causal))), plain, atol=1e-3)
+    hidden = [row[:] for row in causal]
+    for row in hidden[2:]:
+        row[1] = float("-inf")
+    assert not np.allclose(last_logits(lambda f: (f.input(ids), f.attention_bias(hidden))), plain, atol=1e-2)
+    with pytest.raises(weft.MaskLength):
+        last_logits(lambda f: (f.input(ids), f.attention_bias([[0.0]] * len(ids))))
