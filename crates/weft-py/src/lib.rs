@@ -36,16 +36,40 @@ impl InFlight {
 
 /// `fut` as a Python awaitable, counted in flight (see [`_quiesce`]) until it ends or is
 /// cancelled. Every awaitable of the package is made here.
+///
+/// Called inside a running event loop, it is an asyncio future whose work starts at once (so
+/// `gather` and tasks overlap it with other work). Called before any loop runs, as in
+/// `asyncio.run(g.atext())`, it is a coroutine that starts the work when first awaited: an
+/// asyncio future needs a loop to belong to, and `asyncio.run` takes coroutines only.
 pub(crate) fn awaitable<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: std::future::Future<Output = PyResult<T>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
     let in_flight = InFlight::new();
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    let fut = async move {
         let _in_flight = in_flight;
         fut.await
-    })
+    };
+    let running = py.import("asyncio")?.call_method0("_get_running_loop")?;
+    if !running.is_none() {
+        return pyo3_async_runtimes::tokio::future_into_py(py, fut);
+    }
+    // Dropped unawaited, the closure drops the future and its count with it.
+    let pending = std::sync::Mutex::new(Some(fut));
+    let start = pyo3::types::PyCFunction::new_closure(py, None, None, move |args, _| {
+        let fut = pending
+            .lock()
+            .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("awaitable poisoned"))?
+            .take()
+            .ok_or_else(|| {
+                pyo3::exceptions::PyRuntimeError::new_err("this awaitable was already awaited")
+            })?;
+        pyo3_async_runtimes::tokio::future_into_py(args.py(), fut).map(Bound::unbind)
+    })?;
+    py.import("weft._aio")?
+        .getattr("start_when_awaited")?
+        .call1((start,))
 }
 
 impl Drop for InFlight {

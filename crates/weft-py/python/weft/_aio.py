@@ -7,3 +7,9 @@ async def next_delta(gen):  # type: ignore[no-untyped-def]
     while waiting, and a delta made by then stays held for the next call."""
     await gen._ready()
     return gen._take()
+
+
+async def start_when_awaited(start):  # type: ignore[no-untyped-def]
+    """An awaitable made before any event loop ran (``asyncio.run(g.atext())``): ``start()``
+    makes the asyncio future of the work, in the loop that awaits this coroutine."""
+    return await start()

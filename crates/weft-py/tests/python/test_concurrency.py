@@ -140,6 +140,28 @@ def test_awaitable_collectors(smollm2):
     assert len(tokens) == 8
 
 
+def test_awaitables_made_before_the_loop_runs(smollm2):
+    # `asyncio.run(g.atext())` calls `atext()` before any loop runs: the awaitable must still
+    # work (a coroutine starting the work when awaited), and one dropped unawaited runs nothing.
+    ctx = smollm2.context()
+    ctx.fill("The capital of France is")
+    g = ctx.generate(weft.Argmax(), max_tokens=8, ignore_eos=True)
+    assert asyncio.run(g.atext()) == greedy(smollm2, "The capital of France is", 8)
+    assert len(asyncio.run(g.atokens())) == 8
+
+    ctx = smollm2.context()
+    ctx.fill("The capital of France is")
+    fwd = ctx.forward()
+    h = fwd.sample([len(fwd) - 1], weft.Argmax())
+    n, pages = len(ctx), smollm2.metrics().kv_pages_used
+    dropped = ctx.forward()
+    dropped.sample([len(dropped) - 1], weft.Argmax())
+    unawaited = dropped.execute()
+    unawaited.close()  # a coroutine never awaited: nothing ran, nothing is held
+    assert (len(ctx), smollm2.metrics().kv_pages_used) == (n, pages)
+    assert asyncio.run(fwd.execute()).token(h) == 7042  # " Paris"
+
+
 def wait_pages(engine, want, timeout=5.0):
     deadline = time.monotonic() + timeout
     while engine.metrics().kv_pages_used != want and time.monotonic() < deadline:
