@@ -109,6 +109,16 @@ fn chat_reads_a_pipe_one_message_a_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("usage: /load FILE"), "{stderr}");
+    let out = common::weft(&["chat", "--temp", "0", "-n", "4"], "/usr/bin/env?\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("unknown command /usr/bin/env?"), "{stderr}");
+    assert!(stderr.contains("start a message with //"), "{stderr}");
+
+    // `//` sends a message that begins with one `/`.
+    let (stdout, _) = run(&["chat", "--temp", "0", "-n", "8"], "//usr/bin/env?\n");
+    let reply = greedy_reply(&engine, &[Message::user("/usr/bin/env?")], 8);
+    assert_eq!(stdout, format!("{reply}\n"));
 }
 
 /// `-c/--ctx-size`: a reply that reaches the end of the context stops there (the library's

@@ -57,7 +57,8 @@ const HELP: &str = "\
 /load FILE   replace the conversation with the one in FILE
 /exit        quit (also /bye, Ctrl-D)
 /help        this list
-End a line with \\ to go on with the message on the next line. Ctrl-C stops a reply.";
+End a line with \\ to go on with the message on the next line. Begin a message with // to
+send one that starts with /. Ctrl-C stops a reply.";
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sampler = args.sampling.sampler()?;
@@ -106,15 +107,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if message.is_empty() {
             continue;
         }
-        if let Some(command) = message.strip_prefix('/') {
-            match chat.command(command) {
-                Ok(Flow::Exit) => return Ok(()),
-                Ok(Flow::Continue) => {}
-                Err(e) if interactive => eprintln!("error: {e:#}"),
-                Err(e) => return Err(e),
+        // `//` sends a message that begins with `/` (a path, say); one `/` starts a command.
+        let message = match message.strip_prefix("//") {
+            Some(_) => &message[1..],
+            None => {
+                if let Some(command) = message.strip_prefix('/') {
+                    match chat.command(command) {
+                        Ok(Flow::Exit) => return Ok(()),
+                        Ok(Flow::Continue) => {}
+                        Err(e) if interactive => eprintln!("error: {e:#}"),
+                        Err(e) => return Err(e),
+                    }
+                    continue;
+                }
+                message
             }
-            continue;
-        }
+        };
         ctrl_c.start_reply();
         let keep_output = interactive.then(KeepOutput::on_stdin);
         let result = chat.reply(message, &ctrl_c.stop);
@@ -287,7 +295,10 @@ impl Chat {
                 self.messages = messages;
             }
             "help" | "?" => eprintln!("{HELP}"),
-            _ => anyhow::bail!("unknown command /{name}; /help lists the commands"),
+            _ => anyhow::bail!(
+                "unknown command /{name}; /help lists the commands (start a message with // to \
+                 send one that begins with /)"
+            ),
         }
         Ok(Flow::Continue)
     }
