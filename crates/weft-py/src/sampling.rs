@@ -32,6 +32,63 @@ impl Sampler {
             ref other => format!("weft.Sampler({other:?})"),
         }
     }
+
+    /// Samplers with the same settings are equal (`weft.Argmax() == weft.Argmax()`).
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<Sampler>()
+            .is_ok_and(|o| o.get().inner == self.inner)
+    }
+
+    /// Equal samplers hash alike (a zero temperature and a negative zero one too).
+    fn __hash__(&self) -> u64 {
+        use weft::Sampler as S;
+        let f = |x: f32| u64::from((x + 0.0).to_bits());
+        let fields: [u64; 5] = match self.inner {
+            S::Argmax => [0, 0, 0, 0, 0],
+            S::Temperature { temperature } => [1, f(temperature), 0, 0, 0],
+            S::TopK { k, temperature } => [2, k as u64, f(temperature), 0, 0],
+            S::TopP { p, temperature } => [3, f(p), f(temperature), 0, 0],
+            S::MinP { p, temperature } => [4, f(p), f(temperature), 0, 0],
+            S::Chain {
+                k,
+                p,
+                min_p,
+                temperature,
+            } => [5, k as u64, f(p), f(min_p), f(temperature)],
+            _ => [6, 0, 0, 0, 0],
+        };
+        // FNV-1a's constants, a word at a time.
+        fields.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
+            (h ^ x).wrapping_mul(0x100_0000_01b3)
+        })
+    }
+
+    /// Pickles as its constructor call, so samplers cross to other processes.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        use weft::Sampler as S;
+        let py = slf.py();
+        let args = match slf.get().inner {
+            S::Argmax => ().into_pyobject(py)?.into_any(),
+            S::Temperature { temperature } => (temperature,).into_pyobject(py)?.into_any(),
+            S::TopK { k, temperature } => (k, temperature).into_pyobject(py)?.into_any(),
+            S::TopP { p, temperature } | S::MinP { p, temperature } => {
+                (p, temperature).into_pyobject(py)?.into_any()
+            }
+            S::Chain {
+                k,
+                p,
+                min_p,
+                temperature,
+            } => (k, p, min_p, temperature).into_pyobject(py)?.into_any(),
+            ref other => {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "cannot pickle weft.Sampler({other:?})"
+                )))
+            }
+        };
+        Ok((slf.get_type().into_any(), args))
+    }
 }
 
 /// A constructor's value, checked before the object exists.
@@ -166,6 +223,22 @@ impl Probe {
             ProbeKind::Entropy => "weft.Entropy()".into(),
             ProbeKind::Hidden => "weft.Hidden()".into(),
         }
+    }
+
+    /// Pickles as its constructor call, so probes cross to other processes.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let py = slf.py();
+        let args = match &slf.get().kind {
+            ProbeKind::Logits | ProbeKind::Entropy | ProbeKind::Hidden => {
+                ().into_pyobject(py)?.into_any()
+            }
+            ProbeKind::Distribution { temperature, k } => {
+                (*temperature, *k).into_pyobject(py)?.into_any()
+            }
+            ProbeKind::Logprob(id) => (*id,).into_pyobject(py)?.into_any(),
+            ProbeKind::Logprobs(ids) => (ids.clone(),).into_pyobject(py)?.into_any(),
+        };
+        Ok((slf.get_type().into_any(), args))
     }
 }
 

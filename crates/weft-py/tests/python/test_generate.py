@@ -1,5 +1,6 @@
 """Generation through the Python package against the Rust API and llama.cpp."""
 
+import pickle
 import re
 
 import jsonschema
@@ -115,6 +116,39 @@ def test_sampling_is_seeded(smollm2):
 
     assert run(7) == run(7)
     assert run(7) != run(8)
+
+
+def test_samplers_and_probes_pickle_and_compare_by_value(smollm2):
+    samplers = [
+        weft.Argmax(),
+        weft.Temperature(0.7),
+        weft.TopK(20, temperature=0.8),
+        weft.TopP(0.9, temperature=0.7),
+        weft.MinP(0.05),
+        weft.Chain(top_k=30, top_p=0.9, min_p=0.1, temperature=0.6),
+    ]
+    for s in samplers:
+        back = pickle.loads(pickle.dumps(s))
+        assert type(back) is type(s) and repr(back) == repr(s)
+        assert back == s and hash(back) == hash(s)
+    assert weft.Temperature(0.0) == weft.Temperature(-0.0)
+    assert hash(weft.Temperature(0.0)) == hash(weft.Temperature(-0.0))
+    assert weft.TopP(0.9) != weft.TopP(0.8) and weft.TopP(0.9) != weft.MinP(0.9)
+    assert weft.Argmax() != "weft.Argmax()" and len({weft.Argmax(), weft.Argmax()}) == 1
+    probes = [weft.Logits(), weft.Distribution(0.5, 3), weft.Logprob(7), weft.Logprobs([1, 2])]
+    probes += [weft.Entropy(), weft.Hidden()]
+    for p in probes:
+        back = pickle.loads(pickle.dumps(p))
+        assert type(back) is type(p) and repr(back) == repr(p)
+
+    # An unpickled sampler samples as its original does.
+    def run(sampler):
+        ctx = smollm2.context()
+        ctx.fill("Once upon a time")
+        return ctx.generate(sampler, max_tokens=16, seed=11).tokens()
+
+    top_p = weft.TopP(0.95, temperature=1.0)
+    assert run(pickle.loads(pickle.dumps(top_p))) == run(top_p)
 
 
 def test_json_schema_output_parses_and_validates(smollm2):
