@@ -172,15 +172,10 @@ impl Generation {
             weft::constraint::compile(lease.ctx().engine(), schema).map_err(to_py)?;
         }
         // So are ids past the vocabulary (they failed at the first token, or never).
-        let vocab_size = lease.ctx().engine().info().vocab_size;
         let ids = opts.logit_bias.iter().map(|b| b.0);
         let ids = ids.chain(opts.stop_token_ids.iter().copied());
-        if let Some(id) = ids
-            .chain(opts.stop_sequences.iter().flatten().copied())
-            .find(|&id| id as usize >= vocab_size)
-        {
-            return Err(to_py(weft::Error::TokenOutOfVocab { id, vocab_size }));
-        }
+        let ids = ids.chain(opts.stop_sequences.iter().flatten().copied());
+        lease.ctx().engine().check_ids(ids).map_err(to_py)?;
         let progress = Arc::new(Mutex::new(Progress::default()));
         let record = progress.clone();
         let deltas = async_stream::stream! {

@@ -323,10 +323,7 @@ impl Context {
 
     /// Buffers `ids` for the next pass.
     pub fn fill_tokens(&mut self, ids: &[u32]) -> Result<()> {
-        let vocab_size = self.engine.info().vocab_size;
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(Error::TokenOutOfVocab { id, vocab_size });
-        }
+        self.engine.check_ids(ids.iter().copied())?;
         self.pending.extend_from_slice(ids);
         Ok(())
     }
@@ -500,10 +497,7 @@ impl Context {
         rows: &[f32],
         attn_bias: Option<&[f32]>,
     ) -> Result<()> {
-        let vocab_size = self.engine.info().vocab_size;
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(Error::TokenOutOfVocab { id, vocab_size });
-        }
+        self.engine.check_ids(ids.iter().copied())?;
         let vectors = crate::forward::split_vectors(rows, ids.len(), self.engine.info().n_embd)?;
         let base = self.tokens.len() + self.pending.len();
         let bias = match attn_bias {

@@ -292,12 +292,7 @@ impl Embedder {
                     n_ctx: cfg.max_position_embeddings,
                 });
             }
-            if let Some(&id) = ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
-                return Err(Error::TokenOutOfVocab {
-                    id,
-                    vocab_size: cfg.vocab_size,
-                });
-            }
+            crate::error::check_vocab(ids.iter().copied(), cfg.vocab_size)?;
         }
         let d = self.dim();
         let mut out = Vec::with_capacity(inputs.len());

@@ -384,10 +384,7 @@ impl Engine {
     /// # Ok(()) }
     /// ```
     pub fn input_embeddings(&self, ids: &[u32]) -> Result<Vec<f32>> {
-        let vocab_size = self.info().vocab_size;
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(Error::TokenOutOfVocab { id, vocab_size });
-        }
+        self.check_ids(ids.iter().copied())?;
         Ok(self.inner.shared.runner().input_embeddings(ids)?)
     }
 
@@ -406,12 +403,23 @@ impl Engine {
         self.inner.tokenizer.encode(text, false, true)
     }
 
+    /// `Ok` when every one of `ids` is in the model's vocabulary, else
+    /// [`Error::TokenOutOfVocab`] naming the first that is not.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// assert!(engine.check_ids(engine.tokenize("Hello")).is_ok());
+    /// assert!(engine.check_ids([u32::MAX]).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn check_ids(&self, ids: impl IntoIterator<Item = u32>) -> Result<()> {
+        crate::error::check_vocab(ids, self.info().vocab_size)
+    }
+
     /// The text of `ids` (control tokens are not rendered).
     pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
-        let vocab_size = self.info().vocab_size;
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(Error::TokenOutOfVocab { id, vocab_size });
-        }
+        self.check_ids(ids.iter().copied())?;
         Ok(self.inner.tokenizer.decode(ids)?)
     }
 

@@ -107,3 +107,11 @@ impl Error {
 
 /// `Result` with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// [`Error::TokenOutOfVocab`] for the first of `ids` past a vocabulary of `vocab_size`.
+pub(crate) fn check_vocab(ids: impl IntoIterator<Item = u32>, vocab_size: usize) -> Result<()> {
+    match ids.into_iter().find(|&id| id as usize >= vocab_size) {
+        Some(id) => Err(Error::TokenOutOfVocab { id, vocab_size }),
+        None => Ok(()),
+    }
+}

@@ -330,9 +330,7 @@ impl<'c> Forward<'c> {
         if n == 0 {
             return Err(Error::EmptyPass);
         }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(Error::TokenOutOfVocab { id, vocab_size });
-        }
+        engine.check_ids(tokens.iter().copied())?;
         if ctx.len() + n > n_ctx {
             return Err(Error::ContextTooLong {
                 len: ctx.len() + n,

@@ -122,9 +122,7 @@ impl ProbeKind {
     pub(crate) fn validate(&self, vocab_size: usize) -> Result<()> {
         match self {
             ProbeKind::Logprobs(ids) => {
-                if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-                    return Err(Error::TokenOutOfVocab { id, vocab_size });
-                }
+                crate::error::check_vocab(ids.iter().copied(), vocab_size)?;
             }
             ProbeKind::Distribution { temperature, .. }
                 if !(temperature.is_finite() && *temperature >= 0.0) =>

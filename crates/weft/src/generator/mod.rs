@@ -463,10 +463,7 @@ impl<'c> Generator<'c> {
     /// next step. An id past the vocabulary is [`Error::TokenOutOfVocab`], and then none of
     /// `tokens` is taken.
     pub fn accept(&mut self, tokens: &[u32]) -> Result<()> {
-        let vocab_size = self.ctx.engine().info().vocab_size;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(Error::TokenOutOfVocab { id, vocab_size });
-        }
+        self.ctx.engine().check_ids(tokens.iter().copied())?;
         self.accept_run(tokens, 0);
         Ok(())
     }

@@ -75,11 +75,7 @@ impl Engine {
                 reason: "its KV cache layout differs from this model's".into(),
             });
         }
-        let vocab_size = self.info().vocab_size;
-        let ids = saved.tokens.iter().chain(&saved.pending);
-        if let Some(&id) = ids.clone().find(|&&id| id as usize >= vocab_size) {
-            return Err(Error::TokenOutOfVocab { id, vocab_size });
-        }
+        self.check_ids(saved.tokens.iter().chain(&saved.pending).copied())?;
         let n_ctx = self.n_ctx();
         let len = saved.tokens.len() + saved.pending.len();
         let top = saved
