@@ -29,11 +29,32 @@ pub struct Args {
 /// Rows of logits computed per call (bounds memory: a Gemma 3 row is 1 MiB).
 const ROWS_PER_CALL: usize = 64;
 
-/// `log_softmax(logits)[target]`, accumulated in f64.
-fn log_prob(logits: &[f32], target: u32) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    f64::from(logits[target as usize] - max) - sum.ln()
+/// The log-probability each row of `logits` gives its target (`row r` → `targets[r]`), as
+/// llama-perplexity's `log_softmax` takes it (exp in f32, summed in f64): the rows are shared
+/// over `threads` threads, since one row of Gemma 3's is 262,144 exponentials and the model's
+/// threads would otherwise wait on them.
+fn target_logprobs(logits: &[f32], targets: &[u32], threads: usize) -> Vec<f64> {
+    let vocab = logits.len() / targets.len().max(1);
+    let one = |(row, &t): (&[f32], &u32)| f64::from(weft::sampling::logprobs_of(row, &[t])[0]);
+    let per = targets.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = logits
+            .chunks(per * vocab)
+            .zip(targets.chunks(per))
+            .map(|(rows, ts)| {
+                s.spawn(move || {
+                    rows.chunks_exact(vocab)
+                        .zip(ts)
+                        .map(one)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -42,6 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let file = Arc::new(args.model.open()?);
     let tok = Tokenizer::from_gguf(&file)?;
     let mut runner = args.threads.runner(file)?;
+    let threads = runner.n_threads();
     let mut tokens = tok.encode(&text, true, true);
     let vocab = runner.info().vocab_size;
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
@@ -87,8 +109,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             // The chunk's last token is only ever a target: it is never run.
             let batch: Vec<BatchEntry> = (j..end).map(|k| entry(k, true)).collect();
             let logits = runner.forward(&batch)?;
-            for (r, row) in logits.chunks_exact(vocab).enumerate() {
-                let lp = log_prob(row, tokens[start + j + r + 1]);
+            let targets = &tokens[start + j + 1..start + end + 1];
+            for lp in target_logprobs(logits, targets, threads) {
                 nll -= lp;
                 nll2 += lp * lp;
                 count += 1;
