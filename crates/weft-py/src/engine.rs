@@ -98,9 +98,11 @@ impl Engine {
     }
 
     /// Pushes `adapter` on the engine's stack: passes that name no adapter run with the stack.
+    /// A scale that is not a finite number, or an adapter that does not fit this engine's
+    /// model, raises and leaves the stack as it was.
     #[pyo3(signature = (adapter, scale = 1.0))]
-    fn push_lora(&self, adapter: &Adapter, scale: f32) {
-        self.inner.push_lora(&adapter.inner, scale);
+    fn push_lora(&self, adapter: &Adapter, scale: f32) -> PyResult<()> {
+        self.inner.push_lora(&adapter.inner, scale).py()
     }
 
     /// Removes the adapter pushed last, returning it with its scale.

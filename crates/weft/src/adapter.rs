@@ -2,7 +2,7 @@
 //! one pass.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use weft_core::gguf::GgufFile;
 use weft_core::lora::{self, AdapterSet, LoraAdapter, ZoSeed};
@@ -26,39 +26,66 @@ use crate::error::{Error, Result};
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
-pub struct Adapter(pub(crate) Arc<LoraAdapter>);
+pub struct Adapter {
+    core: Arc<LoraAdapter>,
+    /// The model it was loaded for, and checked against then (a weak pointer: it keeps no
+    /// model alive, and its address is never another model's while it exists).
+    loaded_for: Weak<GgufFile>,
+}
 
 impl std::fmt::Debug for Adapter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Adapter")
-            .field("name", &self.0.name())
-            .field("projections", &self.0.len())
-            .field("max_rank", &self.0.max_rank())
+            .field("name", &self.core.name())
+            .field("projections", &self.core.len())
+            .field("max_rank", &self.core.max_rank())
             .finish()
     }
 }
 
 impl PartialEq for Adapter {
     fn eq(&self, other: &Adapter) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        Arc::ptr_eq(&self.core, &other.core)
     }
 }
 
 impl Adapter {
     /// Where it was loaded from.
     pub fn name(&self) -> &str {
-        self.0.name()
+        self.core.name()
     }
 
     /// The highest rank of its projections.
     pub fn rank(&self) -> usize {
-        self.0.max_rank()
+        self.core.max_rank()
     }
 
     /// The adapter as the engine core holds it.
     pub fn as_core(&self) -> &Arc<LoraAdapter> {
-        &self.0
+        &self.core
     }
+
+    /// Checks that it fits `engine`'s model: at once for the engine that loaded it, and
+    /// projection by projection for another (an adapter loaded by one engine and used on a
+    /// second, which may hold another model).
+    fn check_fits(&self, engine: &Engine) -> Result<()> {
+        let model = &engine.inner.file;
+        if std::ptr::eq(self.loaded_for.as_ptr(), Arc::as_ptr(model)) {
+            return Ok(());
+        }
+        Ok(self.core.check_fits(model)?)
+    }
+}
+
+/// A scale an adapter can run with: a NaN or infinite one would turn every logit into NaN.
+fn check_scale(adapter: &Adapter, scale: f32) -> Result<()> {
+    if scale.is_finite() {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "adapter {}: its scale must be a finite number, got {scale}",
+        adapter.name()
+    )))
 }
 
 /// The adapters one pass runs with (empty: the engine's stack).
@@ -76,12 +103,9 @@ impl PassAdapters {
         } else {
             self.stack.clone()
         };
-        // A NaN or infinite scale would turn every logit into NaN (read as 0).
-        if let Some((a, scale)) = stack.iter().find(|(_, s)| !s.is_finite()) {
-            return Err(Error::Config(format!(
-                "adapter {}: its scale must be a finite number, got {scale}",
-                a.name()
-            )));
+        for (adapter, scale) in &stack {
+            check_scale(adapter, *scale)?;
+            adapter.check_fits(engine)?;
         }
         if let Some(z) = self.zo.filter(|z| !z.sigma.is_finite()) {
             return Err(Error::Config(format!(
@@ -98,7 +122,7 @@ impl PassAdapters {
             };
         }
         let set = AdapterSet {
-            stack: stack.into_iter().map(|(a, s)| (a.0, s)).collect(),
+            stack: stack.into_iter().map(|(a, s)| (a.core, s)).collect(),
             zo: self.zo,
         };
         Ok((!set.is_noop()).then_some(set))
@@ -119,14 +143,22 @@ impl Engine {
             let file = GgufFile::open(path)?;
             lora::gguf::load(&file, base, &path.display().to_string())?
         };
-        Ok(Adapter(Arc::new(adapter)))
+        Ok(Adapter {
+            core: Arc::new(adapter),
+            loaded_for: Arc::downgrade(base),
+        })
     }
 
     /// Pushes `adapter` with `scale` on the engine's stack: passes that name no adapter run
     /// with the whole stack (the sum of its scaled deltas). Hot-swappable: takes effect for
-    /// passes submitted afterwards.
-    pub fn push_lora(&self, adapter: &Adapter, scale: f32) {
+    /// passes submitted afterwards. A scale that is not a finite number, or an adapter that
+    /// does not fit this engine's model (one loaded by an engine of another model), is an
+    /// error, and the stack stays as it was.
+    pub fn push_lora(&self, adapter: &Adapter, scale: f32) -> Result<()> {
+        check_scale(adapter, scale)?;
+        adapter.check_fits(self)?;
         self.stack().push((adapter.clone(), scale));
+        Ok(())
     }
 
     /// Removes the adapter pushed last, returning it.

@@ -575,9 +575,9 @@ fn the_engine_stack_pushes_pops_and_clears() {
     let base = logits_with(&engine, &[], None);
     let only_a = logits_with(&engine, &[(a, 1.0)], None);
     let a_and_b = logits_with(&engine, &[(a, 1.0), (b, 0.5)], None);
-    engine.push_lora(a, 1.0);
+    engine.push_lora(a, 1.0).unwrap();
     assert!(logits_with(&engine, &[], None) == only_a);
-    engine.push_lora(b, 0.5);
+    engine.push_lora(b, 0.5).unwrap();
     assert_eq!(engine.lora_stack().len(), 2);
     assert!(logits_with(&engine, &[], None) == a_and_b);
     assert!(a_and_b != only_a);
@@ -599,12 +599,48 @@ fn the_engine_stack_pushes_pops_and_clears() {
             matches!(&failed, Err(weft::Error::Config(m)) if m.contains("finite")),
             "{failed:?}"
         );
-        engine.push_lora(a, scale);
-        let failed = block_on(ctx.flush_logits());
-        assert!(matches!(failed, Err(weft::Error::Config(_))), "{failed:?}");
-        engine.clear_loras();
+        // Pushed, it is refused at the push, and the stack stays as it was.
+        let pushed = engine.push_lora(a, scale);
+        assert!(matches!(pushed, Err(weft::Error::Config(_))), "{pushed:?}");
+        assert!(engine.lora_stack().is_empty());
         assert_eq!(block_on(ctx.flush_logits()).unwrap().len(), base.len());
     }
+}
+
+/// An adapter is checked against the model of the engine a pass runs on, not only the one
+/// that loaded it: on an engine of another model it is a typed error (it was an assertion
+/// failure in the scheduler's thread, which stopped that engine for good), and on another
+/// engine of the same model it works as on its own.
+#[test]
+fn an_adapter_from_another_engine_is_checked_against_this_model() {
+    let smollm2 = engine("smollm2-135m");
+    let a = &adapters(&smollm2, "smollm2-135m", 1)[0];
+    let gemma = engine("gemma3-270m");
+    let base = logits_with(&gemma, &[], None);
+    let mut ctx = gemma.context();
+    ctx.fill("The weaver").unwrap();
+    let mut fwd = ctx.forward();
+    fwd.adapter(a, 1.0);
+    let failed = block_on(fwd.execute());
+    let wrong = |e: Option<&weft::Error>| {
+        matches!(e, Some(weft::Error::Core(weft_core::Error::BadAdapter { reason }))
+            if reason.contains("adapter for llama models, the base model is gemma3"))
+    };
+    assert!(wrong(failed.as_ref().err()), "{failed:?}");
+    let failed = block_on(
+        ctx.generate(Sampler::Argmax)
+            .adapter(a, 1.0)
+            .max_tokens(2)
+            .collect_text(),
+    );
+    assert!(wrong(failed.as_ref().err()), "{failed:?}");
+    let pushed = gemma.push_lora(a, 1.0);
+    assert!(wrong(pushed.as_ref().err()), "{pushed:?}");
+    assert!(gemma.lora_stack().is_empty());
+    assert!(logits_with(&gemma, &[], None) == base);
+
+    let twin = engine("smollm2-135m");
+    assert!(logits_with(&twin, &[(a, 1.0)], None) == logits_with(&smollm2, &[(a, 1.0)], None));
 }
 
 #[test]

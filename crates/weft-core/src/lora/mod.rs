@@ -165,6 +165,36 @@ impl LoraAdapter {
     pub fn max_rank(&self) -> usize {
         self.pairs.values().map(|p| p.rank).max().unwrap_or(0)
     }
+
+    /// Checks that it fits the model in `base`: the same architecture, and every projection it
+    /// adapts there with its shape. Loading checks this against the model it was loaded for;
+    /// a pass on another model (an adapter shared between engines) checks it again, since a
+    /// delta of the wrong size would run past the model's rows.
+    pub fn check_fits(&self, base: &crate::gguf::GgufFile) -> crate::error::Result<()> {
+        let base_arch = base.architecture()?;
+        if self.arch != base_arch {
+            return Err(crate::error::Error::BadAdapter {
+                reason: format!(
+                    "{} is an adapter for {} models, the base model is {base_arch}",
+                    self.name, self.arch
+                ),
+            });
+        }
+        for (&key, pair) in &self.pairs {
+            let (layer, proj) = (key as usize / 8, Proj::ALL[key as usize % 8]);
+            let target = format!("blk.{layer}.{}.weight", proj.gguf_name());
+            let (n_in, n_out) = gguf::base_shape(base, &target, &self.name)?;
+            if (n_in, n_out) != (pair.n_in, pair.n_out) {
+                return Err(crate::error::Error::BadAdapter {
+                    reason: format!(
+                        "{}: its {target} delta is {} × {}, the base tensor is {n_out} × {n_in}",
+                        self.name, pair.n_out, pair.n_in
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A zeroth-order perturbation: the adapter weights `θ + sigma · ε(seed)` (see [`zo`]).

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import weft
-from conftest import reference_dir
+from conftest import engine_for, reference_dir
 
 # `gen_lora.py OUT 8 1234`: the adapter llama.cpp ran for lora.json.
 REFERENCE_SHA256 = "62cee2e327a39558c4c017db385468d505dbcc084caa51714866c8b54b7a85d8"
@@ -68,3 +68,21 @@ def test_the_engine_stack_and_a_pass_adapter_agree(smollm2, adapter_file):
     assert (logits() == base).all()
     with pytest.raises(weft.ConfigError, match="finite"):
         logits(scale=float("nan"))
+    with pytest.raises(weft.ConfigError, match="finite"):
+        smollm2.push_lora(adapter, float("nan"))
+    assert smollm2.pop_lora() is None and (logits() == base).all()
+
+
+def test_an_adapter_of_another_model_raises_and_the_engine_goes_on(smollm2, adapter_file):
+    # SmolLM2's adapter on a Gemma 3 engine: it stopped that engine for good (a panic).
+    adapter = smollm2.load_adapter(adapter_file)
+    gemma3 = engine_for("gemma3")
+    ctx = gemma3.context()
+    ctx.fill("Hello")
+    wrong = "adapter for llama models, the base model is gemma3"
+    with pytest.raises(weft.ModelError, match=wrong):
+        ctx.generate(weft.Argmax(), max_tokens=3, adapters=[(adapter, 1.0)]).text()
+    with pytest.raises(weft.ModelError, match=wrong):
+        gemma3.push_lora(adapter)
+    assert gemma3.pop_lora() is None
+    assert len(ctx.generate(weft.Argmax(), max_tokens=3, ignore_eos=True).tokens()) == 3
