@@ -26,8 +26,9 @@ pub enum HubError {
         known: String,
     },
 
-    /// The path exists but is not a regular file (for example a directory).
-    #[error("`{path}` exists but is not a file; pass the path of a .gguf file")]
+    /// The path exists but is neither a regular file nor an encoder's folder (for example
+    /// an empty directory).
+    #[error("`{path}` exists but is not a file; pass the path of a .gguf file (or of a sentence-transformers folder, which holds a model.safetensors)")]
     NotAFile {
         /// The offending path.
         path: PathBuf,

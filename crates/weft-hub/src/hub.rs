@@ -61,20 +61,40 @@ impl Hub {
         ok.then_some(path)
     }
 
-    /// Turns what the user typed into a local GGUF file.
+    /// Turns what the user typed into a local model: a GGUF file, or an encoder's
+    /// `model.safetensors` or sentence-transformers folder.
     ///
-    /// An existing file path is returned as is. A known model name (or alias) is
-    /// looked up in the cache and fetched if needed (see [`pull`](Hub::pull)).
+    /// An existing file path is returned as is, and so is a folder holding a
+    /// `model.safetensors` (any other folder is [`HubError::NotAFile`]). A known model name
+    /// (or alias) is looked up in the cache and fetched if needed (see [`pull`](Hub::pull)).
     /// Anything else is [`HubError::UnknownModel`].
     pub fn resolve(
         &self,
         name_or_path: &str,
         progress: &mut dyn Progress,
     ) -> Result<PathBuf, HubError> {
+        match Self::locate(name_or_path)? {
+            Located::Local(path) => Ok(path),
+            Located::Known(spec) => self.pull(spec, progress),
+        }
+    }
+
+    /// Whether [`resolve`](Hub::resolve) can give a model for `name_or_path`, without fetching
+    /// anything: its error for an unknown name or a folder that holds no model, `Ok` for a
+    /// local model or a known name (whose fetch may still fail). A server checks its
+    /// arguments with it before it listens, and loads in the background after.
+    pub fn check(&self, name_or_path: &str) -> Result<(), HubError> {
+        Self::locate(name_or_path).map(|_| ())
+    }
+
+    fn locate(name_or_path: &str) -> Result<Located, HubError> {
         let path = Path::new(name_or_path);
         let spec = registry::find(name_or_path);
         match fs::metadata(path) {
-            Ok(meta) if meta.is_file() => return Ok(path.to_path_buf()),
+            Ok(meta) if meta.is_file() => return Ok(Located::Local(path.to_path_buf())),
+            Ok(_) if path.join("model.safetensors").is_file() => {
+                return Ok(Located::Local(path.to_path_buf()))
+            }
             Ok(_) if spec.is_none() => {
                 return Err(HubError::NotAFile {
                     path: path.to_path_buf(),
@@ -82,13 +102,11 @@ impl Hub {
             }
             _ => {}
         }
-        match spec {
-            Some(spec) => self.pull(spec, progress),
-            None => Err(HubError::UnknownModel {
+        spec.map(Located::Known)
+            .ok_or_else(|| HubError::UnknownModel {
                 name: name_or_path.to_string(),
                 known: registry::known_names(),
-            }),
-        }
+            })
     }
 
     /// Makes sure `spec` is in the cache and verified, fetching it if needed, and
@@ -271,6 +289,14 @@ fn default_sources(spec: &ModelSpec) -> Vec<Box<dyn Source>> {
         sources.push(Box::new(HfFetch(hf)));
     }
     sources
+}
+
+/// Where a model named on the command line is.
+enum Located {
+    /// A file or folder on disk.
+    Local(PathBuf),
+    /// A model of the registry, in the cache or to be fetched.
+    Known(&'static ModelSpec),
 }
 
 #[cfg(test)]

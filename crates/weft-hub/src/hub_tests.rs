@@ -127,6 +127,9 @@ fn resolve_directory_is_not_a_file() {
     let arg = dir.path().to_str().unwrap();
     let err = hub.resolve(arg, &mut NoProgress).unwrap_err();
     assert!(matches!(err, HubError::NotAFile { .. }), "{err:?}");
+    // A folder with a model.safetensors is an encoder's (sentence-transformers) folder.
+    std::fs::write(dir.path().join("model.safetensors"), b"").unwrap();
+    assert_eq!(hub.resolve(arg, &mut NoProgress).unwrap(), dir.path());
 }
 
 #[test]

@@ -92,6 +92,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(k) = args.kv_tokens {
         engine_cfg.kv_tokens = k;
     }
+    // Names and paths are checked before the port opens; fetching and loading happen after,
+    // while `/health` answers "loading".
+    let hub = weft::Hub::from_env()?;
+    hub.check(&args.model.model)?;
+    if let Some(name) = &args.embedding_model {
+        hub.check(name)
+            .with_context(|| format!("--embedding-model {name}"))?;
+    }
+    for (name, path) in &args.lora {
+        anyhow::ensure!(
+            path.is_file() || path.is_dir(),
+            "cannot load adapter {name}={}: no such file or directory",
+            path.display()
+        );
+    }
     let model_id = served_name(&args.model.model);
     let config = ServerConfig {
         model_id,
@@ -152,7 +167,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     loading.set_engine(engine);
                 }
                 Err(e) => {
-                    loading.set_load_error(format!("{e:#}"));
+                    loading.set_load_error(crate::message(&e));
                     let _ = failed.send(());
                 }
             }
