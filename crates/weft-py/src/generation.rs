@@ -239,6 +239,13 @@ impl Generation {
         }
     }
 
+    /// After the stream was dropped by `close`: no held delta, and "closed" unless it had
+    /// stopped.
+    fn mark_closed(&self) {
+        self.take_held();
+        self.progress().stop_reason.get_or_insert("closed");
+    }
+
     fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -401,16 +408,20 @@ impl Generation {
     fn close(&self, py: Python<'_>) {
         let stream = self.stream.clone();
         py.detach(|| weft::block_on(async { *stream.lock().await = None }));
-        self.take_held();
-        self.progress().stop_reason.get_or_insert("closed");
+        self.mark_closed();
     }
 
     /// `await g.aclose()`: `close()` for `contextlib.aclosing` and async code.
     fn aclose<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
+        let stream = slf.borrow().stream.clone();
         let this = slf.clone().unbind();
+        // The stream's lock is awaited here, never blocked on: a runtime thread blocked on it
+        // is one fewer for the in-flight `__anext__` or `atext()` that holds it, and with as
+        // many closes as threads nothing would move again.
         crate::awaitable(py, async move {
-            Python::attach(|py| this.borrow(py).close(py));
+            *stream.lock().await = None;
+            Python::attach(|py| this.borrow(py).mark_closed());
             Ok(())
         })
     }

@@ -37,10 +37,11 @@ impl InFlight {
 /// `fut` as a Python awaitable, counted in flight (see [`_quiesce`]) until it ends or is
 /// cancelled. Every awaitable of the package is made here.
 ///
-/// Called inside a running event loop, it is an asyncio future whose work starts at once (so
-/// `gather` and tasks overlap it with other work). Called before any loop runs, as in
-/// `asyncio.run(g.atext())`, it is a coroutine that starts the work when first awaited: an
-/// asyncio future needs a loop to belong to, and `asyncio.run` takes coroutines only.
+/// It is always a coroutine, so that `asyncio.create_task`, `TaskGroup` and `asyncio.run`
+/// take it. Called inside a running event loop, its work starts at once (so awaiting two in
+/// turn overlaps them, as `gather` does); called before any loop runs, as in
+/// `asyncio.run(g.atext())`, it starts the work when first awaited (an asyncio future needs a
+/// loop to belong to).
 pub(crate) fn awaitable<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: std::future::Future<Output = PyResult<T>> + Send + 'static,
@@ -52,8 +53,10 @@ where
         fut.await
     };
     let running = py.import("asyncio")?.call_method0("_get_running_loop")?;
+    let aio = py.import("weft._aio")?;
     if !running.is_none() {
-        return pyo3_async_runtimes::tokio::future_into_py(py, fut);
+        let started = pyo3_async_runtimes::tokio::future_into_py(py, fut)?;
+        return aio.getattr("started")?.call1((started,));
     }
     // Dropped unawaited, the closure drops the future and its count with it.
     let pending = std::sync::Mutex::new(Some(fut));
@@ -67,9 +70,7 @@ where
             })?;
         pyo3_async_runtimes::tokio::future_into_py(args.py(), fut).map(Bound::unbind)
     })?;
-    py.import("weft._aio")?
-        .getattr("start_when_awaited")?
-        .call1((start,))
+    aio.getattr("start_when_awaited")?.call1((start,))
 }
 
 impl Drop for InFlight {

@@ -13,3 +13,10 @@ async def start_when_awaited(start):  # type: ignore[no-untyped-def]
     """An awaitable made before any event loop ran (``asyncio.run(g.atext())``): ``start()``
     makes the asyncio future of the work, in the loop that awaits this coroutine."""
     return await start()
+
+
+async def started(fut):  # type: ignore[no-untyped-def]
+    """An awaitable made inside a running event loop: ``fut``, the asyncio future of work that
+    has already started, as a coroutine (``asyncio.create_task`` and ``TaskGroup`` take
+    coroutines only)."""
+    return await fut

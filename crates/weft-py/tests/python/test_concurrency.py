@@ -56,6 +56,61 @@ def test_aclose_ends_a_generation_for_contextlib_aclosing(smollm2):
     assert asyncio.run(main()) == "closed"
 
 
+ACLOSE_IN_FLIGHT = """
+import asyncio, gc, json, time, weft
+
+engine = weft.Engine("smollm2-135m", threads=2)
+
+async def consume(g):
+    async for _ in g:
+        pass
+
+async def main():
+    gens = []
+    for i in range(4):
+        ctx = engine.context()
+        ctx.fill(f"{i} " + "Once upon a time " * 80)
+        gens.append(ctx.generate(weft.Argmax(), max_tokens=50, ignore_eos=True))
+    tasks = [asyncio.create_task(consume(g)) for g in gens]
+    await asyncio.sleep(0.05)
+    await asyncio.gather(*(g.aclose() for g in gens))
+    await asyncio.gather(*tasks)
+    ctx = engine.context()
+    ctx.fill("The capital of France is")
+    text = await ctx.generate(weft.Argmax(), max_tokens=8, ignore_eos=True).atext()
+    return [g.stop_reason for g in gens], text
+
+reasons, text = asyncio.run(main())
+gc.collect()
+deadline = time.monotonic() + 5
+while engine.metrics().kv_pages_used and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(json.dumps({"reasons": reasons, "text": text, "pages": engine.metrics().kv_pages_used}))
+"""
+
+
+def test_aclose_of_more_streams_than_runtime_threads_returns(smollm2):
+    # Four closes while each stream's first step (a 400-token prompt) runs: a close used to
+    # block one of the runtime's threads (as many as cores) on the stream's lock, which the
+    # step holding it needed a thread to release, and every async call of the process hung.
+    # In a process of its own, so that a hang fails this test instead of stalling the suite.
+    import json
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", ACLOSE_IN_FLIGHT], capture_output=True, text=True, timeout=180
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError("aclose() of four streams in flight hung") from None
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["reasons"] == ["closed"] * 4
+    assert got["text"] == greedy(smollm2, "The capital of France is", 8)
+    assert got["pages"] == 0
+
+
 def test_ctrl_c_stops_a_blocking_collector_between_deltas(smollm2):
     import os
     import signal
@@ -133,11 +188,24 @@ def test_awaitable_collectors(smollm2):
         ctx.fill("The capital of France is")
         g = ctx.generate(weft.Argmax(), max_tokens=8, ignore_eos=True)
         text = await g.atext()
-        return text, await g.atokens()
+        tokens = await g.atokens()
+        # Coroutines, as create_task and TaskGroup need (they were asyncio futures in a loop).
+        again = smollm2.context()
+        again.fill("The capital of France is")
+        task = asyncio.create_task(
+            again.generate(weft.Argmax(), max_tokens=8, ignore_eos=True).atext()
+        )
+        scored = smollm2.context()
+        scored.fill("The capital of France is")
+        fwd = scored.forward()
+        h = fwd.sample([len(fwd) - 1], weft.Argmax())
+        out = await asyncio.create_task(fwd.execute())
+        return text, tokens, await task, out.token(h)
 
-    text, tokens = asyncio.run(main())
-    assert text == greedy(smollm2, "The capital of France is", 8)
+    text, tokens, again, token = asyncio.run(main())
+    assert text == again == greedy(smollm2, "The capital of France is", 8)
     assert len(tokens) == 8
+    assert token == 7042  # " Paris"
 
 
 def test_awaitables_made_before_the_loop_runs(smollm2):
