@@ -69,6 +69,17 @@ fn inspect_describes_the_model() {
     ] {
         assert!(s.contains(needle), "inspect output lacks {needle:?}:\n{s}");
     }
+    // --all: every key (arrays by type and length) and the chat template in full.
+    let out = weft(&["inspect", "-m", "smollm2-135m", "--all"], "");
+    let s = String::from_utf8(out.stdout).expect("utf8");
+    for needle in [
+        "general.quantization_version = 2",
+        "tokenizer.ggml.tokens = [string; 49152]",
+        "tokenizer.chat_template = ",
+        "    ' }}{% endif %}",
+    ] {
+        assert!(s.contains(needle), "inspect --all lacks {needle:?}:\n{s}");
+    }
 }
 
 #[test]
@@ -119,11 +130,25 @@ fn serve_refuses_settings_that_would_lock_out_every_request() {
             &["--max-body-mib", "0"][..],
             "--max-body-mib must be at least 1",
         ),
+        // Names and paths are checked before the port opens.
+        (
+            &["-m", "no-such-model"][..],
+            "unknown model `no-such-model`",
+        ),
+        (
+            &["--embedding-model", "no-such-model"][..],
+            "--embedding-model no-such-model: unknown model",
+        ),
+        (
+            &["--lora", "a=/no/such/adapter.gguf"][..],
+            "cannot load adapter a=/no/such/adapter.gguf: no such file",
+        ),
     ] {
         let out = weft(&[&["serve", "--port", "0"][..], args].concat(), "");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?} listened first");
     }
 }
 
@@ -288,6 +313,22 @@ fn run_reports_what_ran_and_checks_what_it_will_need() {
         stderr.contains("no such directory") && out.stdout.is_empty(),
         "{stderr}"
     );
+    let dir = std::env::temp_dir();
+    let out = weft(
+        &[
+            "run",
+            "--save-session",
+            dir.to_str().expect("utf-8"),
+            "Hello",
+        ],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("it is a directory") && out.stdout.is_empty(),
+        "{stderr}"
+    );
     // A missing adapter: the OS's reason once.
     let out = weft(&["run", "--lora", "/no/such/adapter.gguf", "Hello"], "");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -335,6 +376,17 @@ fn run_takes_one_constraint_and_refuses_two() {
     assert!(
         text.len() == 3 && text.bytes().all(|b| b.is_ascii_digit()),
         "{text:?}"
+    );
+    assert!(!stderr.contains("note:"), "{stderr}");
+    // Cut by -n before it matches, the output exits 0 with a note saying so.
+    let mut cut = args;
+    cut[6] = "1";
+    let out = weft(&cut, "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("before the constraint was complete"),
+        "{stderr}"
     );
     // Two at once is a usage error before any model work, as the server and Python refuse it.
     let dir = tempfile::tempdir().expect("tempdir");
@@ -470,6 +522,42 @@ fn embed_prints_one_unit_vector_per_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("unknown pooling"), "{stderr}");
+}
+
+/// A sentence-transformers folder is a model for `embed`, as its name and its
+/// model.safetensors are (it was refused as "not a file"); empty lines at the end of the
+/// input are dropped, one between texts is an error.
+#[test]
+fn embed_takes_an_encoder_folder_and_trailing_empty_lines() {
+    let pulled = weft(&["pull", "all-minilm-l6-v2"], "");
+    assert!(pulled.status.success());
+    let file = String::from_utf8_lossy(&pulled.stdout).trim().to_string();
+    let folder = std::path::Path::new(&file)
+        .parent()
+        .expect("the model's folder");
+    let folder = folder.to_str().expect("utf-8 path");
+    let text = "A man is eating food.\nA man is riding a horse.\n";
+    let by_name = weft(&["embed", "-m", "all-minilm-l6-v2"], text);
+    let by_folder = weft(&["embed", "-m", folder], &format!("{text}\n\n"));
+    assert!(
+        by_folder.status.success(),
+        "{}",
+        String::from_utf8_lossy(&by_folder.stderr)
+    );
+    assert_eq!(by_name.stdout, by_folder.stdout);
+    let vectors: Vec<Vec<f64>> = String::from_utf8_lossy(&by_folder.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON array per line"))
+        .collect();
+    assert!(vectors.len() == 2 && vectors[0].len() == 384);
+    let out = weft(&["embed", "-m", folder], "one\n\ntwo\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("input line 2 is empty"), "{stderr}");
+    // Where a decoder is needed, the folder is named as an encoder.
+    let out = weft(&["run", "-m", folder, "Hello"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is an encoder model"), "{stderr}");
 }
 
 #[test]

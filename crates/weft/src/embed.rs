@@ -228,7 +228,7 @@ pub fn ensure_decoder(path: &std::path::Path) -> Result<()> {
     let folder = path.is_dir() || path.extension().is_some_and(|e| e == "safetensors");
     if folder && !is_gguf(path) {
         return Err(Error::Config(format!(
-            "{} is an encoder model (safetensors), not a GGUF decoder: it embeds text (weft::Embedder, `weft embed`) but does not generate",
+            "{} is an encoder model (safetensors), not a GGUF decoder: weft embeds text with it (weft::Embedder, `weft embed`), but this needs a decoder",
             path.display()
         )));
     }

@@ -271,8 +271,8 @@ impl Chat {
                 std::fs::write(f, json + "\n")
                     .with_context(|| format!("cannot write {}", f.display()))?;
                 eprintln!(
-                    "(saved {} messages to {})",
-                    self.messages.len(),
+                    "(saved {} to {})",
+                    messages(self.messages.len()),
                     f.display()
                 );
             }
@@ -291,7 +291,11 @@ impl Chat {
                     .chat_template()?
                     .render(&messages, true)
                     .with_context(|| format!("cannot use the conversation in {}", f.display()))?;
-                eprintln!("(loaded {} messages from {})", messages.len(), f.display());
+                eprintln!(
+                    "(loaded {} from {})",
+                    self::messages(messages.len()),
+                    f.display()
+                );
                 self.messages = messages;
             }
             "help" | "?" => eprintln!("{HELP}"),
@@ -326,10 +330,17 @@ impl Chat {
         // A reply ends at the context's end rather than failing there.
         let held = self.ctx.len() + self.ctx.pending().len();
         let n_ctx = self.engine.n_ctx();
+        // Only earlier turns can be dropped: a system message and this one are what /reset keeps.
+        let earlier = self.messages.len() > self.system.iter().count() + 1;
+        let hint = if earlier {
+            "/reset starts afresh, "
+        } else {
+            ""
+        };
         anyhow::ensure!(
             held < n_ctx,
             "the conversation has {held} tokens, which leaves no room in the context of \
-             {n_ctx}: /reset starts afresh, -c sets a longer context"
+             {n_ctx}: {hint}-c sets a longer context"
         );
         let room = n_ctx - held;
         let mut g = self
@@ -485,4 +496,9 @@ impl Drop for KeepOutput {
                 rustix::termios::tcsetattr(&stdin, rustix::termios::OptionalActions::Now, saved);
         }
     }
+}
+
+/// "1 message", "3 messages".
+fn messages(n: usize) -> String {
+    format!("{n} message{}", if n == 1 { "" } else { "s" })
 }

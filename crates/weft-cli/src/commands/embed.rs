@@ -72,9 +72,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         lines.clear();
         Ok(())
     };
+    // Empty lines at the end of the input are dropped; one before another text would leave
+    // the output a line short of the input, and is an error.
+    let mut first_empty = None;
     for (i, line) in input.lines().enumerate() {
         let line = line.with_context(|| format!("cannot read input line {}", i + 1))?;
-        anyhow::ensure!(!line.is_empty(), "input line {} is empty", i + 1);
+        if line.is_empty() {
+            first_empty.get_or_insert(i + 1);
+            continue;
+        }
+        if let Some(n) = first_empty {
+            anyhow::bail!("input line {n} is empty: each line is one text, and gets one vector");
+        }
         lines.push(line);
         if lines.len() == args.batch {
             flush(&mut lines)?;

@@ -11,7 +11,8 @@ use crate::model_arg::ModelArg;
 pub struct Args {
     #[command(flatten)]
     model: ModelArg,
-    /// Print every metadata key, not only the architecture's.
+    /// Print every metadata key, not only the architecture's (arrays as their type and
+    /// length, strings cut at 60 characters), and the chat template in full.
     #[arg(long)]
     all: bool,
 }
@@ -43,11 +44,7 @@ fn report(file: &GgufFile, path: &str, all: bool) -> String {
     let _ = writeln!(out, "\nhyper-parameters:");
     let prefix = format!("{arch}.");
     for (key, value) in file.metadata() {
-        let show = key.starts_with(&prefix)
-            || (all
-                && !key.starts_with("tokenizer.ggml.tokens")
-                && key != "tokenizer.chat_template");
-        if show {
+        if all || key.starts_with(&prefix) {
             let _ = writeln!(out, "  {key} = {value}");
         }
     }
@@ -99,6 +96,11 @@ fn report(file: &GgufFile, path: &str, all: bool) -> String {
         _ => "absent (weft uses the architecture's built-in format)".to_string(),
     };
     let _ = writeln!(out, "  chat template: {template}");
+    if let (true, Some(Value::String(t))) = (all, file.get("tokenizer.chat_template")) {
+        for line in t.lines() {
+            let _ = writeln!(out, "    {line}");
+        }
+    }
     if !matches!(
         file.get("tokenizer.ggml.tokens"),
         Some(Value::Array(Array::String(_)))

@@ -119,6 +119,11 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             "cannot save the session to {}: no such directory",
             f.display()
         );
+        anyhow::ensure!(
+            !f.is_dir(),
+            "cannot save the session to {}: it is a directory (name a file in it)",
+            f.display()
+        );
     }
     let prompt_ids = ctx.pending().to_vec();
     anyhow::ensure!(
@@ -151,6 +156,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     for (a, scale) in &adapters {
         g = g.adapter(a, *scale);
     }
+    let constrained = !schemas.is_empty();
     for s in schemas {
         g = g.constrain_with(s);
     }
@@ -162,6 +168,8 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let mut stream = tok.stream_decoder(false);
     let t0 = Instant::now();
     let mut t_prompt = None;
+    // Tokens the prompt's pass gave: one, or more when it also checked drafts.
+    let mut first_tokens = 0;
     while let Some(step) = g.next()? {
         // Echo the prompt once the options have been checked (the first `next`).
         if !args.json && t_prompt.is_none() {
@@ -169,7 +177,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             out.flush()?;
         }
         let step = block_on(step.execute())?;
-        t_prompt.get_or_insert_with(|| t0.elapsed());
+        if t_prompt.is_none() {
+            t_prompt = Some(t0.elapsed());
+            first_tokens = step.accepted.len();
+        }
         if !args.json {
             for &id in &step.accepted {
                 write!(out, "{}", stream.push(id)?)?;
@@ -201,6 +212,8 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         String::new()
     };
     let (drafted, accepted) = g.speculation_stats();
+    let cut_constraint =
+        constrained && matches!(g.stop_reason(), Some(weft::StopReason::MaxTokens));
     drop(g);
     if let Some(f) = &args.save_session {
         let file =
@@ -218,13 +231,20 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     } else {
         String::new()
     };
+    if cut_constraint && !context_full {
+        eprintln!(
+            "\nnote: the output stopped at -n {} tokens, before the constraint was complete: it does not match it yet (raise -n)",
+            args.n_predict
+        );
+    }
     if context_full {
         eprintln!(
             "\nnote: the output stopped at the end of the context ({} tokens; -c sets it)",
             engine.n_ctx()
         );
     }
-    // The prompt's pass gives the first token; the decode rate counts the ones after it.
+    // The prompt's pass gives the first token (or several, with drafts); the decode rate counts
+    // the ones after it.
     let prompt_rate = match ran {
         true => format!(
             ", {:.1} tokens/s",
@@ -232,9 +252,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         ),
         false => ", not run".to_string(),
     };
-    let gen_rate = match ids.len() {
-        0 | 1 => String::new(),
-        n => format!(", {:.1} tokens/s", (n - 1) as f64 / t_gen.max(1e-9)),
+    let gen_rate = match ids.len().saturating_sub(first_tokens) {
+        0 => String::new(),
+        n => format!(", {:.1} tokens/s", n as f64 / t_gen.max(1e-9)),
     };
     eprintln!(
         "\nprompt: {} tokens{session_note}{prompt_rate} | generated: {} tokens{gen_rate}{seed_note}{spec_note}",
