@@ -73,9 +73,15 @@ impl Engine {
         Ok(Engine { inner })
     }
 
-    /// A new, empty context on this engine.
+    /// A new, empty context on this engine, with a sampling seed drawn at random (as the CLI
+    /// and the server draw one): `set_seed` or `generate(seed=...)` make its samples
+    /// reproducible.
     fn context(&self) -> Context {
-        Context::new(self.inner.context())
+        use std::hash::BuildHasher;
+        let mut ctx = self.inner.context();
+        // Each `RandomState` is keyed afresh from the process's random keys.
+        ctx.set_seed(std::collections::hash_map::RandomState::new().hash_one(0u8));
+        Context::new(ctx)
     }
 
     /// The vectors the model's first block reads for `ids` (a float32 array of

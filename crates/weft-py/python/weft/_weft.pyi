@@ -182,7 +182,8 @@ class Engine:
         kv_type: Optional[str] = None,
     ) -> Engine: ...
     def context(self) -> Context:
-        """A new, empty context on this engine."""
+        """A new, empty context on this engine, with a sampling seed drawn at random:
+        ``set_seed`` or ``generate(seed=...)`` make its samples reproducible."""
     def resume(self, snapshot: bytes) -> Context:
         """The context a ``Context.snapshot()`` holds, going on where it was taken."""
     def input_embeddings(self, ids: Sequence[int]) -> _F32:

@@ -151,6 +151,18 @@ def test_samplers_and_probes_pickle_and_compare_by_value(smollm2):
     assert run(pickle.loads(pickle.dumps(top_p))) == run(top_p)
 
 
+def test_new_contexts_sample_apart_unless_seeded(smollm2):
+    # Each new context draws its own seed, as the CLI and the server do without one: five of
+    # them all gave the same text when every context started from seed 0.
+    def sample(**kw):
+        ctx = smollm2.context()
+        ctx.fill("Once upon a time")
+        return ctx.generate(weft.Temperature(1.0), max_tokens=16, **kw).text()
+
+    assert len({sample() for _ in range(5)}) > 1
+    assert len({sample(seed=7) for _ in range(3)}) == 1
+
+
 def test_json_schema_output_parses_and_validates(smollm2):
     schema = {
         "type": "object",
