@@ -427,7 +427,8 @@ impl Generation {
     }
 
     /// Why it stopped: "max_tokens", "stop_token", "stop_sequence", "stop_string",
-    /// "constraint", "context_full", "closed", or None while it runs.
+    /// "constraint", "context_full", "closed", "error" (a step raised), or None while it
+    /// runs.
     #[getter]
     fn stop_reason(&self) -> Option<&'static str> {
         self.progress().stop_reason

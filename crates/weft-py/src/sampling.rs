@@ -26,9 +26,12 @@ impl Sampler {
                 p,
                 min_p,
                 temperature,
-            } => format!(
-                "weft.Chain(top_k={k}, top_p={p:?}, min_p={min_p:?}, temperature={temperature:?})"
-            ),
+            } => {
+                let k = if k == usize::MAX { 0 } else { k };
+                format!(
+                    "weft.Chain(top_k={k}, top_p={p:?}, min_p={min_p:?}, temperature={temperature:?})"
+                )
+            }
             ref other => format!("weft.Sampler({other:?})"),
         }
     }
@@ -186,10 +189,16 @@ sampler!(
 );
 sampler!(
     Chain,
-    "llama.cpp's default chain: top-k, then top-p, then min-p, then temperature.",
+    "llama.cpp's default chain: top-k (0: off, as `--top-k 0`), then top-p, then min-p, then temperature.",
     (top_k: usize, top_p: f32, min_p: f32, temperature: f32),
     (top_k = 40, top_p = 0.95, min_p = 0.05, temperature = 0.8),
-    weft::Sampler::Chain { k: top_k, p: top_p, min_p, temperature }
+    weft::Sampler::Chain {
+        // 0 is off, as the CLI's --top-k 0: every token of any vocabulary is kept.
+        k: if top_k == 0 { usize::MAX } else { top_k },
+        p: top_p,
+        min_p,
+        temperature
+    }
 );
 
 /// What a probe reports, owned (the Rust probes are distinct types).

@@ -126,11 +126,13 @@ def test_samplers_and_probes_pickle_and_compare_by_value(smollm2):
         weft.TopP(0.9, temperature=0.7),
         weft.MinP(0.05),
         weft.Chain(top_k=30, top_p=0.9, min_p=0.1, temperature=0.6),
+        weft.Chain(top_k=0),  # no top-k cut, as the CLI's --top-k 0 (it raised)
     ]
     for s in samplers:
         back = pickle.loads(pickle.dumps(s))
         assert type(back) is type(s) and repr(back) == repr(s)
         assert back == s and hash(back) == hash(s)
+    assert repr(weft.Chain(top_k=0)).startswith("weft.Chain(top_k=0,")
     assert weft.Temperature(0.0) == weft.Temperature(-0.0)
     assert hash(weft.Temperature(0.0)) == hash(weft.Temperature(-0.0))
     assert weft.TopP(0.9) != weft.TopP(0.8) and weft.TopP(0.9) != weft.MinP(0.9)
