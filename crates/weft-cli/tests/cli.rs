@@ -560,6 +560,21 @@ fn embed_takes_an_encoder_folder_and_trailing_empty_lines() {
     assert!(stderr.contains("is an encoder model"), "{stderr}");
 }
 
+/// `weft models` names each model with its aliases (what the unknown-model error lists).
+#[test]
+fn models_lists_names_aliases_and_the_default() {
+    let out = weft(&["models"], "");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for needle in [
+        "smollm2-135m (alias smollm2, default): ",
+        "gemma3-270m (alias gemma3): ",
+        "all-minilm-l6-v2 (alias minilm): ",
+    ] {
+        assert!(stdout.contains(needle), "{needle:?} in {stdout}");
+    }
+}
+
 #[test]
 fn help_lists_chat() {
     let out = weft(&["--help"], "");

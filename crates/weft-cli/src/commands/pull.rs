@@ -33,12 +33,15 @@ pub fn list() -> anyhow::Result<()> {
             Some(p) => format!("cached at {}", p.display()),
             None => "not fetched yet".to_string(),
         };
-        let default = if spec.name == weft::hub::DEFAULT_MODEL {
-            " (default)"
-        } else {
-            ""
+        let mut notes: Vec<String> = spec.aliases.iter().map(|a| format!("alias {a}")).collect();
+        if spec.name == weft::hub::DEFAULT_MODEL {
+            notes.push("default".into());
+        }
+        let notes = match notes.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", notes.join(", ")),
         };
-        println!("{}{default}: {} — {status}", spec.name, spec.description);
+        println!("{}{notes}: {} — {status}", spec.name, spec.description);
     }
     Ok(())
 }

@@ -65,7 +65,7 @@ impl Engine {
         if saved.layout.kv_type != ours {
             return Err(Error::SnapshotCorrupt {
                 reason: format!(
-                    "its KV cache stores {}, this engine's {ours} (open the engine with the same KV type)",
+                    "its KV cache stores {}, this engine's {ours} (open the engine with the same KV type: `kv_type` in EngineConfig, `--kv-type` in the CLI)",
                     saved.layout.kv_type
                 ),
             });
