@@ -43,7 +43,7 @@ exceptions! {
     PaddedBatch(WeftError): "A padded batch whose rows, attention mask or padding do not fit together.";
     ContextTooLong(WeftError): "The pass would make the context longer than the engine allows.";
     EmptyPass(WeftError): "A pass with no tokens to run.";
-    NothingAllowed(WeftError): "A logit mask allows no token at all.";
+    NothingAllowed(WeftError): "A logit mask allows no token at all (or logit biases left every token at -inf).";
     TruncateTooLong(WeftError): "The truncation length is longer than the context.";
     ConfigError(WeftError): "Options that cannot be used together, or an unknown option value.";
     GrammarError(WeftError): "A JSON schema, regular expression or grammar that does not compile.";

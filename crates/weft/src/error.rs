@@ -58,8 +58,9 @@ pub enum Error {
     /// A pass with no tokens to run.
     #[error("the pass has no input tokens (fill the context or call input)")]
     EmptyPass,
-    /// A logit mask allows no token at all, so nothing can be sampled.
-    #[error("the logit mask allows no token")]
+    /// A logit mask allows no token at all (or the logit biases leave every token at `-inf`),
+    /// so nothing can be sampled.
+    #[error("the logit mask allows no token (or every token's logit is -inf after the biases)")]
     NothingAllowed,
     /// The truncation length is longer than the context.
     #[error("cannot truncate a context of {len} tokens to {n}")]

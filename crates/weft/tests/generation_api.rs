@@ -137,6 +137,22 @@ fn a_pass_whose_mask_allows_no_token_leaves_context_and_cache_as_it_found_them()
     let got = block_on(ctx.decode(paris)).expect("decode");
     assert_eq!(got, want);
     ctx.snapshot().expect("context and cache agree");
+    // Biases of -inf on every token leave nothing either (the sampler answered token 0).
+    let held = |c: &weft::Context| [c.tokens(), c.pending()].concat();
+    let before = held(&ctx);
+    let bias: Vec<(u32, f32)> = (0..vocab as u32)
+        .map(|id| (id, f32::NEG_INFINITY))
+        .collect();
+    let failed = block_on(
+        ctx.generate(Sampler::Argmax)
+            .logit_bias(&bias)
+            .max_tokens(2)
+            .collect_tokens(),
+    );
+    assert!(matches!(failed, Err(Error::NothingAllowed)), "{failed:?}");
+    // The same tokens (the last one pending again, as a generator starting here takes it).
+    assert_eq!(held(&ctx), before);
+    ctx.snapshot().expect("context and cache agree");
     drop((ctx, reference));
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }

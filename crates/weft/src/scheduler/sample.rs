@@ -185,5 +185,10 @@ fn sample_row(
             return Err(Error::NothingAllowed);
         }
     }
+    // Biases of -inf on every token leave nothing to sample, as a mask allowing none does (the
+    // sampler would have answered token 0).
+    if !buf.iter().any(|&l| l > f32::NEG_INFINITY) {
+        return Err(Error::NothingAllowed);
+    }
     Ok(sampler.sample_with(buf, rng, &mut scratch.sampler))
 }
