@@ -130,12 +130,13 @@ impl Engine {
         Ok(Context::new(ctx))
     }
 
-    /// The token ids of `text` (special tokens written in the text are parsed). `add_bos`
-    /// starts them with the model's BOS token when the model wants one, as the first fill
-    /// of a context does.
-    #[pyo3(signature = (text, add_bos = false))]
-    fn tokenize(&self, text: &str, add_bos: bool) -> Vec<u32> {
-        self.inner.tokenizer().encode(text, add_bos, true)
+    /// The token ids of `text`. `add_bos` starts them with the model's BOS token when the
+    /// model wants one, as the first fill of a context does; special tokens written in the
+    /// text (`<|im_start|>`) are parsed unless `parse_special` is false (then they are plain
+    /// text, as `weft tokenize --no-parse-special`).
+    #[pyo3(signature = (text, add_bos = false, parse_special = true))]
+    fn tokenize(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
+        self.inner.tokenizer().encode(text, add_bos, parse_special)
     }
 
     /// The text of `ids` (control tokens not rendered).

@@ -118,6 +118,13 @@ def test_sampling_is_seeded(smollm2):
     assert run(7) != run(8)
 
 
+def test_tokenize_parses_special_tokens_unless_asked_not_to(smollm2):
+    marker = "<|im_start|>"
+    assert smollm2.tokenize(marker) == [1]  # the GGUF's token 1 (its BOS)
+    plain = smollm2.tokenize(marker, parse_special=False)
+    assert len(plain) > 1 and smollm2.detokenize(plain) == marker
+
+
 def test_samplers_and_probes_pickle_and_compare_by_value(smollm2):
     samplers = [
         weft.Argmax(),
