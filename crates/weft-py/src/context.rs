@@ -173,7 +173,8 @@ impl Context {
     /// `stop_sequences`: lists of ids that end the generation when they appear.
     /// `repeat_penalty`, `presence_penalty`, `frequency_penalty` (llama.cpp's semantics, over
     /// the last `penalty_last_n` tokens: 64 by default, 0 = all) discourage repeats.
-    /// `adapters`: LoRA adapters with their scales (default: the engine's stack). One of
+    /// `adapters`: LoRA adapters with their scales (none or an empty list: the engine's
+    /// stack; an adapter at scale 0 runs the base model whatever the stack holds). One of
     /// `json_schema` (a dict), `regex`, `grammar` (Lark) or `gbnf` constrains the output.
     /// `speculate` drafts with the n-gram drafter. `seed` seeds the sampling.
     #[pyo3(signature = (
