@@ -49,14 +49,7 @@ fn tokenize_prints_llama_cpp_ids_as_json() {
 
 #[test]
 fn inspect_describes_the_model() {
-    let out = weft(&["inspect", "-m", "smollm2-135m"], "");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let s = String::from_utf8(out.stdout).expect("utf8");
-    for needle in [
+    let summary = [
         "architecture: llama",
         "llama.block_count = 30",
         "llama.embedding_length = 576",
@@ -66,19 +59,26 @@ fn inspect_describes_the_model() {
         "token_embd.weight",
         "Q8_0",
         "[576, 49152]",
-    ] {
-        assert!(s.contains(needle), "inspect output lacks {needle:?}:\n{s}");
-    }
+    ];
     // --all: every key (arrays by type and length) and the chat template in full.
-    let out = weft(&["inspect", "-m", "smollm2-135m", "--all"], "");
-    let s = String::from_utf8(out.stdout).expect("utf8");
-    for needle in [
+    let all = [
         "general.quantization_version = 2",
         "tokenizer.ggml.tokens = [string; 49152]",
         "tokenizer.chat_template = ",
         "    ' }}{% endif %}",
-    ] {
-        assert!(s.contains(needle), "inspect --all lacks {needle:?}:\n{s}");
+    ];
+    for (extra, needles) in [(None, &summary[..]), (Some("--all"), &all[..])] {
+        let args: Vec<&str> = ["inspect", "-m", "smollm2-135m"]
+            .into_iter()
+            .chain(extra)
+            .collect();
+        let out = weft(&args, "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let s = String::from_utf8(out.stdout).expect("utf8");
+        for needle in needles {
+            assert!(s.contains(needle), "{args:?} lacks {needle:?}:\n{s}");
+        }
     }
 }
 
@@ -303,32 +303,16 @@ fn run_reports_what_ran_and_checks_what_it_will_need() {
     );
     assert_eq!(given.stdout, piped.stdout);
     // A session that could not be saved is an error before the generation.
-    let out = weft(
-        &["run", "--save-session", "/no/such/dir/s.bin", "Hello"],
-        "",
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("no such directory") && out.stdout.is_empty(),
-        "{stderr}"
-    );
     let dir = std::env::temp_dir();
-    let out = weft(
-        &[
-            "run",
-            "--save-session",
-            dir.to_str().expect("utf-8"),
-            "Hello",
-        ],
-        "",
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("it is a directory") && out.stdout.is_empty(),
-        "{stderr}"
-    );
+    for (path, why) in [
+        ("/no/such/dir/s.bin", "no such directory"),
+        (dir.to_str().expect("utf-8"), "it is a directory"),
+    ] {
+        let out = weft(&["run", "--save-session", path, "Hello"], "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(why) && out.stdout.is_empty(), "{stderr}");
+    }
     // A missing adapter: the OS's reason once.
     let out = weft(&["run", "--lora", "/no/such/adapter.gguf", "Hello"], "");
     let stderr = String::from_utf8_lossy(&out.stderr);
