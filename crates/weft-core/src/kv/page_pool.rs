@@ -52,7 +52,9 @@ impl PagePool {
 
     /// Adds a holder to an allocated page. Precondition: `page` is allocated.
     pub fn retain(&mut self, page: PageId) {
-        debug_assert!(self.refcounts[page as usize] > 0, "retain of a free page");
+        // A broken invariant stops here rather than hand one page to two contexts (checked in
+        // every build: it is one comparison per page).
+        assert!(self.refcounts[page as usize] > 0, "retain of a free page");
         self.refcounts[page as usize] += 1;
     }
 
@@ -60,7 +62,7 @@ impl PagePool {
     /// Precondition: `page` is allocated.
     pub fn release(&mut self, page: PageId) {
         let rc = &mut self.refcounts[page as usize];
-        debug_assert!(*rc > 0, "release of a free page");
+        assert!(*rc > 0, "release of a free page");
         *rc = rc.saturating_sub(1);
         if *rc == 0 {
             self.free.push(Reverse(page));
