@@ -312,6 +312,8 @@ struct Beam {
 /// Runs the search from `root`, whose pending tokens end with the last prompt token.
 async fn search(root: Context, config: &BeamSearchConfig) -> Result<Vec<BeamHypothesis>> {
     let engine = root.engine().clone();
+    // An EOS id past the vocabulary could never end a beam: refused.
+    engine.check_ids(config.eos.iter().flatten().copied())?;
     let mut config = config.clone();
     if config.eos.is_none() {
         config.eos = Some(engine.stop_tokens().to_vec());

@@ -286,6 +286,9 @@ pub async fn generate_batch_streaming(
     let mut contexts = Vec::with_capacity(requests.len());
     let mut prompts = Vec::with_capacity(requests.len());
     for r in requests {
+        // A stop sequence with an id past the vocabulary could never match: refused, as
+        // `Generator` callers' ids are.
+        engine.check_ids(r.stop_sequences.iter().flatten().copied())?;
         let mut ctx: Context = engine.context();
         ctx.set_seed(r.seed);
         match &r.prompt {

@@ -396,6 +396,11 @@ fn bad_requests_are_typed_errors_and_leave_no_pages() {
         run(&p, BeamSearchConfig::new(2).allowed_tokens(vec![1, vocab])),
         Err(Error::TokenOutOfVocab { .. })
     ));
+    // An EOS past the vocabulary could never end a beam.
+    assert!(matches!(
+        run(&p, BeamSearchConfig::new(2).eos_token_ids(vec![vocab])),
+        Err(Error::TokenOutOfVocab { .. })
+    ));
     // A restriction that empties after the first step fails mid-search.
     let first = p.len();
     let config = BeamSearchConfig::new(2).prefix_allowed_tokens(move |seq: &[u32]| {

@@ -453,6 +453,14 @@ fn rollouts_from_ids_padded_batches_and_max_length() {
     limited[0].max_length = Some(ids[0].len() + 3);
     limited[1].max_length = Some(ids[1].len() + 50);
     let c = block_on(generate_batch(&engine, &limited)).expect("max_length");
+    // A stop sequence past the vocabulary could never match: refused before anything runs.
+    let mut oov = from_ids.clone();
+    oov[1].stop_sequences = vec![vec![u32::MAX]];
+    let refused = block_on(generate_batch(&engine, &oov));
+    assert!(
+        matches!(refused, Err(Error::TokenOutOfVocab { .. })),
+        "{refused:?}"
+    );
     assert_eq!(c[0].tokens, a[0].tokens[..3]);
     assert_eq!(
         c[0].prompt_tokens.len() + c[0].tokens.len(),
