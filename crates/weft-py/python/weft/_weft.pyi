@@ -194,7 +194,8 @@ class Engine:
     def pop_lora(self) -> Optional[Tuple[Adapter, float]]: ...
     def clear_loras(self) -> None: ...
     def tokenize(self, text: str, add_bos: bool = False, parse_special: bool = True) -> List[int]:
-        """The token ids of ``text`` (special tokens written in the text are parsed)."""
+        """The token ids of ``text`` (special tokens written in the text are parsed unless
+        ``parse_special`` is false)."""
     def detokenize(self, ids: Sequence[int]) -> str:
         """The text of ``ids`` (control tokens not rendered)."""
     def metrics(self) -> Metrics:
