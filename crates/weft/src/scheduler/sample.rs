@@ -172,7 +172,9 @@ fn sample_row(
         let base = history.len() - req.tokens.len();
         p.apply(buf, &history[..base + t + 1]);
     }
+    let mut masked = false;
     for allowed in [req.logit_mask.as_ref(), mask].into_iter().flatten() {
+        masked = true;
         let mut any = false;
         for (id, l) in buf.iter_mut().enumerate() {
             if !allowed.is_allowed(id as u32) {
@@ -186,8 +188,9 @@ fn sample_row(
         }
     }
     // Biases of -inf on every token leave nothing to sample, as a mask allowing none does (the
-    // sampler would have answered token 0).
-    if !buf.iter().any(|&l| l > f32::NEG_INFINITY) {
+    // sampler would have answered token 0). A mask's pass above has already checked what it
+    // left: the whole row is read again only when none ran.
+    if !masked && !buf.iter().any(|&l| l > f32::NEG_INFINITY) {
         return Err(Error::NothingAllowed);
     }
     Ok(sampler.sample_with(buf, rng, &mut scratch.sampler))
