@@ -1,4 +1,5 @@
-"""The README's Python example: the generator (sync and async) and the pass builder."""
+"""The README's Python example: the generator (sync and async), the pass builder and manual
+stepping."""
 
 import asyncio
 
@@ -49,3 +50,19 @@ ids, probs = out[top]  # NumPy arrays
 print(engine.detokenize([out.token(next_token)]), f"entropy {out[entropy]:.2f} nats")
 for i, p in zip(ids.tolist(), probs.tolist()):
     print(f"{engine.detokenize([i])!r}: {p:.3f}")
+
+# Stepping a generation by hand: read each step's distribution, choose the token yourself
+# (here: the most likely one that is not a comma), and hand it back with accept().
+ctx = engine.context()
+ctx.fill("Red, green and blue are")
+gen = ctx.generate(max_tokens=12)
+each = gen.probe_each_step(0, weft.Entropy())
+comma = engine.tokenize(",")[0]
+while (step := gen.next_step()) is not None:
+    step.clear_sampler()
+    dist = step.probe(0, weft.Distribution(k=2))
+    result = step.run()  # or: result = await step.execute()
+    ids, _ = result[dist]
+    gen.accept([int(ids[1] if ids[0] == comma else ids[0])])
+    print(f"{gen.tokens_generated}: entropy {result[each]:.2f}")
+print(gen.text())

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use pyo3::prelude::*;
 
 use crate::adapter::Adapter;
-use crate::errors::{ContextBusy, IntoPyResult};
+use crate::callbacks::{PyConstraint, PySpeculator};
+use crate::errors::{ConfigError, ContextBusy, IntoPyResult};
 use crate::forward::Forward;
 use crate::generation::{GenOptions, Generation};
 use crate::sampling::Sampler;
@@ -176,13 +177,22 @@ impl Context {
     /// `adapters`: LoRA adapters with their scales (none or an empty list: the engine's
     /// stack; an adapter at scale 0 runs the base model whatever the stack holds). One of
     /// `json_schema` (a dict), `regex`, `grammar` (Lark) or `gbnf` constrains the output.
-    /// `speculate` drafts with the n-gram drafter. `seed` seeds the sampling.
+    /// `constrain`: your own constraint (or a list of them, composed with a schema): an
+    /// object with `allowed(accepted, vocab_size)` → the ids allowed next (or a NumPy bool
+    /// array, or None for all) and optionally `is_terminal(accepted)` → bool.
+    /// `speculate` drafts with the n-gram drafter; `speculator`, your own drafter instead:
+    /// an object with `draft(tokens, max)` → ids, and optionally `accepted(drafted,
+    /// accepted)`. `seed` seeds the sampling. `horizon`: how many more steps to announce to
+    /// the scheduler after each (default: the steps left before `max_tokens`). `zo_seed`
+    /// with `zo_sigma` perturbs the adapters' weights by `zo_sigma · ε(zo_seed)` on every
+    /// step (evolution strategies).
     #[pyo3(signature = (
         sampler = None, *, max_tokens = None, min_tokens = None, stop = None,
         stop_token_ids = None, stop_sequences = None, json_schema = None, regex = None,
         grammar = None, gbnf = None, speculate = false, seed = None, ignore_eos = false,
         logit_bias = None, repeat_penalty = None, presence_penalty = None,
-        frequency_penalty = None, penalty_last_n = None, adapters = None
+        frequency_penalty = None, penalty_last_n = None, adapters = None, constrain = None,
+        speculator = None, horizon = None, zo_seed = None, zo_sigma = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
@@ -206,7 +216,44 @@ impl Context {
         frequency_penalty: Option<f32>,
         penalty_last_n: Option<usize>,
         adapters: Option<Vec<(PyRef<'_, Adapter>, f32)>>,
+        constrain: Option<&Bound<'_, PyAny>>,
+        speculator: Option<&Bound<'_, PyAny>>,
+        horizon: Option<usize>,
+        zo_seed: Option<u64>,
+        zo_sigma: Option<f32>,
     ) -> PyResult<Generation> {
+        let raised: crate::driver::Raised = Default::default();
+        // One object, or a list of them.
+        let constraints = match constrain {
+            None => Vec::new(),
+            Some(c) if c.is_instance_of::<pyo3::types::PyList>() => c
+                .try_iter()?
+                .map(|c| PyConstraint::new(&c?, raised.clone()))
+                .collect::<PyResult<_>>()?,
+            Some(c) => vec![PyConstraint::new(c, raised.clone())?],
+        };
+        if speculate && speculator.is_some() {
+            return Err(ConfigError::new_err(
+                "give speculate=True (the built-in drafter) or a speculator, not both",
+            ));
+        }
+        let speculator = speculator
+            .map(|s| PySpeculator::new(s, raised.clone()))
+            .transpose()?;
+        let zo_seed = match (zo_seed, zo_sigma) {
+            (None, None) => None,
+            (Some(seed), Some(sigma)) if sigma.is_finite() => Some((seed, sigma)),
+            (Some(_), Some(sigma)) => {
+                return Err(ConfigError::new_err(format!(
+                    "zo_seed: sigma must be a finite number, got {sigma}"
+                )))
+            }
+            _ => {
+                return Err(ConfigError::new_err(
+                    "zo_seed and zo_sigma go together: give both",
+                ))
+            }
+        };
         // One string or a list of them, as OpenAI's `stop` takes.
         let stop = match stop {
             None => Vec::new(),
@@ -255,8 +302,12 @@ impl Context {
             logit_bias: logit_bias
                 .map(|b| b.into_iter().collect())
                 .unwrap_or_default(),
+            horizon,
+            zo_seed,
+            constraints,
+            speculator,
         };
-        Generation::start(Lease::take(&self.slot)?, opts)
+        Generation::start(Lease::take(&self.slot)?, opts, raised)
     }
 
     /// A pass builder over this context: its pending tokens are the pass's first inputs.

@@ -4,17 +4,22 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use numpy::PyArray1;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 
 use crate::context::{Lease, Slot};
 use crate::errors::{to_py, ContextBusy};
-use crate::sampling::{Probe, ProbeKind, Sampler};
+use crate::probes::{attach, ProbeKind, Value};
+use crate::sampling::{Probe, Sampler};
 
-/// Every pass builder gets its own id, so a handle cannot read another pass's output.
+/// Every pass builder (and generation) gets its own id, so a handle cannot read another
+/// pass's output.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A new pass (or generation) id.
+pub fn new_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
 
 /// One recorded builder call.
 enum Op {
@@ -27,6 +32,7 @@ enum Op {
     Sample(Vec<usize>, weft::Sampler),
     Probe(usize, ProbeKind),
     Adapter(weft::Adapter, f32),
+    ZoSeed(u64, f32),
     InputEmbeds(Vec<u32>, Vec<f32>, Vec<u32>),
     AttentionBias(Vec<Vec<f32>>),
 }
@@ -43,6 +49,13 @@ pub struct SampleHandle {
 pub struct ProbeHandle {
     pass: u64,
     index: usize,
+}
+
+impl ProbeHandle {
+    /// The handle of probe `index` of pass (or generation) `pass`.
+    pub fn new(pass: u64, index: usize) -> ProbeHandle {
+        ProbeHandle { pass, index }
+    }
 }
 
 #[pymethods]
@@ -79,7 +92,7 @@ impl Forward {
         Forward {
             slot,
             base: (ran, pending),
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            id: new_id(),
             ops: Vec::new(),
             len: pending,
             samples: 0,
@@ -119,23 +132,6 @@ impl Forward {
             id: self.id,
         })
     }
-}
-
-/// A probe handle of the Rust API, by probe type.
-enum RustProbe {
-    Logits(weft::ProbeHandle<weft::Logits>),
-    Distribution(weft::ProbeHandle<weft::Distribution>),
-    Logprob(weft::ProbeHandle<weft::Logprob>),
-    Logprobs(weft::ProbeHandle<weft::Logprobs>),
-    Entropy(weft::ProbeHandle<weft::Entropy>),
-    Hidden(weft::ProbeHandle<weft::Hidden>),
-}
-
-/// A probe's value, owned.
-enum Value {
-    Floats(Vec<f32>),
-    Distribution(Vec<u32>, Vec<f32>),
-    Scalar(f32),
 }
 
 /// What a pass returns before it becomes a Python object.
@@ -180,6 +176,9 @@ impl Prepared {
                 Op::Adapter(a, scale) => {
                     f.adapter(&a, scale);
                 }
+                Op::ZoSeed(seed, sigma) => {
+                    f.zo_seed(seed, sigma);
+                }
                 Op::InputEmbeds(ids, rows, positions) => {
                     f.input_embeds_as(&ids, &rows, &positions);
                 }
@@ -187,36 +186,12 @@ impl Prepared {
                     f.attention_bias(rows);
                 }
                 Op::Sample(i, s) => samples.push(f.sample(&i, s)),
-                Op::Probe(i, kind) => probes.push(match kind {
-                    ProbeKind::Logits => RustProbe::Logits(f.probe(i, weft::Logits)),
-                    ProbeKind::Distribution { temperature, k } => {
-                        RustProbe::Distribution(f.probe(i, weft::Distribution { temperature, k }))
-                    }
-                    ProbeKind::Logprob(id) => RustProbe::Logprob(f.probe(i, weft::Logprob(id))),
-                    ProbeKind::Logprobs(ids) => {
-                        RustProbe::Logprobs(f.probe(i, weft::Logprobs(ids)))
-                    }
-                    ProbeKind::Entropy => RustProbe::Entropy(f.probe(i, weft::Entropy)),
-                    ProbeKind::Hidden => RustProbe::Hidden(f.probe(i, weft::Hidden)),
-                }),
+                Op::Probe(i, kind) => probes.push(attach!(kind, |p| f.probe(i, p))),
             }
         }
         let out = f.execute().await?;
         let tokens = samples.into_iter().map(|h| out.get(h).to_vec()).collect();
-        let probes = probes
-            .into_iter()
-            .map(|p| match p {
-                RustProbe::Logits(h) => Value::Floats(out.get(h).to_vec()),
-                RustProbe::Distribution(h) => {
-                    let (ids, p) = out.get(h);
-                    Value::Distribution(ids.to_vec(), p.to_vec())
-                }
-                RustProbe::Logprob(h) => Value::Scalar(out.get(h)),
-                RustProbe::Logprobs(h) => Value::Floats(out.get(h).to_vec()),
-                RustProbe::Entropy(h) => Value::Scalar(out.get(h)),
-                RustProbe::Hidden(h) => Value::Floats(out.get(h).to_vec()),
-            })
-            .collect();
+        let probes = probes.iter().map(|p| p.read(&out)).collect();
         Ok(Outputs {
             id: self.id,
             tokens,
@@ -288,6 +263,13 @@ impl Forward {
         self.push(Op::Adapter(adapter.inner.clone(), scale))
     }
 
+    /// Runs the pass with its adapters' weights perturbed by `sigma · ε(seed)`, a standard
+    /// normal value per weight drawn from `seed` (negative `sigma`: the antithetic pair) —
+    /// for evolution-strategies / zeroth-order training loops.
+    fn zo_seed(&mut self, seed: u64, sigma: f32) -> PyResult<()> {
+        self.push(Op::ZoSeed(seed, sigma))
+    }
+
     /// Announces `n` more passes of this context (the scheduler may wait for them).
     fn horizon(&mut self, n: usize) -> PyResult<()> {
         self.push(Op::Horizon(n))
@@ -345,30 +327,70 @@ pub struct ForwardOutput {
     id: u64,
     tokens: Vec<Vec<u32>>,
     probes: Vec<Py<PyAny>>,
+    /// A generator step's: the generation's id and how many of `probes` (the first) are
+    /// its every-step probes.
+    each_step: Option<(u64, usize)>,
 }
 
 impl ForwardOutput {
     fn from_outputs(py: Python<'_>, out: Outputs) -> PyResult<ForwardOutput> {
-        let probes = out
-            .probes
+        ForwardOutput::new(py, out.id, out.tokens, out.probes, None)
+    }
+
+    /// The output of pass `id`: `probes` in the order they were added; with `each_step`
+    /// `Some((generation, n))` the first `n` are the generation's every-step probes, read
+    /// with the handles `probe_each_step` gave.
+    pub fn new(
+        py: Python<'_>,
+        id: u64,
+        tokens: Vec<Vec<u32>>,
+        probes: Vec<Value>,
+        each_step: Option<(u64, usize)>,
+    ) -> PyResult<ForwardOutput> {
+        let probes = probes
             .into_iter()
-            .map(|v| {
-                Ok(match v {
-                    Value::Floats(v) => PyArray1::from_vec(py, v).into_any().unbind(),
-                    Value::Distribution(ids, p) => {
-                        let ids = PyArray1::from_vec(py, ids).into_any();
-                        let p = PyArray1::from_vec(py, p).into_any();
-                        PyTuple::new(py, [ids, p])?.into_any().unbind()
-                    }
-                    Value::Scalar(x) => x.into_pyobject(py)?.into_any().unbind(),
-                })
-            })
+            .map(|v| v.into_py(py))
             .collect::<PyResult<_>>()?;
         Ok(ForwardOutput {
-            id: out.id,
-            tokens: out.tokens,
+            id,
+            tokens,
             probes,
+            each_step,
         })
+    }
+
+    /// `out[handle]`.
+    pub fn get_item(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        if let Ok(h) = handle.cast::<SampleHandle>() {
+            return Ok(self
+                .sampled(h.get())?
+                .clone()
+                .into_pyobject(py)?
+                .into_any()
+                .unbind());
+        }
+        if let Ok(h) = handle.cast::<ProbeHandle>() {
+            let h = h.get();
+            let (each_id, each_n) = self.each_step.unwrap_or((0, 0));
+            let index = match h.pass {
+                id if id == self.id => each_n + h.index,
+                id if id == each_id && h.index < each_n => h.index,
+                id if id == each_id => {
+                    return Err(PyValueError::new_err(
+                        "this every-step probe was added after this step ran",
+                    ))
+                }
+                _ => return Err(PyValueError::new_err("this handle belongs to another pass")),
+            };
+            return self
+                .probes
+                .get(index)
+                .map(|v| v.clone_ref(py))
+                .ok_or_else(|| PyValueError::new_err("no such probe in this pass"));
+        }
+        Err(PyTypeError::new_err(
+            "index a ForwardOutput with a handle from its pass",
+        ))
     }
 
     fn sampled(&self, h: &SampleHandle) -> PyResult<&Vec<u32>> {
@@ -387,28 +409,7 @@ impl ForwardOutput {
     /// (Logits, Logprobs, Hidden), a float (Entropy, Logprob) or `(ids, probs)` arrays
     /// (Distribution).
     fn __getitem__(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        if let Ok(h) = handle.cast::<SampleHandle>() {
-            return Ok(self
-                .sampled(h.get())?
-                .clone()
-                .into_pyobject(py)?
-                .into_any()
-                .unbind());
-        }
-        if let Ok(h) = handle.cast::<ProbeHandle>() {
-            let h = h.get();
-            if h.pass != self.id {
-                return Err(PyValueError::new_err("this handle belongs to another pass"));
-            }
-            return self
-                .probes
-                .get(h.index)
-                .map(|v| v.clone_ref(py))
-                .ok_or_else(|| PyValueError::new_err("no such probe in this pass"));
-        }
-        Err(PyTypeError::new_err(
-            "index a ForwardOutput with a handle from its pass",
-        ))
+        self.get_item(py, handle)
     }
 
     /// The first token a sampler chose.

@@ -4,16 +4,19 @@
 //! The generator borrows its context, so both live in one pinned stream (the context in a
 //! [`Lease`]): dropping the stream drops the generator, then puts the context back.
 
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use futures_util::{Stream, StreamExt};
 use pyo3::exceptions::PyStopAsyncIteration;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::callbacks::{PyConstraint, PySpeculator};
 use crate::context::Lease;
+use crate::driver::{self, lock, Cmd, Inbox, Item, Progress, Raised, Record, Shared};
 use crate::errors::{to_py, ConfigError, JsonError};
+use crate::forward::ProbeHandle;
+use crate::sampling::Probe;
+use crate::step::Step;
 
 /// Everything `Context.generate` takes besides the context.
 pub struct GenOptions {
@@ -30,6 +33,10 @@ pub struct GenOptions {
     pub seed: Option<u64>,
     pub ignore_eos: bool,
     pub logit_bias: Vec<(u32, f32)>,
+    pub horizon: Option<usize>,
+    pub zo_seed: Option<(u64, f32)>,
+    pub constraints: Vec<PyConstraint>,
+    pub speculator: Option<PySpeculator>,
 }
 
 impl GenOptions {
@@ -71,7 +78,7 @@ impl GenOptions {
         Ok(given.pop())
     }
 
-    fn apply<'c>(self, ctx: &'c mut weft::Context) -> weft::Generator<'c> {
+    pub fn apply<'c>(self, ctx: &'c mut weft::Context) -> weft::Generator<'c> {
         if let Some(seed) = self.seed {
             ctx.set_seed(seed);
         }
@@ -109,63 +116,66 @@ impl GenOptions {
         if !self.logit_bias.is_empty() {
             g = g.logit_bias(&self.logit_bias);
         }
+        if let Some(n) = self.horizon {
+            g = g.horizon(n);
+        }
+        if let Some((seed, sigma)) = self.zo_seed {
+            g = g.zo_seed(seed, sigma);
+        }
+        for c in self.constraints {
+            g = g.constrain(c);
+        }
+        if let Some(s) = self.speculator {
+            g = g.speculator(s);
+        }
         g
     }
 }
-
-/// What the generation produced so far, readable without the stream.
-#[derive(Default)]
-struct Progress {
-    tokens: Vec<u32>,
-    text: String,
-    stop_reason: Option<&'static str>,
-}
-
-type Deltas = Pin<Box<dyn Stream<Item = weft::Result<String>> + Send>>;
-
-/// The stream, `None` once it ended (the context is back in its slot then).
-type Shared = Arc<tokio::sync::Mutex<Option<Deltas>>>;
 
 /// A delta made for an `__anext__` and not taken yet: one cancelled (a timeout) after its
 /// delta was made leaves it here for the next call, rather than losing its text.
 type Held = Arc<Mutex<Option<PyResult<Option<String>>>>>;
 
-/// Ends its generator when dropped ([`weft::Generator::end`]).
-struct EndOnDrop<'g, 'c>(&'g mut weft::Generator<'c>);
-
-impl Drop for EndOnDrop<'_, '_> {
-    fn drop(&mut self) {
-        // An error here (the pass of a dropped step failed) leaves the context as it is.
-        let _ = self.0.end();
-    }
+/// The generator's side of a generation, shared with its steps: the stream that runs it and
+/// where requests, exceptions from Python callbacks and progress meet.
+#[derive(Clone)]
+pub struct Handle {
+    pub stream: Shared,
+    pub inbox: Inbox,
+    pub raised: Raised,
+    pub progress: Record,
+    /// The id of the generation's every-step probe handles.
+    pub id: u64,
 }
 
-/// The Python name of a stop reason.
-pub fn reason_name(r: &weft::StopReason) -> &'static str {
-    match r {
-        weft::StopReason::MaxTokens => "max_tokens",
-        weft::StopReason::StopToken(_) => "stop_token",
-        weft::StopReason::StopSequence(_) => "stop_sequence",
-        weft::StopReason::StopString(_) => "stop_string",
-        weft::StopReason::Constraint => "constraint",
-        weft::StopReason::Ended => "closed",
-        weft::StopReason::ContextFull => "context_full",
-        _ => "error",
+impl Handle {
+    /// Carries out `cmd` (see [`driver::request`]).
+    pub async fn request(&self, cmd: Cmd) -> PyResult<Option<Item>> {
+        driver::request(&self.stream, &self.inbox, &self.raised, cmd).await
+    }
+
+    /// [`Handle::request`], blocking with the GIL released.
+    pub fn request_blocking(&self, py: Python<'_>, cmd: Cmd) -> PyResult<Option<Item>> {
+        py.detach(|| weft::block_on(self.request(cmd)))
+    }
+
+    fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
+        lock(&self.progress)
     }
 }
 
 /// A generation in progress: iterate it (`for delta in g`, `async for delta in g`) for text
-/// deltas, or collect it with `text()`, `tokens()`, `json()` (awaitable: `atext()`,
-/// `atokens()`, `ajson()`). The context is busy until it ends, is closed or is dropped.
+/// deltas, collect it with `text()`, `tokens()`, `json()` (awaitable: `atext()`,
+/// `atokens()`, `ajson()`), or step it yourself with `next_step()` and `accept()`. The
+/// context is busy until it ends, is closed or is dropped.
 #[pyclass(frozen, module = "weft")]
 pub struct Generation {
-    stream: Shared,
+    handle: Handle,
     held: Held,
-    progress: Arc<Mutex<Progress>>,
 }
 
 impl Generation {
-    pub fn start(mut lease: Lease, opts: GenOptions) -> PyResult<Generation> {
+    pub fn start(mut lease: Lease, opts: GenOptions, raised: Raised) -> PyResult<Generation> {
         // An invalid constraint raises here, where `generate` is called, not at the first
         // delta (the check compiles it once more; the server does the same).
         if let Some(schema) = &opts.schema {
@@ -177,50 +187,23 @@ impl Generation {
         let ids = ids.chain(opts.stop_sequences.iter().flatten().copied());
         lease.ctx().engine().check_ids(ids).map_err(to_py)?;
         let progress = Arc::new(Mutex::new(Progress::default()));
-        let record = progress.clone();
-        let deltas = async_stream::stream! {
-            let mut lease = lease;
-            let mut gen = opts.apply(lease.ctx());
-            // Dropped with the stream (a loop left early, `close()`): ends the generator so
-            // the context keeps the last token streamed.
-            let ending = EndOnDrop(&mut gen);
-            let gen = &mut *ending.0;
-            loop {
-                let next = gen.next_text().await;
-                {
-                    let mut p = record.lock().unwrap_or_else(|p| p.into_inner());
-                    let done = p.tokens.len();
-                    p.tokens.extend_from_slice(&gen.tokens()[done.min(gen.tokens().len())..]);
-                    if let Ok(Some(d)) = &next {
-                        p.text.push_str(d);
-                    }
-                    p.stop_reason = gen.stop_reason().map(reason_name);
-                }
-                match next {
-                    Ok(Some(d)) => yield Ok(d),
-                    Ok(None) => break,
-                    Err(e) => {
-                        record
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .stop_reason
-                            .get_or_insert("error");
-                        yield Err(e);
-                        break;
-                    }
-                }
-            }
-        };
+        let inbox: Inbox = Arc::new(Mutex::new(None));
+        let stream = driver::spawn(lease, opts, inbox.clone(), progress.clone());
         Ok(Generation {
-            stream: Arc::new(tokio::sync::Mutex::new(Some(Box::pin(deltas)))),
+            handle: Handle {
+                stream,
+                inbox,
+                raised,
+                progress,
+                id: crate::forward::new_id(),
+            },
             held: Arc::new(Mutex::new(None)),
-            progress,
         })
     }
 
     /// Takes the delta `hold_next` made, if any.
     fn take_held(&self) -> Option<PyResult<Option<String>>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).take()
+        lock(&self.held).take()
     }
 
     /// Runs to the end (after a held delta, whose text is already in the progress; a held
@@ -230,24 +213,19 @@ impl Generation {
         if let Some(Err(e)) = self.take_held() {
             return Err(e);
         }
-        loop {
-            let stream = self.stream.clone();
-            match py.detach(|| weft::block_on(next_delta(stream)))? {
-                Some(_) => py.check_signals()?,
-                None => return Ok(()),
-            }
+        while self.handle.request_blocking(py, Cmd::Text)?.is_some() {
+            py.check_signals()?;
         }
+        Ok(())
     }
 
     /// After the stream was dropped by `close`: no held delta, and "closed" unless it had
     /// stopped.
     fn mark_closed(&self) {
         self.take_held();
-        self.progress().stop_reason.get_or_insert("closed");
-    }
-
-    fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
-        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+        let mut p = self.handle.progress();
+        p.stop_reason.get_or_insert("closed");
+        p.done = true;
     }
 
     /// An awaitable that runs the generation to its end, then reads `read` of its progress.
@@ -262,57 +240,43 @@ impl Generation {
         if let Some(Err(e)) = self.take_held() {
             return Err(e);
         }
-        let (stream, progress) = (self.stream.clone(), self.progress.clone());
+        let handle = self.handle.clone();
         crate::awaitable(py, async move {
-            drain(stream).await?;
-            let p = progress.lock().unwrap_or_else(|p| p.into_inner());
+            while handle.request(Cmd::Text).await?.is_some() {}
+            let p = handle.progress();
             read(&p)
         })
     }
-}
 
-/// The next delta, `None` at the end. The stream is dropped (and the context freed) as soon
-/// as it ends or fails.
-async fn next_delta(stream: Shared) -> PyResult<Option<String>> {
-    advance(&mut *stream.lock().await).await
-}
-
-/// The next delta of the stream in `slot`, which is emptied when the stream ends or fails.
-async fn advance(slot: &mut Option<Deltas>) -> PyResult<Option<String>> {
-    let Some(s) = slot.as_mut() else {
-        return Ok(None);
-    };
-    match s.next().await {
-        Some(Ok(d)) => Ok(Some(d)),
-        Some(Err(e)) => {
-            *slot = None;
-            Err(to_py(e))
-        }
-        None => {
-            *slot = None;
-            Ok(None)
+    /// A request answered by [`Item::Done`]: its value, or `ended` once the stream ended.
+    fn done(&self, py: Python<'_>, cmd: Cmd, ended: PyResult<usize>) -> PyResult<usize> {
+        match self.handle.request_blocking(py, cmd)? {
+            Some(Item::Done(n)) => Ok(n),
+            Some(_) => Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "the generation answered another request",
+            )),
+            None => ended,
         }
     }
-}
-
-async fn drain(stream: Shared) -> PyResult<()> {
-    while next_delta(stream.clone()).await?.is_some() {}
-    Ok(())
 }
 
 /// Makes the next delta into `held` unless one is there. Dropped while it waits (a cancelled
 /// `__anext__`), it leaves the stream where it was; once the delta is made it is kept.
-async fn hold_next(stream: Shared, held: Held) {
-    let taken = |h: &Held| h.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+async fn hold_next(handle: Handle, held: Held) {
+    let taken = |h: &Held| lock(h).is_some();
     if taken(&held) {
         return;
     }
-    let mut guard = stream.lock().await;
+    let mut slot = handle.stream.lock().await;
     if taken(&held) {
         return;
     }
-    let next = advance(&mut guard).await;
-    *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(next);
+    let next = driver::request_in(&mut slot, &handle.inbox, &handle.raised, Cmd::Text).await;
+    let delta = next.map(|item| match item {
+        Some(Item::Delta(d)) => Some(d),
+        _ => None,
+    });
+    *lock(&held) = Some(delta);
 }
 
 /// Parses the output as JSON, raising `weft.JsonError` (weft's message) when it is not.
@@ -336,8 +300,8 @@ impl Generation {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<String>> {
-        let (stream, held) = (self.stream.clone(), self.held.clone());
-        py.detach(|| weft::block_on(hold_next(stream, held)));
+        let (handle, held) = (self.handle.clone(), self.held.clone());
+        py.detach(|| weft::block_on(hold_next(handle, held)));
         self.take_held().unwrap_or(Ok(None))
     }
 
@@ -354,9 +318,9 @@ impl Generation {
 
     /// Awaitable: the next delta is made and held (see `__anext__`).
     fn _ready<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (stream, held) = (self.stream.clone(), self.held.clone());
+        let (handle, held) = (self.handle.clone(), self.held.clone());
         crate::awaitable(py, async move {
-            hold_next(stream, held).await;
+            hold_next(handle, held).await;
             Ok(())
         })
     }
@@ -373,13 +337,13 @@ impl Generation {
     /// Runs to the end; the whole output text (cut before a stop string).
     fn text(&self, py: Python<'_>) -> PyResult<String> {
         self.drain_blocking(py)?;
-        Ok(self.progress().text.clone())
+        Ok(self.handle.progress().text.clone())
     }
 
     /// Runs to the end; every generated token id (a stop token excluded).
     fn tokens(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
         self.drain_blocking(py)?;
-        Ok(self.progress().tokens.clone())
+        Ok(self.handle.progress().tokens.clone())
     }
 
     /// Runs to the end and parses the output as JSON (raises `weft.JsonError` if it is not).
@@ -403,10 +367,46 @@ impl Generation {
         self.drain_then(py, |p| Python::attach(|py| parse_json(py, &p.text)))
     }
 
+    /// The next step, or None once the generation has stopped (the context is free then).
+    /// Add probes to it, drop its sampler with `clear_sampler()`, then `run()` it (or
+    /// `await step.execute()`); after a step without its sampler, hand the token you chose
+    /// to `accept`.
+    fn next_step(&self, py: Python<'_>) -> PyResult<Option<Step>> {
+        let next = self.handle.request_blocking(py, Cmd::Check)?;
+        Ok(next.map(|_| Step::new(self.handle.clone())))
+    }
+
+    /// Registers tokens chosen outside the loop (after a step whose sampler was cleared):
+    /// they count against `max_tokens`, are checked against the stop rules and are run by
+    /// the next step. Raises `weft.TokenOutOfVocab` (taking none of them) for an id past the
+    /// vocabulary; does nothing once the generation has stopped.
+    fn accept(&self, py: Python<'_>, tokens: Vec<u32>) -> PyResult<()> {
+        self.done(py, Cmd::Accept(tokens), Ok(0)).map(|_| ())
+    }
+
+    /// Attaches `probe` to every step from now on (`index` 0: the position a step samples
+    /// from); read it from each step's output with the handle returned.
+    fn probe_each_step(
+        &self,
+        py: Python<'_>,
+        index: usize,
+        probe: PyRef<'_, Probe>,
+    ) -> PyResult<ProbeHandle> {
+        let ended = Err(ConfigError::new_err("the generation has stopped"));
+        let n = self.done(py, Cmd::EachStep(index, probe.kind.clone()), ended)?;
+        Ok(ProbeHandle::new(self.handle.id, n))
+    }
+
+    /// Gives the context's KV pages back to the pool; the next step recomputes them, and the
+    /// output goes on exactly as if nothing happened.
+    fn evict(&self, py: Python<'_>) -> PyResult<()> {
+        self.done(py, Cmd::Evict, Ok(0)).map(|_| ())
+    }
+
     /// Stops the generation now and gives the context back (what was generated stays in it,
     /// the last token streamed pending); `stop_reason` turns "closed" if it had not stopped.
     fn close(&self, py: Python<'_>) {
-        let stream = self.stream.clone();
+        let stream = self.handle.stream.clone();
         py.detach(|| weft::block_on(async { *stream.lock().await = None }));
         self.mark_closed();
     }
@@ -414,7 +414,7 @@ impl Generation {
     /// `await g.aclose()`: `close()` for `contextlib.aclosing` and async code.
     fn aclose<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let stream = slf.borrow().stream.clone();
+        let stream = slf.borrow().handle.stream.clone();
         let this = slf.clone().unbind();
         // The stream's lock is awaited here, never blocked on: a runtime thread blocked on it
         // is one fewer for the in-flight `__anext__` or `atext()` that holds it, and with as
@@ -431,12 +431,24 @@ impl Generation {
     /// runs.
     #[getter]
     fn stop_reason(&self) -> Option<&'static str> {
-        self.progress().stop_reason
+        self.handle.progress().stop_reason
     }
 
-    /// The text streamed so far.
+    /// The text streamed so far (all of it once the generation has ended).
     #[getter]
     fn text_so_far(&self) -> String {
-        self.progress().text.clone()
+        self.handle.progress().text.clone()
+    }
+
+    /// Whether the generation has stopped.
+    #[getter]
+    fn is_done(&self) -> bool {
+        self.handle.progress().done
+    }
+
+    /// Tokens accepted so far (a stop token excluded).
+    #[getter]
+    fn tokens_generated(&self) -> usize {
+        self.handle.progress().tokens.len()
     }
 }

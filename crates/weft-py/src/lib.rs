@@ -4,13 +4,17 @@
 
 mod adapter;
 mod beam;
+mod callbacks;
 mod context;
+mod driver;
 mod engine;
 mod errors;
 mod forward;
 mod generation;
+mod probes;
 mod rollout;
 mod sampling;
+mod step;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -114,6 +118,7 @@ fn _weft(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let all = m.index()?;
     all.call_method1("remove", ("_quiesce",))?;
     forward::register(m)?;
+    step::register(m)?;
     sampling::register(m)?;
     errors::register(m)?;
     Ok(())

@@ -5,9 +5,9 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
+use crate::driver::reason_name;
 use crate::engine::Engine;
 use crate::errors::{ConfigError, IntoPyResult};
-use crate::generation::reason_name;
 use crate::sampling::Sampler;
 
 /// One generated sequence of a batch.

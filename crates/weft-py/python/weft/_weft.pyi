@@ -1,6 +1,6 @@
 """Type stubs of weft's native module (re-exported by the ``weft`` package)."""
 
-from typing import final, Final, Literal, Generic, TypeVar, Any, AsyncIterator, Awaitable, Coroutine, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, overload
+from typing import Protocol, final, Final, Literal, Generic, TypeVar, Any, AsyncIterator, Awaitable, Coroutine, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 import os
 
@@ -61,6 +61,8 @@ __all__ = [
     "Sampler",
     "SnapshotCorrupt",
     "SnapshotVersion",
+    "Step",
+    "StepOutput",
     "Temperature",
     "TokenOutOfVocab",
     "TopK",
@@ -224,6 +226,14 @@ class Embedder:
 
 # --- contexts and generation ----------------------------------------------------------------
 
+class _Constraint(Protocol):
+    """What ``generate(constrain=...)`` takes (``is_terminal`` is optional)."""
+    def allowed(self, accepted: List[int], vocab_size: int) -> Union[Sequence[int], npt.NDArray[np.bool_], None]: ...
+
+class _Speculator(Protocol):
+    """What ``generate(speculator=...)`` takes (``accepted`` is optional)."""
+    def draft(self, tokens: List[int], max: int) -> Sequence[int]: ...
+
 @final
 class Context:
     """A sequence of tokens with its KV cache."""
@@ -265,12 +275,18 @@ class Context:
         frequency_penalty: Optional[float] = None,
         penalty_last_n: Optional[int] = None,
         adapters: Optional[Sequence[Tuple[Adapter, float]]] = None,
+        constrain: Optional[Union[_Constraint, List[_Constraint]]] = None,
+        speculator: Optional[_Speculator] = None,
+        horizon: Optional[int] = None,
+        zo_seed: Optional[int] = None,
+        zo_sigma: Optional[float] = None,
     ) -> Generation: ...
     def forward(self) -> Forward: ...
 
 @final
 class Generation(Iterator[str], AsyncIterator[str]):
-    """A running generation: a sync and async iterator of text deltas, with collectors."""
+    """A running generation: a sync and async iterator of text deltas, with collectors, or
+    stepped by hand with ``next_step()`` and ``accept()``."""
     def __iter__(self) -> Generation: ...
     def __next__(self) -> str: ...
     def __aiter__(self) -> Generation: ...
@@ -287,6 +303,44 @@ class Generation(Iterator[str], AsyncIterator[str]):
     def stop_reason(self) -> Optional[str]: ...
     @property
     def text_so_far(self) -> str: ...
+    @property
+    def is_done(self) -> bool: ...
+    @property
+    def tokens_generated(self) -> int: ...
+    def next_step(self) -> Optional[Step]:
+        """The next step, or None once the generation has stopped."""
+    def accept(self, tokens: Sequence[int]) -> None:
+        """Registers tokens chosen outside the loop (after a step without its sampler)."""
+    @overload
+    def probe_each_step(self, index: int, probe: Distribution) -> ProbeHandle[Tuple[npt.NDArray[np.uint32], _F32]]: ...
+    @overload
+    def probe_each_step(self, index: int, probe: Union[Entropy, Logprob]) -> ProbeHandle[float]: ...
+    @overload
+    def probe_each_step(self, index: int, probe: Union[Logits, Logprobs, Hidden]) -> ProbeHandle[_F32]: ...
+    def evict(self) -> None:
+        """Gives the context's KV pages back; the next step recomputes them."""
+
+@final
+class Step:
+    """One step of a generation: add probes, optionally drop the sampler, then run it once."""
+    def clear_sampler(self) -> None: ...
+    @overload
+    def probe(self, index: int, probe: Distribution) -> ProbeHandle[Tuple[npt.NDArray[np.uint32], _F32]]: ...
+    @overload
+    def probe(self, index: int, probe: Union[Entropy, Logprob]) -> ProbeHandle[float]: ...
+    @overload
+    def probe(self, index: int, probe: Union[Logits, Logprobs, Hidden]) -> ProbeHandle[_F32]: ...
+    def run(self) -> StepOutput: ...
+    def execute(self) -> Coroutine[Any, Any, StepOutput]: ...
+
+@final
+class StepOutput:
+    """What a step returned: the tokens it took and its probes, read by handle."""
+    @property
+    def token(self) -> Optional[int]: ...
+    @property
+    def accepted(self) -> List[int]: ...
+    def __getitem__(self, handle: ProbeHandle[_T]) -> _T: ...
 
 # --- the pass builder -----------------------------------------------------------------------
 
@@ -314,6 +368,7 @@ class Forward:
     def logit_bias(self, bias: Mapping[int, float]) -> None: ...
     def horizon(self, n: int) -> None: ...
     def adapter(self, adapter: Adapter, scale: float = 1.0) -> None: ...
+    def zo_seed(self, seed: int, sigma: float) -> None: ...
     def sample(self, indices: Sequence[int], sampler: Sampler) -> SampleHandle: ...
     @overload
     def probe(self, index: int, probe: Distribution) -> ProbeHandle[Tuple[npt.NDArray[np.uint32], _F32]]: ...

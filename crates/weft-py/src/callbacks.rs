@@ -1,0 +1,161 @@
+//! Constraints and speculators written in Python: objects with the Rust traits' methods,
+//! called (with the GIL) from the step that needs them.
+//!
+//! An exception they raise is kept in the generation's [`Raised`] slot and raised to the
+//! caller of that step, type and traceback intact.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+
+use crate::driver::{lock, Raised};
+
+/// Checks that `obj` has a callable `name`, naming `what` it was given as.
+fn require(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyResult<()> {
+    match obj.getattr(name) {
+        Ok(m) if m.is_callable() => Ok(()),
+        _ => Err(PyTypeError::new_err(format!(
+            "{what} must have a method {name}(); got {}",
+            obj.get_type().name()?
+        ))),
+    }
+}
+
+/// Keeps `e` for the step's caller and returns weft's stand-in error for it.
+fn keep(raised: &Raised, e: PyErr, what: &str) -> weft::Error {
+    let message = Python::attach(|py| e.value(py).to_string());
+    *lock(raised) = Some(e);
+    weft::Error::Config(format!("{what} raised: {message}"))
+}
+
+/// A Python constraint: `allowed(accepted, vocab_size)` returns the ids allowed next (any
+/// iterable of ints, or a NumPy bool array over the vocabulary; None allows everything),
+/// and `is_terminal(accepted)` (optional) whether generation stops.
+pub struct PyConstraint {
+    obj: Py<PyAny>,
+    raised: Raised,
+}
+
+impl PyConstraint {
+    pub fn new(obj: &Bound<'_, PyAny>, raised: Raised) -> PyResult<PyConstraint> {
+        require(obj, "allowed", "a constraint")?;
+        Ok(PyConstraint {
+            obj: obj.clone().unbind(),
+            raised,
+        })
+    }
+}
+
+/// The mask an `allowed()` answer describes.
+fn mask_of(
+    answer: &Bound<'_, PyAny>,
+    vocab_size: usize,
+) -> PyResult<weft::Result<weft::TokenMask>> {
+    if answer.is_none() {
+        return Ok(Ok(weft::TokenMask::all(vocab_size)));
+    }
+    let is_bools = answer
+        .getattr("dtype")
+        .and_then(|d| d.getattr("kind"))
+        .and_then(|k| k.extract::<String>())
+        .is_ok_and(|k| k == "b");
+    let mut mask = weft::TokenMask::none(vocab_size);
+    if is_bools {
+        let bits: Vec<bool> = answer.call_method0("tolist")?.extract()?;
+        if bits.len() != vocab_size {
+            return Ok(Err(weft::Error::MaskLength {
+                what: "the bool array a constraint's allowed() returned",
+                got: bits.len(),
+                expected: vocab_size,
+            }));
+        }
+        for (id, _) in bits.iter().enumerate().filter(|(_, &b)| b) {
+            mask.allow(id as u32);
+        }
+        return Ok(Ok(mask));
+    }
+    for id in answer.try_iter()? {
+        let id: u32 = id?.extract()?;
+        if id as usize >= vocab_size {
+            return Ok(Err(weft::Error::TokenOutOfVocab { id, vocab_size }));
+        }
+        mask.allow(id);
+    }
+    Ok(Ok(mask))
+}
+
+impl weft::Constraint for PyConstraint {
+    fn allowed(&mut self, accepted: &[u32], vocab_size: usize) -> weft::Result<weft::TokenMask> {
+        Python::attach(|py| {
+            let answer = self
+                .obj
+                .call_method1(py, "allowed", (accepted.to_vec(), vocab_size))?;
+            mask_of(answer.bind(py), vocab_size)
+        })
+        .unwrap_or_else(|e| Err(keep(&self.raised, e, "the constraint's allowed()")))
+    }
+
+    fn is_terminal(&mut self, accepted: &[u32]) -> weft::Result<bool> {
+        Python::attach(|py| {
+            let obj = self.obj.bind(py);
+            if !obj.hasattr("is_terminal")? {
+                return Ok(false);
+            }
+            obj.call_method1("is_terminal", (accepted.to_vec(),))?
+                .is_truthy()
+        })
+        .map_err(|e| keep(&self.raised, e, "the constraint's is_terminal()"))
+    }
+}
+
+/// A Python speculator: `draft(tokens, max)` returns up to `max` ids likely to follow
+/// `tokens` (the prompt and everything generated), and `accepted(drafted, accepted)`
+/// (optional) hears how many of the last draft were kept.
+pub struct PySpeculator {
+    obj: Py<PyAny>,
+    raised: Raised,
+}
+
+impl PySpeculator {
+    pub fn new(obj: &Bound<'_, PyAny>, raised: Raised) -> PyResult<PySpeculator> {
+        require(obj, "draft", "a speculator")?;
+        Ok(PySpeculator {
+            obj: obj.clone().unbind(),
+            raised,
+        })
+    }
+}
+
+impl weft::Speculator for PySpeculator {
+    fn draft(&mut self, tokens: &[u32], max: usize) -> Vec<u32> {
+        // The trait has no error path: an exception leaves the step without a draft (so its
+        // token is the sampler's, as without a speculator) and is raised after it.
+        let drafted = Python::attach(|py| {
+            self.obj
+                .call_method1(py, "draft", (tokens.to_vec(), max))?
+                .extract::<Vec<u32>>(py)
+        });
+        match drafted {
+            Ok(mut d) => {
+                d.truncate(max);
+                d
+            }
+            Err(e) => {
+                keep(&self.raised, e, "the speculator's draft()");
+                Vec::new()
+            }
+        }
+    }
+
+    fn accepted(&mut self, drafted: usize, accepted: usize) {
+        let told = Python::attach(|py| {
+            let obj = self.obj.bind(py);
+            if obj.hasattr("accepted")? {
+                obj.call_method1("accepted", (drafted, accepted))?;
+            }
+            Ok(())
+        });
+        if let Err(e) = told {
+            keep(&self.raised, e, "the speculator's accepted()");
+        }
+    }
+}

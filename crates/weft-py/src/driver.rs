@@ -1,0 +1,259 @@
+//! The task that owns a running `Generator`: Python's generation and its steps send it
+//! requests, one at a time, and it answers each.
+//!
+//! The generator borrows its context, so both live in one pinned stream (the context in a
+//! [`Lease`]): each poll reads the request waiting in the [`Inbox`], carries it out on the
+//! generator and yields a [`Reply`]. Dropping the stream drops the generator, then puts the
+//! context back.
+//!
+//! A request whose caller was cancelled (a timed-out `await`) while it ran leaves the stream
+//! in the middle of it; the next caller's poll finishes it first. Its effect on the generator
+//! stays (a step ran, its token was taken), its reply is dropped — except text, which any
+//! request for text takes, so that no delta is lost.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures_util::{Stream, StreamExt};
+use pyo3::prelude::*;
+
+use crate::context::Lease;
+use crate::errors::to_py;
+use crate::generation::GenOptions;
+use crate::probes::{attach, ProbeKind, RustProbe, Value};
+
+/// What a caller asks of the generator.
+pub enum Cmd {
+    /// The next text delta (`next_text`).
+    Text,
+    /// Whether a step can run (`next`): [`Item::Ready`] or the end.
+    Check,
+    /// One step: the automatic sampler on or off, and this step's own probes.
+    Step {
+        auto: bool,
+        probes: Vec<(usize, ProbeKind)>,
+    },
+    /// Tokens chosen outside the loop.
+    Accept(Vec<u32>),
+    /// A probe on every step from now on.
+    EachStep(usize, ProbeKind),
+    /// Give the context's KV pages back.
+    Evict,
+}
+
+/// The answer to a [`Cmd`].
+pub enum Item {
+    Delta(String),
+    Ready,
+    Stepped(Stepped),
+    /// Done; for [`Cmd::EachStep`], the probe's index among the every-step probes.
+    Done(usize),
+    /// The generation has stopped (for [`Cmd::Text`] and [`Cmd::Check`]).
+    End,
+}
+
+/// What a step returned, owned.
+pub struct Stepped {
+    pub token: Option<u32>,
+    pub accepted: Vec<u32>,
+    /// The every-step probes' values, then the step's own.
+    pub values: Vec<Value>,
+    /// How many of `values` are every-step probes.
+    pub each_step: usize,
+}
+
+pub struct Reply {
+    serial: u64,
+    result: weft::Result<Item>,
+    /// The stream ends after this reply: the caller drops it, which frees the context.
+    last: bool,
+}
+
+pub type Replies = Pin<Box<dyn Stream<Item = Reply> + Send>>;
+
+/// The stream, `None` once it ended (the context is back in its slot then).
+pub type Shared = Arc<tokio::sync::Mutex<Option<Replies>>>;
+
+/// The request waiting for the stream's next poll, with its serial number.
+pub type Inbox = Arc<Mutex<Option<(u64, Cmd)>>>;
+
+/// An exception a Python constraint or speculator raised inside a step: raised to the caller
+/// of that step in place of weft's error, so it keeps its type and traceback.
+pub type Raised = Arc<Mutex<Option<PyErr>>>;
+
+/// What the generation produced so far, readable without the stream.
+#[derive(Default)]
+pub struct Progress {
+    pub tokens: Vec<u32>,
+    /// The text streamed so far; the whole output text once the stream ended.
+    pub text: String,
+    pub stop_reason: Option<&'static str>,
+    pub done: bool,
+}
+
+pub type Record = Arc<Mutex<Progress>>;
+
+/// Locks `m`, whatever a panicking holder left.
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The Python name of a stop reason.
+pub fn reason_name(r: &weft::StopReason) -> &'static str {
+    match r {
+        weft::StopReason::MaxTokens => "max_tokens",
+        weft::StopReason::StopToken(_) => "stop_token",
+        weft::StopReason::StopSequence(_) => "stop_sequence",
+        weft::StopReason::StopString(_) => "stop_string",
+        weft::StopReason::Constraint => "constraint",
+        weft::StopReason::Ended => "closed",
+        weft::StopReason::ContextFull => "context_full",
+        _ => "error",
+    }
+}
+
+/// Ends its generator when dropped ([`weft::Generator::end`]).
+struct EndOnDrop<'g, 'c>(&'g mut weft::Generator<'c>);
+
+impl Drop for EndOnDrop<'_, '_> {
+    fn drop(&mut self) {
+        // An error here (the pass of a dropped step failed) leaves the context as it is.
+        let _ = self.0.end();
+    }
+}
+
+/// The stream that runs the generator `opts` make on the leased context, answering what
+/// `inbox` holds.
+pub fn spawn(lease: Lease, opts: GenOptions, inbox: Inbox, record: Record) -> Shared {
+    let replies = async_stream::stream! {
+        let mut lease = lease;
+        let mut gen = opts.apply(lease.ctx());
+        // Dropped with the stream (a loop left early, `close()`): ends the generator so the
+        // context keeps the last token streamed.
+        let ending = EndOnDrop(&mut gen);
+        let gen = &mut *ending.0;
+        let mut each: Vec<RustProbe> = Vec::new();
+        loop {
+            let (serial, cmd) = lock(&inbox).take().unwrap_or((0, Cmd::Text));
+            let (result, last) = match cmd {
+                Cmd::Text => match gen.next_text().await {
+                    Ok(Some(d)) => (Ok(Item::Delta(d)), false),
+                    Ok(None) => (Ok(Item::End), true),
+                    Err(e) => (Err(e), true),
+                },
+                Cmd::Check => match gen.next() {
+                    Ok(Some(_)) => (Ok(Item::Ready), false),
+                    Ok(None) => (Ok(Item::End), true),
+                    Err(e) => (Err(e), true),
+                },
+                Cmd::Step { auto, probes } => (step(gen, &each, auto, probes).await, false),
+                Cmd::Accept(tokens) => (gen.accept(&tokens).map(|()| Item::Done(0)), false),
+                Cmd::EachStep(index, kind) => {
+                    each.push(attach!(kind, |p| gen.probe_each_step(index, p)));
+                    (Ok(Item::Done(each.len() - 1)), false)
+                }
+                Cmd::Evict => (gen.evict().map(|()| Item::Done(0)), false),
+            };
+            {
+                let mut p = lock(&record);
+                let done = p.tokens.len().min(gen.tokens().len());
+                p.tokens.extend_from_slice(&gen.tokens()[done..]);
+                if let Ok(Item::Delta(d)) = &result {
+                    p.text.push_str(d);
+                }
+                p.stop_reason = gen.stop_reason().map(reason_name);
+                if result.is_err() && last {
+                    p.stop_reason.get_or_insert("error");
+                }
+                p.done = gen.is_done() || last;
+                if last {
+                    p.text = gen.text().to_string();
+                }
+            }
+            yield Reply { serial, result, last };
+            if last {
+                break;
+            }
+        }
+    };
+    Arc::new(tokio::sync::Mutex::new(Some(Box::pin(replies))))
+}
+
+/// One step of `gen` with the every-step probes `each` and the step's own `probes`.
+async fn step(
+    gen: &mut weft::Generator<'_>,
+    each: &[RustProbe],
+    auto: bool,
+    probes: Vec<(usize, ProbeKind)>,
+) -> weft::Result<Item> {
+    let Some(mut step) = gen.next()? else {
+        return Err(weft::Error::Config(
+            "the generation has stopped: there is no next step".into(),
+        ));
+    };
+    if !auto {
+        step.clear_sampler();
+    }
+    let own: Vec<RustProbe> = probes
+        .into_iter()
+        .map(|(index, kind)| attach!(kind, |p| step.probe(index, p)))
+        .collect();
+    let out = step.execute().await?;
+    let values = each.iter().chain(&own).map(|p| p.read(&out)).collect();
+    Ok(Item::Stepped(Stepped {
+        token: out.token,
+        accepted: out.accepted,
+        values,
+        each_step: each.len(),
+    }))
+}
+
+static SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// Carries out `cmd` on the generator behind `stream` and returns its answer; `None` once
+/// the stream has ended (the generation stopped and gave the context back, or was closed).
+pub async fn request(
+    stream: &Shared,
+    inbox: &Inbox,
+    raised: &Raised,
+    cmd: Cmd,
+) -> PyResult<Option<Item>> {
+    request_in(&mut *stream.lock().await, inbox, raised, cmd).await
+}
+
+/// [`request`] with the stream's lock already held (`slot` is what it guards).
+pub async fn request_in(
+    slot: &mut Option<Replies>,
+    inbox: &Inbox,
+    raised: &Raised,
+    cmd: Cmd,
+) -> PyResult<Option<Item>> {
+    let wants_text = matches!(cmd, Cmd::Text);
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+    *lock(inbox) = Some((serial, cmd));
+    loop {
+        let Some(replies) = slot.as_mut() else {
+            return Ok(None);
+        };
+        let Some(reply) = replies.next().await else {
+            *slot = None;
+            return Ok(None);
+        };
+        if reply.last {
+            *slot = None;
+        }
+        if let Some(e) = lock(raised).take() {
+            return Err(e);
+        }
+        let ours =
+            reply.serial == serial || (wants_text && matches!(reply.result, Ok(Item::Delta(_))));
+        match reply.result {
+            Err(e) => return Err(to_py(e)),
+            Ok(Item::End) if ours => return Ok(None),
+            Ok(item) if ours => return Ok(Some(item)),
+            // The reply to a request cancelled while it ran (see the module's notes).
+            Ok(_) => {}
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! `weft.Step` and `weft.StepOutput`: one step of a generation driven by hand, as the Rust
+//! API's `Generator::next` / `Step::execute` / `Generator::accept`.
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+use crate::driver::{Cmd, Item, Stepped};
+use crate::forward::{new_id, ForwardOutput, ProbeHandle};
+use crate::generation::Handle;
+use crate::probes::ProbeKind;
+use crate::sampling::Probe;
+
+/// The next step of a generation (from `Generation.next_step()`): add probes, drop the
+/// automatic sampler if you choose the token yourself, then `run()` it or
+/// `await step.execute()`. A step runs once.
+#[pyclass(module = "weft")]
+pub struct Step {
+    gen: Handle,
+    id: u64,
+    auto: bool,
+    probes: Vec<(usize, ProbeKind)>,
+    spent: bool,
+}
+
+impl Step {
+    pub fn new(gen: Handle) -> Step {
+        Step {
+            gen,
+            id: new_id(),
+            auto: true,
+            probes: Vec::new(),
+            spent: false,
+        }
+    }
+
+    /// The request that runs the step (once).
+    fn take(&mut self) -> PyResult<Cmd> {
+        if self.spent {
+            return Err(PyRuntimeError::new_err("this step has already run"));
+        }
+        self.spent = true;
+        Ok(Cmd::Step {
+            auto: self.auto,
+            probes: std::mem::take(&mut self.probes),
+        })
+    }
+}
+
+/// The step's output made Python objects.
+fn output(py: Python<'_>, gen: u64, id: u64, answer: Option<Item>) -> PyResult<StepOutput> {
+    let Some(Item::Stepped(s)) = answer else {
+        return Err(crate::errors::to_py(weft::Error::Config(
+            "the generation has stopped: there is no next step".into(),
+        )));
+    };
+    let Stepped {
+        token,
+        accepted,
+        values,
+        each_step,
+    } = s;
+    let output = ForwardOutput::new(py, id, Vec::new(), values, Some((gen, each_step)))?;
+    Ok(StepOutput {
+        token,
+        accepted,
+        output: Py::new(py, output)?,
+    })
+}
+
+#[pymethods]
+impl Step {
+    /// Runs the step without its automatic sampler: no token is chosen; pick one from a probe
+    /// and hand it to `Generation.accept`. (No speculative draft on such a step.)
+    fn clear_sampler(&mut self) -> PyResult<()> {
+        if self.spent {
+            return Err(PyRuntimeError::new_err("this step has already run"));
+        }
+        self.auto = false;
+        Ok(())
+    }
+
+    /// Adds a probe for this step only (`index` 0: the position the step samples from).
+    fn probe(&mut self, index: usize, probe: PyRef<'_, Probe>) -> PyResult<ProbeHandle> {
+        if self.spent {
+            return Err(PyRuntimeError::new_err("this step has already run"));
+        }
+        self.probes.push((index, probe.kind.clone()));
+        Ok(ProbeHandle::new(self.id, self.probes.len() - 1))
+    }
+
+    /// Runs the step, blocking (the GIL is released meanwhile). With the sampler on, the
+    /// token it chose is taken by the generation.
+    fn run(&mut self, py: Python<'_>) -> PyResult<StepOutput> {
+        let cmd = self.take()?;
+        let answer = self.gen.request_blocking(py, cmd)?;
+        output(py, self.gen.id, self.id, answer)
+    }
+
+    /// `await step.execute()`: `run()` without blocking the event loop.
+    fn execute<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let cmd = self.take()?;
+        let (gen, id) = (self.gen.clone(), self.id);
+        crate::awaitable(py, async move {
+            let answer = gen.request(cmd).await?;
+            Python::attach(|py| Py::new(py, output(py, gen.id, id, answer)?))
+        })
+    }
+}
+
+/// What a step returned: the tokens it took, and its probes (`out[handle]`, for this step's
+/// handles and the generation's every-step ones).
+#[pyclass(frozen, module = "weft")]
+pub struct StepOutput {
+    token: Option<u32>,
+    accepted: Vec<u32>,
+    output: Py<ForwardOutput>,
+}
+
+#[pymethods]
+impl StepOutput {
+    /// The token the sampler chose (None after `clear_sampler()`); with speculative
+    /// decoding, the last of the tokens the step took.
+    #[getter]
+    fn token(&self) -> Option<u32> {
+        self.token
+    }
+
+    /// Every token the step took (one, or more with speculative decoding), a stop token that
+    /// ended the generation included.
+    #[getter]
+    fn accepted(&self) -> Vec<u32> {
+        self.accepted.clone()
+    }
+
+    /// A probe's value (as `ForwardOutput[handle]`).
+    fn __getitem__(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.output.bind(py).get().get_item(py, handle)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "weft.StepOutput(token={}, accepted={:?})",
+            self.token.map_or("None".into(), |t| t.to_string()),
+            self.accepted
+        )
+    }
+}
+
+/// Adds the step classes to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Step>()?;
+    m.add_class::<StepOutput>()?;
+    Ok(())
+}

@@ -1,0 +1,277 @@
+"""A generation driven by hand (next_step, accept, per-step probes) and the generator's
+options written in Python (constraints, speculators), against llama.cpp's greedy run."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import weft
+from test_adapters import adapter_file  # noqa: F401 (a fixture)
+from test_generate import forks_at
+
+
+def greedy_case(reference):
+    case = next(c for c in reference("greedy.json")["cases"] if c["model"] == "smollm2")
+    return case["prompt"], case["steps"]
+
+
+def follows_llama_cpp(ids, steps):
+    """Our ids are llama.cpp's up to its first near-tie (and there are some to compare)."""
+    compared = 0
+    for i, step in enumerate(steps[: len(ids)]):
+        if forks_at(step):
+            break
+        assert ids[i] == step["id"], i
+        compared += 1
+    assert compared >= 4
+
+
+def test_manual_steps_with_our_own_argmax_follow_llama_cpp(smollm2, reference):
+    prompt, steps = greedy_case(reference)
+    ctx = smollm2.context()
+    ctx.fill(prompt)
+    g = ctx.generate(weft.TopP(0.9, temperature=1.5), max_tokens=12, ignore_eos=True, seed=7)
+    chosen = []
+    while (step := g.next_step()) is not None:
+        step.clear_sampler()
+        h = step.probe(0, weft.Logits())
+        out = step.run()
+        assert out.token is None and out.accepted == []
+        logits = out[h]
+        assert logits.shape == (smollm2.vocab_size,)
+        chosen.append(int(np.argmax(logits)))
+        g.accept([chosen[-1]])
+        assert g.tokens_generated == len(chosen)
+    assert g.is_done and g.stop_reason == "max_tokens"
+    assert g.tokens() == chosen and len(chosen) == 12
+    follows_llama_cpp(chosen, steps)
+    # The context is free again and holds the whole exchange.
+    assert len(ctx) + len(ctx.pending) == len(smollm2.tokenize(prompt, add_bos=True)) + 12
+    assert g.text() == smollm2.detokenize(chosen)
+
+
+def test_per_step_probes_see_what_the_sampler_chose(smollm2, reference):
+    prompt, steps = greedy_case(reference)
+    ctx = smollm2.context()
+    ctx.fill(prompt)
+    g = ctx.generate(weft.Argmax(), max_tokens=6, ignore_eos=True)
+    top = g.probe_each_step(0, weft.Distribution(k=2))
+    entropy = g.probe_each_step(0, weft.Entropy())
+    tokens = []
+    while (step := g.next_step()) is not None:
+        ref_id, ref_logit = steps[len(tokens)]["top5"][0]
+        logits = step.probe(0, weft.Logits())
+        logprob = step.probe(0, weft.Logprobs([ref_id]))
+        out = step.run()
+        ids, probs = out[top]
+        assert out.token == ids[0] and out.accepted == [out.token]
+        assert probs[0] >= probs[1] and 0.0 <= out[entropy]
+        # llama.cpp's logit of its own token at this step, within a few tenths (its README).
+        assert abs(out[logits][ref_id] - ref_logit) < 0.5
+        if ref_id == out.token:
+            assert abs(np.exp(out[logprob][0]) - probs[0]) < 1e-4
+        tokens.append(out.token)
+    follows_llama_cpp(tokens, steps)
+    other = smollm2.context()
+    other.fill("x")
+    fwd = other.forward()
+    foreign = fwd.probe(0, weft.Entropy())
+    with pytest.raises(ValueError, match="another pass"):
+        out[foreign]
+
+
+def test_a_step_runs_once_and_accept_checks_ids(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("Count: one, two,")
+    g = ctx.generate(weft.Argmax(), max_tokens=4)
+    step = g.next_step()
+    step.run()
+    with pytest.raises(RuntimeError, match="already run"):
+        step.run()
+    with pytest.raises(weft.TokenOutOfVocab):
+        g.accept([smollm2.vocab_size])
+    assert g.tokens_generated == 1  # nothing of the refused call was taken
+    with pytest.raises(weft.ContextBusy):
+        ctx.fill("more")
+    # Accepting the end-of-turn token stops it.
+    eos = smollm2.tokenize("<|im_end|>")
+    g.accept(eos)
+    assert g.is_done and g.stop_reason == "stop_token"
+    assert g.next_step() is None
+    ctx.fill(" three")  # free again
+
+
+def test_async_steps_and_a_cancelled_one(smollm2):
+    prompt = "The rain in Spain"
+    plain = smollm2.context()
+    plain.fill(prompt)
+    want = plain.generate(weft.Argmax(), max_tokens=10, ignore_eos=True).tokens()
+
+    async def main():
+        ctx = smollm2.context()
+        ctx.fill(prompt)
+        g = ctx.generate(weft.Argmax(), max_tokens=10, ignore_eos=True)
+        step = g.next_step()
+        # Cancelled at once: the step still runs to its end (its token is taken); its
+        # output is dropped.
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(step.execute(), 0)
+        while (step := g.next_step()) is not None:
+            await step.execute()
+        return g.tokens()
+
+    assert asyncio.run(main()) == want
+
+
+class Digits:
+    """Allows only the tokens of single digits, and stops after three of them."""
+
+    def __init__(self, engine):
+        self.ids = [engine.tokenize(str(d))[0] for d in range(10)]
+        self.calls = 0
+
+    def allowed(self, accepted, vocab_size):
+        self.calls += 1
+        return self.ids
+
+    def is_terminal(self, accepted):
+        return len(accepted) >= 3
+
+
+def test_a_python_constraint_shapes_the_output(smollm2):
+    digits = Digits(smollm2)
+    ctx = smollm2.context()
+    ctx.fill("My favourite number is")
+    g = ctx.generate(weft.Argmax(), max_tokens=20, constrain=digits)
+    text = g.text()
+    assert g.stop_reason == "constraint"
+    assert len(g.tokens()) == 3 and all(t in digits.ids for t in g.tokens())
+    assert text.isdigit() and digits.calls == 3
+
+    # A NumPy bool mask works too, and composes with a regex (both must allow a token).
+    mask = np.zeros(smollm2.vocab_size, dtype=bool)
+    mask[digits.ids[:5]] = True
+
+    class Low:
+        def allowed(self, accepted, vocab_size):
+            return mask
+
+    ctx = smollm2.context()
+    ctx.fill("My favourite number is")
+    out = ctx.generate(weft.Argmax(), max_tokens=20, constrain=[Low()], regex="[0-9]{2}").text()
+    assert len(out) == 2 and all(c in "01234" for c in out)
+
+
+def test_exceptions_of_python_callbacks_reach_the_caller(smollm2):
+    class Broken:
+        def allowed(self, accepted, vocab_size):
+            raise KeyError("no table")
+
+    ctx = smollm2.context()
+    ctx.fill("Hello")
+    with pytest.raises(KeyError, match="no table"):
+        ctx.generate(weft.Argmax(), max_tokens=4, constrain=Broken()).text()
+
+    class Wide:
+        def allowed(self, accepted, vocab_size):
+            return [vocab_size]
+
+    ctx = smollm2.context()
+    ctx.fill("Hello")
+    with pytest.raises(weft.TokenOutOfVocab):
+        ctx.generate(weft.Argmax(), max_tokens=4, constrain=Wide()).text()
+    with pytest.raises(TypeError, match="allowed"):
+        ctx.generate(weft.Argmax(), constrain=object())
+    with pytest.raises(TypeError, match="draft"):
+        ctx.generate(weft.Argmax(), speculator=object())
+    with pytest.raises(weft.ConfigError, match="not both"):
+        ctx.generate(weft.Argmax(), speculate=True, speculator=Copier([]))
+    with pytest.raises(weft.ConfigError, match="give both"):
+        ctx.generate(weft.Argmax(), zo_seed=1)
+
+
+class Copier:
+    """Drafts the continuation of a known token sequence (right or wrong)."""
+
+    def __init__(self, continuation):
+        self.continuation = continuation
+        self.start = None
+        self.told = []
+
+    def draft(self, tokens, max):
+        if self.start is None:
+            self.start = len(tokens)
+        done = len(tokens) - self.start
+        return self.continuation[done : done + max]
+
+    def accepted(self, drafted, accepted):
+        self.told.append((drafted, accepted))
+
+
+def test_a_python_speculator_keeps_greedy_output(smollm2):
+    prompt = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"
+    plain = smollm2.context()
+    plain.fill(prompt)
+    want = plain.generate(weft.Argmax(), max_tokens=24, ignore_eos=True).tokens()
+
+    def run(speculator):
+        ctx = smollm2.context()
+        ctx.fill(prompt)
+        g = ctx.generate(weft.Argmax(), max_tokens=24, ignore_eos=True, speculator=speculator)
+        return g.tokens()
+
+    right = Copier(want)
+    assert run(right) == want
+    assert sum(a for _, a in right.told) > 0  # drafts were taken
+    wrong = Copier([(t + 1) % 1000 for t in want])
+    assert run(wrong) == want
+    assert wrong.told and all(a == 0 for _, a in wrong.told)
+
+
+def test_evict_mid_generation_changes_nothing(smollm2):
+    prompt = "The history of the loom begins"
+    plain = smollm2.context()
+    plain.fill(prompt)
+    want = plain.generate(weft.Argmax(), max_tokens=12, ignore_eos=True).tokens()
+    base = smollm2.metrics().kv_pages_used
+    ctx = smollm2.context()
+    ctx.fill(prompt)
+    g = ctx.generate(weft.Argmax(), max_tokens=12, ignore_eos=True, horizon=0)
+    for _ in range(5):
+        g.next_step().run()
+    g.evict()
+    assert smollm2.metrics().kv_pages_used == base
+    assert g.tokens() == want
+
+
+def test_zo_seed_perturbs_the_adapter_reproducibly(smollm2, adapter_file):
+    adapter = smollm2.load_adapter(adapter_file)
+
+    def logits(zo=None):
+        ctx = smollm2.context()
+        ctx.fill("The weaver threads the loom and")
+        fwd = ctx.forward()
+        fwd.adapter(adapter, 1.0)
+        if zo is not None:
+            fwd.zo_seed(*zo)
+        h = fwd.probe(len(fwd) - 1, weft.Logits())
+        return fwd.run()[h]
+
+    plain = logits()
+    assert (logits((5, 0.0)) == plain).all()
+    up, again, down, other = logits((5, 0.01)), logits((5, 0.01)), logits((5, -0.01)), logits((6, 0.01))
+    assert (up == again).all() and (up != plain).any() and (up != other).any()
+    # (The antithetic pair is exact to first order only: checked in weft-core's lora tests.)
+    assert (down != up).any() and (down != plain).any()
+
+    def tokens(**kw):
+        ctx = smollm2.context()
+        ctx.fill("The weaver threads the loom and")
+        g = ctx.generate(weft.Argmax(), max_tokens=8, ignore_eos=True, adapters=[(adapter, 1.0)], **kw)
+        return g.tokens()
+
+    assert tokens(zo_seed=5, zo_sigma=0.0) == tokens()
+    assert tokens(zo_seed=5, zo_sigma=0.5) == tokens(zo_seed=5, zo_sigma=0.5)
+    with pytest.raises(weft.ConfigError, match="finite"):
+        logits((5, float("nan")))
