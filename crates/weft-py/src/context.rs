@@ -132,6 +132,57 @@ impl Context {
         Ok(pyo3::types::PyBytes::new(py, &bytes))
     }
 
+    /// Gives the context's KV pages back to the pool but keeps its tokens: they become
+    /// pending again and the next pass recomputes them (outputs unchanged). Contexts with
+    /// custom positions or attention masks cannot be recomputed (`weft.ConfigError`).
+    fn evict(&self) -> PyResult<()> {
+        self.with(|c| c.evict().py())
+    }
+
+    /// Appends tokens given as vectors: `rows` (`len(ids) × n_embd` floats, e.g. a NumPy
+    /// array of that shape) are what the model's first block reads at those positions, and
+    /// `ids` what the context records there (placeholders). `Engine.input_embeddings(ids)`
+    /// gives the vectors of real tokens. `attn_bias`, if given, is an additive attention bias
+    /// for the new tokens: one row per new token of `len(ctx) + len(pending) + len(ids)`
+    /// values (the tokens before them, then the new ones); `-inf` hides a token, and entries
+    /// past a token's own position must be `-inf`. Without it attention is causal.
+    #[pyo3(signature = (ids, rows, attn_bias = None))]
+    fn fill_embeds(
+        &self,
+        ids: Vec<u32>,
+        rows: &Bound<'_, PyAny>,
+        attn_bias: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let rows = crate::forward::floats(rows)?;
+        let bias = attn_bias.map(crate::forward::floats).transpose()?;
+        self.with(|c| c.fill_embeds(&ids, &rows, bias.as_deref()).py())
+    }
+
+    /// Takes up the generation saved in the snapshot this context was resumed from
+    /// (`Generation.snapshot()`): it goes on as if it had never stopped, its sampler, stop
+    /// rules, constraints and progress restored (`tokens()` and the collectors include what
+    /// it generated before). `max_tokens` and `horizon` replace the saved ones if given.
+    #[pyo3(signature = (*, max_tokens = None, horizon = None))]
+    fn resume_generation(
+        &self,
+        max_tokens: Option<usize>,
+        horizon: Option<usize>,
+    ) -> PyResult<Generation> {
+        let mut lease = Lease::take(&self.slot)?;
+        if !lease.ctx().has_saved_generator() {
+            return Err(ConfigError::new_err(
+                "this context was not resumed from a generation's snapshot (Generation.snapshot)",
+            ));
+        }
+        let opts = GenOptions {
+            resume: true,
+            max_tokens,
+            horizon,
+            ..GenOptions::default()
+        };
+        Generation::start(lease, opts, Default::default())
+    }
+
     /// A copy sharing this context's KV pages (copy-on-write).
     fn fork(&self) -> PyResult<Context> {
         self.with(|c| Ok(Context::new(c.fork().py()?)))
@@ -306,6 +357,7 @@ impl Context {
             zo_seed,
             constraints,
             speculator,
+            resume: false,
         };
         Generation::start(Lease::take(&self.slot)?, opts, raised)
     }

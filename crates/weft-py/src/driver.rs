@@ -40,6 +40,8 @@ pub enum Cmd {
     EachStep(usize, ProbeKind),
     /// Give the context's KV pages back.
     Evict,
+    /// The context's snapshot with the generator in it.
+    Snapshot,
 }
 
 /// The answer to a [`Cmd`].
@@ -49,6 +51,7 @@ pub enum Item {
     Stepped(Stepped),
     /// Done; for [`Cmd::EachStep`], the probe's index among the every-step probes.
     Done(usize),
+    Bytes(Vec<u8>),
     /// The generation has stopped (for [`Cmd::Text`] and [`Cmd::Check`]).
     End,
 }
@@ -128,7 +131,15 @@ impl Drop for EndOnDrop<'_, '_> {
 pub fn spawn(lease: Lease, opts: GenOptions, inbox: Inbox, record: Record) -> Shared {
     let replies = async_stream::stream! {
         let mut lease = lease;
-        let mut gen = opts.apply(lease.ctx());
+        let mut gen = match opts.apply(lease.ctx()) {
+            Ok(gen) => gen,
+            Err(e) => {
+                let serial = lock(&inbox).take().map_or(0, |(s, _)| s);
+                lock(&record).stop_reason = Some("error");
+                yield Reply { serial, result: Err(e), last: true };
+                return;
+            }
+        };
         // Dropped with the stream (a loop left early, `close()`): ends the generator so the
         // context keeps the last token streamed.
         let ending = EndOnDrop(&mut gen);
@@ -154,6 +165,7 @@ pub fn spawn(lease: Lease, opts: GenOptions, inbox: Inbox, record: Record) -> Sh
                     (Ok(Item::Done(each.len() - 1)), false)
                 }
                 Cmd::Evict => (gen.evict().map(|()| Item::Done(0)), false),
+                Cmd::Snapshot => (gen.snapshot().map(Item::Bytes), false),
             };
             {
                 let mut p = lock(&record);

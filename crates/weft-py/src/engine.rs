@@ -45,7 +45,10 @@ fn config(
 /// calls (continuous batching), whichever Python thread or asyncio task drives it.
 ///
 /// `model` is a known name (`"smollm2-135m"`, `"gemma3-270m"`, fetched on first use) or a
-/// GGUF path.
+/// GGUF path. `kv_type`: "f16" or "q8_0" (half the KV memory). `prefix_cache`: contexts
+/// starting with the same full KV pages as an earlier one share them (outputs unchanged).
+/// `resident_layers`: keep at most that many transformer blocks in memory and read the others
+/// from the model file when a pass needs them (for models larger than memory; slower).
 #[pyclass(frozen, module = "weft")]
 pub struct Engine {
     pub inner: weft::Engine,
@@ -54,7 +57,11 @@ pub struct Engine {
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (model = "smollm2-135m", threads = None, kv_tokens = None, n_ctx = None, kv_type = None))]
+    #[pyo3(signature = (
+        model = "smollm2-135m", threads = None, kv_tokens = None, n_ctx = None, kv_type = None,
+        prefix_cache = true, resident_layers = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model: &str,
@@ -62,11 +69,19 @@ impl Engine {
         kv_tokens: Option<usize>,
         n_ctx: Option<usize>,
         kv_type: Option<&str>,
+        prefix_cache: bool,
+        resident_layers: Option<usize>,
     ) -> PyResult<Engine> {
         let mut config = config(threads, kv_tokens, n_ctx)?;
         if let Some(t) = kv_type {
             config.kv_type = t.parse().map_err(ConfigError::new_err)?;
         }
+        config.prefix_cache = prefix_cache;
+        config.layer_pager = match resident_layers {
+            None => None,
+            Some(0) => return Err(ConfigError::new_err("resident_layers must be at least 1")),
+            Some(k) => Some(std::sync::Arc::new(weft::models::LayerPager::new(k))),
+        };
         let inner = py
             .detach(|| resolve(model).and_then(|p| weft::Engine::open(&p, config)))
             .py()?;

@@ -21,6 +21,17 @@ pub fn new_id() -> u64 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
+/// The floats of a NumPy array of any shape (row-major), or of a list of lists of them.
+pub fn floats(rows: &Bound<'_, PyAny>) -> PyResult<Vec<f32>> {
+    if rows.hasattr("ravel")? {
+        return rows
+            .call_method0("ravel")?
+            .call_method0("tolist")?
+            .extract();
+    }
+    Ok(rows.extract::<Vec<Vec<f32>>>()?.concat())
+}
+
 /// One recorded builder call.
 enum Op {
     Input(Vec<u32>),
@@ -229,13 +240,7 @@ impl Forward {
         positions: Vec<u32>,
         ids: Option<Vec<u32>>,
     ) -> PyResult<()> {
-        let rows: Vec<f32> = match rows.hasattr("ravel")? {
-            true => rows
-                .call_method0("ravel")?
-                .call_method0("tolist")?
-                .extract()?,
-            false => rows.extract::<Vec<Vec<f32>>>()?.concat(),
-        };
+        let rows = floats(rows)?;
         let ids = ids.unwrap_or_else(|| vec![0; positions.len()]);
         self.len += ids.len();
         self.push(Op::InputEmbeds(ids, rows, positions))

@@ -19,7 +19,11 @@ use crate::sampling::Probe;
 use crate::step::Step;
 
 /// Everything `Context.generate` takes besides the context.
+#[derive(Default)]
 pub struct GenOptions {
+    /// Take up the generator saved in the snapshot the context was resumed from, rather than
+    /// start one (the other options then apply on top of it).
+    pub resume: bool,
     pub sampler: Option<weft::Sampler>,
     pub max_tokens: Option<usize>,
     pub min_tokens: Option<usize>,
@@ -78,11 +82,14 @@ impl GenOptions {
         Ok(given.pop())
     }
 
-    pub fn apply<'c>(self, ctx: &'c mut weft::Context) -> weft::Generator<'c> {
+    pub fn apply<'c>(self, ctx: &'c mut weft::Context) -> weft::Result<weft::Generator<'c>> {
         if let Some(seed) = self.seed {
             ctx.set_seed(seed);
         }
-        let mut g = ctx.generate(self.sampler);
+        let mut g = match self.resume {
+            true => ctx.resume_generator()?,
+            false => ctx.generate(self.sampler),
+        };
         if let Some(n) = self.max_tokens {
             g = g.max_tokens(n);
         }
@@ -128,7 +135,7 @@ impl GenOptions {
         if let Some(s) = self.speculator {
             g = g.speculator(s);
         }
-        g
+        Ok(g)
     }
 }
 
@@ -401,6 +408,20 @@ impl Generation {
     /// output goes on exactly as if nothing happened.
     fn evict(&self, py: Python<'_>) -> PyResult<()> {
         self.done(py, Cmd::Evict, Ok(0)).map(|_| ())
+    }
+
+    /// The context as bytes with this generation in flight: `Engine.resume(bytes)` then
+    /// `resume_generation()` on that context goes on exactly where this one is (the same
+    /// tokens as if it had never stopped, constraints included). A generation with a Python
+    /// constraint or speculator, or with adapters, cannot be saved (`weft.ConfigError`);
+    /// every-step probes are not saved.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        match self.handle.request_blocking(py, Cmd::Snapshot)? {
+            Some(Item::Bytes(b)) => Ok(pyo3::types::PyBytes::new(py, &b)),
+            _ => Err(ConfigError::new_err(
+                "the generation has ended and given its context back: snapshot the context",
+            )),
+        }
     }
 
     /// Stops the generation now and gives the context back (what was generated stays in it,

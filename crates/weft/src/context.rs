@@ -270,6 +270,12 @@ impl Context {
         self.custom_attention
     }
 
+    /// Whether this context was resumed from a generator's snapshot that
+    /// [`Context::resume_generator`] has not taken up yet.
+    pub fn has_saved_generator(&self) -> bool {
+        self.saved_generator.is_some()
+    }
+
     /// Takes the generator saved in the snapshot this context was resumed from.
     pub(crate) fn take_saved_generator(&mut self) -> Option<String> {
         self.saved_generator.take()

@@ -182,6 +182,8 @@ class Engine:
         kv_tokens: Optional[int] = None,
         n_ctx: Optional[int] = None,
         kv_type: Optional[str] = None,
+        prefix_cache: bool = True,
+        resident_layers: Optional[int] = None,
     ) -> Engine: ...
     def context(self) -> Context:
         """A new, empty context on this engine, with a sampling seed drawn at random:
@@ -244,6 +246,14 @@ class Context:
         opened: call it on an empty context (to go on, render it all again on a new one)."""
     def fork(self) -> Context: ...
     def snapshot(self) -> bytes: ...
+    def evict(self) -> None:
+        """Gives the KV pages back, keeping the tokens (pending again, recomputed by the next pass)."""
+    def fill_embeds(
+        self, ids: Sequence[int], rows: npt.ArrayLike, attn_bias: Optional[npt.ArrayLike] = None
+    ) -> None:
+        """Appends tokens given as vectors (``len(ids) × n_embd``), recorded as ``ids``."""
+    def resume_generation(self, *, max_tokens: Optional[int] = None, horizon: Optional[int] = None) -> Generation:
+        """Takes up the generation saved by ``Generation.snapshot()`` in the snapshot this context was resumed from."""
     def truncate(self, n: int) -> None: ...
     def set_seed(self, seed: int) -> None: ...
     @property
@@ -319,6 +329,8 @@ class Generation(Iterator[str], AsyncIterator[str]):
     def probe_each_step(self, index: int, probe: Union[Logits, Logprobs, Hidden]) -> ProbeHandle[_F32]: ...
     def evict(self) -> None:
         """Gives the context's KV pages back; the next step recomputes them."""
+    def snapshot(self) -> bytes:
+        """The context with this generation in flight, for ``Engine.resume`` + ``resume_generation``."""
 
 @final
 class Step:

@@ -275,3 +275,33 @@ def test_zo_seed_perturbs_the_adapter_reproducibly(smollm2, adapter_file):
     assert tokens(zo_seed=5, zo_sigma=0.5) == tokens(zo_seed=5, zo_sigma=0.5)
     with pytest.raises(weft.ConfigError, match="finite"):
         logits((5, float("nan")))
+
+
+def test_a_generation_snapshot_resumes_in_flight(smollm2):
+    prompt = "A JSON list of three colours:"
+    schema = {"type": "array", "items": {"type": "string"}, "minItems": 3}
+    kw = dict(max_tokens=30, json_schema=schema)
+    plain = smollm2.context()
+    plain.fill(prompt)
+    want = plain.generate(weft.Argmax(), **kw)
+    want_text, want_ids = want.text(), want.tokens()
+
+    ctx = smollm2.context()
+    ctx.fill(prompt)
+    g = ctx.generate(weft.Argmax(), **kw)
+    for _ in range(6):
+        g.next_step().run()
+    data = g.snapshot()
+    g.close()
+    resumed = smollm2.resume(data).resume_generation()
+    assert resumed.text() == want_text and resumed.tokens() == want_ids
+    assert resumed.stop_reason == want.stop_reason
+
+    with pytest.raises(weft.ConfigError, match="not resumed from a generation"):
+        smollm2.context().resume_generation()
+    ctx = smollm2.context()
+    ctx.fill(prompt)
+    custom = ctx.generate(weft.Argmax(), max_tokens=4, constrain=Digits(smollm2))
+    custom.next_step().run()
+    with pytest.raises(weft.ConfigError, match="custom constraint"):
+        custom.snapshot()
