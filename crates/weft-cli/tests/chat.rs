@@ -109,6 +109,16 @@ fn chat_reads_a_pipe_one_message_a_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("usage: /load FILE"), "{stderr}");
+    // A conversation with a role no template knows is refused when loaded.
+    let odd = dir.path().join("odd.json");
+    std::fs::write(&odd, r#"[{"role": "narrator", "content": "Once."}]"#).expect("write");
+    let out = common::weft(
+        &["chat", "--temp", "0", "-n", "4"],
+        &format!("/load {}\n", odd.display()),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("unknown role 'narrator'"), "{stderr}");
     let out = common::weft(&["chat", "--temp", "0", "-n", "4"], "/usr/bin/env?\n");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

@@ -255,7 +255,12 @@ fn embed<'py>(
             "pooling \"none\" gives a vector per token; use Context.forward with weft.Hidden()",
         ));
     }
-    let single = texts.extract::<String>().ok();
+    // A str is one text (a lone surrogate raises UnicodeEncodeError, as encoding it would);
+    // anything else must be a sequence of them.
+    let single = match texts.cast::<pyo3::types::PyString>() {
+        Ok(s) => Some(s.extract::<String>()?),
+        Err(_) => None,
+    };
     let list: Vec<String> = match &single {
         Some(s) => vec![s.clone()],
         None => texts.extract()?,

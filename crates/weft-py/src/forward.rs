@@ -215,14 +215,18 @@ impl Prepared {
 impl Forward {
     /// Appends input tokens at the next positions.
     fn input(&mut self, ids: Vec<u32>) -> PyResult<()> {
-        self.len += ids.len();
-        self.push(Op::Input(ids))
+        let n = ids.len();
+        self.push(Op::Input(ids))?;
+        self.len += n;
+        Ok(())
     }
 
     /// Appends input tokens at explicit positions (one per token).
     fn input_at(&mut self, ids: Vec<u32>, positions: Vec<u32>) -> PyResult<()> {
-        self.len += ids.len();
-        self.push(Op::InputAt(ids, positions))
+        let n = ids.len();
+        self.push(Op::InputAt(ids, positions))?;
+        self.len += n;
+        Ok(())
     }
 
     /// One boolean row per input token: which context positions it may attend to.
@@ -242,8 +246,10 @@ impl Forward {
     ) -> PyResult<()> {
         let rows = floats(rows)?;
         let ids = ids.unwrap_or_else(|| vec![0; positions.len()]);
-        self.len += ids.len();
-        self.push(Op::InputEmbeds(ids, rows, positions))
+        let n = ids.len();
+        self.push(Op::InputEmbeds(ids, rows, positions))?;
+        self.len += n;
+        Ok(())
     }
 
     /// An additive attention bias: one row per input token, as long as an attention mask's

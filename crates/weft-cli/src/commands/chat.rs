@@ -286,6 +286,19 @@ impl Chat {
                         f.display()
                     )
                 })?;
+                // Roles the chat templates know (as the server checks them): another would
+                // be rendered as a turn of a speaker the model has never seen.
+                if let Some((i, m)) = messages.iter().enumerate().find(|(_, m)| {
+                    !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool")
+                }) {
+                    anyhow::bail!(
+                        "{}: message {} has an unknown role '{}' (system, user, assistant or \
+                         tool)",
+                        f.display(),
+                        i + 1,
+                        m.role
+                    );
+                }
                 // Refuse a conversation the template rejects now, not at the next message.
                 self.engine
                     .chat_template()?

@@ -107,6 +107,9 @@ def test_common_mistakes_get_plain_messages(smollm2):
         ctx.fill_chat([{"role": "user", "content": 5}])
     with pytest.raises(TypeError, match="not one string"):
         weft.generate_batch(smollm2, "hello")
+    # A lone surrogate cannot be encoded: the error says so, not that a str is the wrong type.
+    with pytest.raises(UnicodeEncodeError):
+        smollm2.embed("\ud800")
     # Any mapping is a message.
     ctx.fill_chat([types.MappingProxyType({"role": "user", "content": "Hi"})])
     assert ctx.pending

@@ -78,6 +78,10 @@ def test_a_pass_runs_once(smollm2):
     fwd.run()
     with pytest.raises(RuntimeError):
         fwd.run()
+    n = len(fwd)
+    with pytest.raises(RuntimeError, match="already run"):
+        fwd.input([1, 2])
+    assert len(fwd) == n
 
 
 def test_input_vectors_reproduce_their_tokens_and_a_bias_shapes_attention(smollm2):
