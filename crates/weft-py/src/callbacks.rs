@@ -4,10 +4,55 @@
 //! An exception they raise is kept in the generation's [`Raised`] slot and raised to the
 //! caller of that step, type and traceback intact.
 
+use std::cell::Cell;
+
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use crate::driver::{lock, Raised};
+use crate::errors::ContextBusy;
+
+thread_local! {
+    /// Whether this thread is inside a Python constraint's or speculator's method, that is
+    /// inside a step that holds its generation (and, on the blocking path, inside an executor).
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the thread as inside a callback for as long as it lives.
+struct Inside(bool);
+
+impl Inside {
+    fn enter() -> Inside {
+        Inside(INSIDE.with(|i| i.replace(true)))
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        INSIDE.with(|i| i.set(self.0));
+    }
+}
+
+/// Refuses a call that would wait on weft from inside a constraint's or speculator's method:
+/// its own generation is busy running the step (the call would wait for itself), and a
+/// blocking wait cannot nest in the one that runs the step.
+pub fn not_inside_a_callback() -> PyResult<()> {
+    if INSIDE.with(Cell::get) {
+        return Err(ContextBusy::new_err(
+            "a constraint's or speculator's method runs inside a step of its generation: it \
+             cannot drive a generation, run a pass or wait on the engine",
+        ));
+    }
+    Ok(())
+}
+
+/// Calls `f` with the GIL, the thread marked as inside a callback.
+fn call<T>(f: impl FnOnce(Python<'_>) -> PyResult<T>) -> PyResult<T> {
+    Python::attach(|py| {
+        let _inside = Inside::enter();
+        f(py)
+    })
+}
 
 /// Checks that `obj` has a callable `name`, naming `what` it was given as.
 fn require(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyResult<()> {
@@ -53,13 +98,22 @@ fn mask_of(
     if answer.is_none() {
         return Ok(Ok(weft::TokenMask::all(vocab_size)));
     }
-    let is_bools = answer
+    let kind = answer
         .getattr("dtype")
         .and_then(|d| d.getattr("kind"))
         .and_then(|k| k.extract::<String>())
-        .is_ok_and(|k| k == "b");
+        .unwrap_or_default();
+    if (kind == "i" || kind == "u") && answer.len()? == vocab_size {
+        let max: i64 = answer.call_method0("max")?.extract()?;
+        if max <= 1 {
+            return Err(PyTypeError::new_err(
+                "allowed() returned an integer array of 0s and 1s over the vocabulary: return \
+                 a bool array for a mask (mask.astype(bool)) or the allowed ids",
+            ));
+        }
+    }
     let mut mask = weft::TokenMask::none(vocab_size);
-    if is_bools {
+    if kind == "b" {
         let bits: Vec<bool> = answer.call_method0("tolist")?.extract()?;
         if bits.len() != vocab_size {
             return Ok(Err(weft::Error::MaskLength {
@@ -85,7 +139,7 @@ fn mask_of(
 
 impl weft::Constraint for PyConstraint {
     fn allowed(&mut self, accepted: &[u32], vocab_size: usize) -> weft::Result<weft::TokenMask> {
-        Python::attach(|py| {
+        call(|py| {
             let answer = self
                 .obj
                 .call_method1(py, "allowed", (accepted.to_vec(), vocab_size))?;
@@ -95,7 +149,7 @@ impl weft::Constraint for PyConstraint {
     }
 
     fn is_terminal(&mut self, accepted: &[u32]) -> weft::Result<bool> {
-        Python::attach(|py| {
+        call(|py| {
             let obj = self.obj.bind(py);
             if !obj.hasattr("is_terminal")? {
                 return Ok(false);
@@ -108,7 +162,7 @@ impl weft::Constraint for PyConstraint {
 }
 
 /// A Python speculator: `draft(tokens, max)` returns up to `max` ids likely to follow
-/// `tokens` (the prompt and everything generated), and `accepted(drafted, accepted)`
+/// `tokens` (the prompt and everything generated; None: no draft), and `accepted(drafted, accepted)`
 /// (optional) hears how many of the last draft were kept.
 pub struct PySpeculator {
     obj: Py<PyAny>,
@@ -129,10 +183,13 @@ impl weft::Speculator for PySpeculator {
     fn draft(&mut self, tokens: &[u32], max: usize) -> Vec<u32> {
         // The trait has no error path: an exception leaves the step without a draft (so its
         // token is the sampler's, as without a speculator) and is raised after it.
-        let drafted = Python::attach(|py| {
-            self.obj
-                .call_method1(py, "draft", (tokens.to_vec(), max))?
-                .extract::<Vec<u32>>(py)
+        // None is no draft, as a constraint's None allows everything.
+        let drafted = call(|py| {
+            let d = self.obj.call_method1(py, "draft", (tokens.to_vec(), max))?;
+            match d.is_none(py) {
+                true => Ok(Vec::new()),
+                false => d.extract::<Vec<u32>>(py),
+            }
         });
         match drafted {
             Ok(mut d) => {
@@ -147,7 +204,7 @@ impl weft::Speculator for PySpeculator {
     }
 
     fn accepted(&mut self, drafted: usize, accepted: usize) {
-        let told = Python::attach(|py| {
+        let told = call(|py| {
             let obj = self.obj.bind(py);
             if obj.hasattr("accepted")? {
                 obj.call_method1("accepted", (drafted, accepted))?;

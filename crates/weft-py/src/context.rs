@@ -171,7 +171,8 @@ impl Context {
         let mut lease = Lease::take(&self.slot)?;
         if !lease.ctx().has_saved_generator() {
             return Err(ConfigError::new_err(
-                "this context was not resumed from a generation's snapshot (Generation.snapshot)",
+                "this context holds no saved generation: it was not resumed from a \
+                 Generation.snapshot(), or its generation was already taken up",
             ));
         }
         let opts = GenOptions {

@@ -29,10 +29,12 @@ pub enum Cmd {
     Text,
     /// Whether a step can run (`next`): [`Item::Ready`] or the end.
     Check,
-    /// One step: the automatic sampler on or off, and this step's own probes.
+    /// One step: the automatic sampler on or off, this step's own probes, and how many steps
+    /// and accepts there had been when `next_step()` made it.
     Step {
         auto: bool,
         probes: Vec<(usize, ProbeKind)>,
+        made_at: u64,
     },
     /// Tokens chosen outside the loop.
     Accept(Vec<u32>),
@@ -47,7 +49,8 @@ pub enum Cmd {
 /// The answer to a [`Cmd`].
 pub enum Item {
     Delta(String),
-    Ready,
+    /// A step can run; the count of steps and accepts so far.
+    Ready(u64),
     Stepped(Stepped),
     /// Done; for [`Cmd::EachStep`], the probe's index among the every-step probes.
     Done(usize),
@@ -91,6 +94,9 @@ pub struct Progress {
     pub tokens: Vec<u32>,
     /// The text streamed so far; the whole output text once the stream ended.
     pub text: String,
+    /// Text the generator had not streamed when the stream ended: the next request for text
+    /// takes it.
+    pub tail: Option<String>,
     pub stop_reason: Option<&'static str>,
     pub done: bool,
 }
@@ -127,8 +133,15 @@ impl Drop for EndOnDrop<'_, '_> {
 }
 
 /// The stream that runs the generator `opts` make on the leased context, answering what
-/// `inbox` holds.
-pub fn spawn(lease: Lease, opts: GenOptions, inbox: Inbox, record: Record) -> Shared {
+/// `inbox` holds. It ends — dropping the generator and giving the context back — as soon as
+/// the generator stops, fails at its end, or a Python callback raises (`raised`).
+pub fn spawn(
+    lease: Lease,
+    opts: GenOptions,
+    inbox: Inbox,
+    raised: Raised,
+    record: Record,
+) -> Shared {
     let replies = async_stream::stream! {
         let mut lease = lease;
         let mut gen = match opts.apply(lease.ctx()) {
@@ -145,20 +158,24 @@ pub fn spawn(lease: Lease, opts: GenOptions, inbox: Inbox, record: Record) -> Sh
         let ending = EndOnDrop(&mut gen);
         let gen = &mut *ending.0;
         let mut each: Vec<RustProbe> = Vec::new();
+        // Steps and accepts so far: a step made before the last of them is stale.
+        let mut moves = 0u64;
         loop {
             let (serial, cmd) = lock(&inbox).take().unwrap_or((0, Cmd::Text));
-            let (result, last) = match cmd {
+            let moved = matches!(cmd, Cmd::Step { .. } | Cmd::Accept(_));
+            let (result, mut last) = match cmd {
                 Cmd::Text => match gen.next_text().await {
                     Ok(Some(d)) => (Ok(Item::Delta(d)), false),
                     Ok(None) => (Ok(Item::End), true),
                     Err(e) => (Err(e), true),
                 },
                 Cmd::Check => match gen.next() {
-                    Ok(Some(_)) => (Ok(Item::Ready), false),
+                    Ok(Some(_)) => (Ok(Item::Ready(moves)), false),
                     Ok(None) => (Ok(Item::End), true),
                     Err(e) => (Err(e), true),
                 },
-                Cmd::Step { auto, probes } => (step(gen, &each, auto, probes).await, false),
+                Cmd::Step { made_at, .. } if made_at != moves => (Err(stale()), false),
+                Cmd::Step { auto, probes, .. } => (step(gen, &each, auto, probes).await, false),
                 Cmd::Accept(tokens) => (gen.accept(&tokens).map(|()| Item::Done(0)), false),
                 Cmd::EachStep(index, kind) => {
                     each.push(attach!(kind, |p| gen.probe_each_step(index, p)));
@@ -167,6 +184,20 @@ pub fn spawn(lease: Lease, opts: GenOptions, inbox: Inbox, record: Record) -> Sh
                 Cmd::Evict => (gen.evict().map(|()| Item::Done(0)), false),
                 Cmd::Snapshot => (gen.snapshot().map(Item::Bytes), false),
             };
+            if moved && result.is_ok() {
+                moves += 1;
+            }
+            // A Python callback that raised ends the generation, whatever the request: its
+            // exception is what the caller gets (see `request_in`).
+            let failed = lock(&raised).is_some() || (result.is_err() && last);
+            last |= failed;
+            // Stopped: text not streamed yet (held back for a stop string, or made by steps
+            // run by hand) is kept for the next request for text.
+            let mut tail = None;
+            if gen.is_done() {
+                tail = gen.next_text().await.ok().flatten();
+                last = true;
+            }
             {
                 let mut p = lock(&record);
                 let done = p.tokens.len().min(gen.tokens().len());
@@ -175,12 +206,13 @@ pub fn spawn(lease: Lease, opts: GenOptions, inbox: Inbox, record: Record) -> Sh
                     p.text.push_str(d);
                 }
                 p.stop_reason = gen.stop_reason().map(reason_name);
-                if result.is_err() && last {
+                if failed {
                     p.stop_reason.get_or_insert("error");
                 }
                 p.done = gen.is_done() || last;
                 if last {
                     p.text = gen.text().to_string();
+                    p.tail = tail;
                 }
             }
             yield Reply { serial, result, last };
@@ -190,6 +222,15 @@ pub fn spawn(lease: Lease, opts: GenOptions, inbox: Inbox, record: Record) -> Sh
         }
     };
     Arc::new(tokio::sync::Mutex::new(Some(Box::pin(replies))))
+}
+
+/// A step run after a newer step or accept, as Rust's borrow of the generator rules out.
+fn stale() -> weft::Error {
+    weft::Error::Config(
+        "this step is stale: the generation has moved on since next_step() made it (call \
+         next_step() again)"
+            .into(),
+    )
 }
 
 /// One step of `gen` with the every-step probes `each` and the step's own `probes`.

@@ -265,6 +265,7 @@ fn embed<'py>(
         Some(s) => vec![s.clone()],
         None => texts.extract()?,
     };
+    crate::callbacks::not_inside_a_callback()?;
     let opts = weft::EmbedOptions { pooling, normalize };
     let vectors = py
         .detach(|| {

@@ -326,6 +326,7 @@ impl Forward {
 
     /// Runs the pass, blocking (the GIL is released meanwhile).
     fn run(&mut self, py: Python<'_>) -> PyResult<ForwardOutput> {
+        crate::callbacks::not_inside_a_callback()?;
         let pass = self.prepare()?;
         let out = py.detach(|| weft::block_on(pass.run())).map_err(to_py)?;
         ForwardOutput::from_outputs(py, out)
@@ -400,7 +401,7 @@ impl ForwardOutput {
                 .ok_or_else(|| PyValueError::new_err("no such probe in this pass"));
         }
         Err(PyTypeError::new_err(
-            "index a ForwardOutput with a handle from its pass",
+            "index a pass's (or step's) output with a handle from that pass (or step)",
         ))
     }
 

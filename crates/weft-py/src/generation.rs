@@ -12,7 +12,7 @@ use pyo3::types::PyDict;
 
 use crate::callbacks::{PyConstraint, PySpeculator};
 use crate::context::Lease;
-use crate::driver::{self, lock, Cmd, Inbox, Item, Progress, Raised, Record, Shared};
+use crate::driver::{self, lock, Cmd, Inbox, Item, Progress, Raised, Record, Replies, Shared};
 use crate::errors::{to_py, ConfigError, JsonError};
 use crate::forward::ProbeHandle;
 use crate::sampling::Probe;
@@ -163,11 +163,99 @@ impl Handle {
 
     /// [`Handle::request`], blocking with the GIL released.
     pub fn request_blocking(&self, py: Python<'_>, cmd: Cmd) -> PyResult<Option<Item>> {
+        crate::callbacks::not_inside_a_callback()?;
         py.detach(|| weft::block_on(self.request(cmd)))
+    }
+
+    /// The next text delta, `None` at the end; `slot` is the stream's, locked.
+    async fn next_text_in(&self, slot: &mut Option<Replies>) -> PyResult<Option<String>> {
+        match driver::request_in(slot, &self.inbox, &self.raised, Cmd::Text).await? {
+            Some(Item::Delta(d)) => Ok(Some(d)),
+            _ => Ok(self.progress().tail.take()),
+        }
+    }
+
+    /// The next text delta, `None` at the end.
+    async fn next_text(&self) -> PyResult<Option<String>> {
+        self.next_text_in(&mut *self.stream.lock().await).await
+    }
+
+    /// The turn of an awaitable made now (see [`Turn`]).
+    pub fn turn(&self, py: Python<'_>) -> PyResult<Turn> {
+        let running = !py
+            .import("asyncio")?
+            .call_method0("_get_running_loop")?
+            .is_none();
+        Ok(match self.stream.clone().try_lock_owned() {
+            Ok(guard) if running => Turn::Now(guard),
+            _ => Turn::Later(self.stream.clone()),
+        })
+    }
+
+    /// Carries out `cmd` in `turn`.
+    pub async fn request_in_turn(&self, turn: Turn, cmd: Cmd) -> PyResult<Option<Item>> {
+        let mut slot = turn.wait().await;
+        driver::request_in(&mut slot, &self.inbox, &self.raised, cmd).await
+    }
+
+    /// A handle that does not keep the generation alive (a step's).
+    pub fn downgrade(&self) -> WeakHandle {
+        WeakHandle {
+            stream: Arc::downgrade(&self.stream),
+            inbox: self.inbox.clone(),
+            raised: self.raised.clone(),
+            progress: self.progress.clone(),
+            id: self.id,
+        }
     }
 
     fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
         lock(&self.progress)
+    }
+}
+
+/// An awaitable's place among the generation's requests. Made inside a running event loop
+/// its work starts at once, but its task may start after a call made later (a blocking
+/// `next_step()` right after a cancelled `await step.execute()`): taking the stream's lock
+/// when the awaitable is made, if it is free, keeps the calls in the order they were made.
+/// Made before a loop runs, it waits for the lock when awaited (holding it unawaited would
+/// block every other call).
+pub enum Turn {
+    Now(tokio::sync::OwnedMutexGuard<Option<Replies>>),
+    Later(Shared),
+}
+
+impl Turn {
+    async fn wait(self) -> tokio::sync::OwnedMutexGuard<Option<Replies>> {
+        match self {
+            Turn::Now(guard) => guard,
+            Turn::Later(stream) => stream.lock_owned().await,
+        }
+    }
+}
+
+/// A [`Handle`] that lets its generation go when the generation is dropped.
+pub struct WeakHandle {
+    stream: std::sync::Weak<tokio::sync::Mutex<Option<Replies>>>,
+    inbox: Inbox,
+    raised: Raised,
+    progress: Record,
+    pub id: u64,
+}
+
+impl WeakHandle {
+    /// The generation's handle, if the generation is still there.
+    pub fn upgrade(&self) -> PyResult<Handle> {
+        let stream = self.stream.upgrade().ok_or_else(|| {
+            ConfigError::new_err("the generation this step belongs to is gone (it was dropped)")
+        })?;
+        Ok(Handle {
+            stream,
+            inbox: self.inbox.clone(),
+            raised: self.raised.clone(),
+            progress: self.progress.clone(),
+            id: self.id,
+        })
     }
 }
 
@@ -195,7 +283,7 @@ impl Generation {
         lease.ctx().engine().check_ids(ids).map_err(to_py)?;
         let progress = Arc::new(Mutex::new(Progress::default()));
         let inbox: Inbox = Arc::new(Mutex::new(None));
-        let stream = driver::spawn(lease, opts, inbox.clone(), progress.clone());
+        let stream = driver::spawn(lease, opts, inbox.clone(), raised.clone(), progress.clone());
         Ok(Generation {
             handle: Handle {
                 stream,
@@ -220,7 +308,9 @@ impl Generation {
         if let Some(Err(e)) = self.take_held() {
             return Err(e);
         }
-        while self.handle.request_blocking(py, Cmd::Text)?.is_some() {
+        crate::callbacks::not_inside_a_callback()?;
+        let handle = &self.handle;
+        while py.detach(|| weft::block_on(handle.next_text()))?.is_some() {
             py.check_signals()?;
         }
         Ok(())
@@ -248,8 +338,11 @@ impl Generation {
             return Err(e);
         }
         let handle = self.handle.clone();
+        let turn = handle.turn(py)?;
         crate::awaitable(py, async move {
-            while handle.request(Cmd::Text).await?.is_some() {}
+            let mut slot = turn.wait().await;
+            while handle.next_text_in(&mut slot).await?.is_some() {}
+            drop(slot);
             let p = handle.progress();
             read(&p)
         })
@@ -269,21 +362,17 @@ impl Generation {
 
 /// Makes the next delta into `held` unless one is there. Dropped while it waits (a cancelled
 /// `__anext__`), it leaves the stream where it was; once the delta is made it is kept.
-async fn hold_next(handle: Handle, held: Held) {
+async fn hold_next(handle: Handle, held: Held, turn: Turn) {
     let taken = |h: &Held| lock(h).is_some();
     if taken(&held) {
         return;
     }
-    let mut slot = handle.stream.lock().await;
+    let mut slot = turn.wait().await;
     if taken(&held) {
         return;
     }
-    let next = driver::request_in(&mut slot, &handle.inbox, &handle.raised, Cmd::Text).await;
-    let delta = next.map(|item| match item {
-        Some(Item::Delta(d)) => Some(d),
-        _ => None,
-    });
-    *lock(&held) = Some(delta);
+    let next = handle.next_text_in(&mut slot).await;
+    *lock(&held) = Some(next);
 }
 
 /// Parses the output as JSON, raising `weft.JsonError` (weft's message) when it is not.
@@ -307,8 +396,10 @@ impl Generation {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        crate::callbacks::not_inside_a_callback()?;
         let (handle, held) = (self.handle.clone(), self.held.clone());
-        py.detach(|| weft::block_on(hold_next(handle, held)));
+        let turn = Turn::Later(handle.stream.clone());
+        py.detach(|| weft::block_on(hold_next(handle, held, turn)));
         self.take_held().unwrap_or(Ok(None))
     }
 
@@ -326,8 +417,9 @@ impl Generation {
     /// Awaitable: the next delta is made and held (see `__anext__`).
     fn _ready<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (handle, held) = (self.handle.clone(), self.held.clone());
+        let turn = handle.turn(py)?;
         crate::awaitable(py, async move {
-            hold_next(handle, held).await;
+            hold_next(handle, held, turn).await;
             Ok(())
         })
     }
@@ -379,8 +471,10 @@ impl Generation {
     /// `await step.execute()`); after a step without its sampler, hand the token you chose
     /// to `accept`.
     fn next_step(&self, py: Python<'_>) -> PyResult<Option<Step>> {
-        let next = self.handle.request_blocking(py, Cmd::Check)?;
-        Ok(next.map(|_| Step::new(self.handle.clone())))
+        Ok(match self.handle.request_blocking(py, Cmd::Check)? {
+            Some(Item::Ready(moves)) => Some(Step::new(self.handle.downgrade(), moves)),
+            _ => None,
+        })
     }
 
     /// Registers tokens chosen outside the loop (after a step whose sampler was cleared):
@@ -426,10 +520,12 @@ impl Generation {
 
     /// Stops the generation now and gives the context back (what was generated stays in it,
     /// the last token streamed pending); `stop_reason` turns "closed" if it had not stopped.
-    fn close(&self, py: Python<'_>) {
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        crate::callbacks::not_inside_a_callback()?;
         let stream = self.handle.stream.clone();
         py.detach(|| weft::block_on(async { *stream.lock().await = None }));
         self.mark_closed();
+        Ok(())
     }
 
     /// `await g.aclose()`: `close()` for `contextlib.aclosing` and async code.

@@ -107,6 +107,7 @@ pub fn generate_batch<'py>(
         r.stop_sequences = stop_sequences.clone().unwrap_or_default();
         r.seed = seed.wrapping_add(i as u64);
     }
+    crate::callbacks::not_inside_a_callback()?;
     let inner = engine.inner.clone();
     let rollouts = py
         .detach(|| weft::block_on(weft::rollout::generate_batch(&inner, &requests)))

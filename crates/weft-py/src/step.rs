@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 
 use crate::driver::{Cmd, Item, Stepped};
 use crate::forward::{new_id, ForwardOutput, ProbeHandle};
-use crate::generation::Handle;
+use crate::generation::WeakHandle;
 use crate::probes::ProbeKind;
 use crate::sampling::Probe;
 
@@ -15,7 +15,11 @@ use crate::sampling::Probe;
 /// `await step.execute()`. A step runs once.
 #[pyclass(module = "weft")]
 pub struct Step {
-    gen: Handle,
+    /// Weak: a step left over from a loop does not keep the generation (and its context).
+    gen: WeakHandle,
+    /// Steps and accepts of the generation when this step was made: run after another, it
+    /// is stale.
+    made_at: u64,
     id: u64,
     auto: bool,
     probes: Vec<(usize, ProbeKind)>,
@@ -23,9 +27,10 @@ pub struct Step {
 }
 
 impl Step {
-    pub fn new(gen: Handle) -> Step {
+    pub fn new(gen: WeakHandle, made_at: u64) -> Step {
         Step {
             gen,
+            made_at,
             id: new_id(),
             auto: true,
             probes: Vec::new(),
@@ -42,6 +47,7 @@ impl Step {
         Ok(Cmd::Step {
             auto: self.auto,
             probes: std::mem::take(&mut self.probes),
+            made_at: self.made_at,
         })
     }
 }
@@ -91,17 +97,20 @@ impl Step {
     /// Runs the step, blocking (the GIL is released meanwhile). With the sampler on, the
     /// token it chose is taken by the generation.
     fn run(&mut self, py: Python<'_>) -> PyResult<StepOutput> {
+        let gen = self.gen.upgrade()?;
         let cmd = self.take()?;
-        let answer = self.gen.request_blocking(py, cmd)?;
-        output(py, self.gen.id, self.id, answer)
+        let answer = gen.request_blocking(py, cmd)?;
+        output(py, gen.id, self.id, answer)
     }
 
     /// `await step.execute()`: `run()` without blocking the event loop.
     fn execute<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let gen = self.gen.upgrade()?;
         let cmd = self.take()?;
-        let (gen, id) = (self.gen.clone(), self.id);
+        let id = self.id;
+        let turn = gen.turn(py)?;
         crate::awaitable(py, async move {
-            let answer = gen.request(cmd).await?;
+            let answer = gen.request_in_turn(turn, cmd).await?;
             Python::attach(|py| Py::new(py, output(py, gen.id, id, answer)?))
         })
     }

@@ -421,6 +421,19 @@ fn manual_stepping_fork_truncate_and_text_stream() {
             "{refused:?}"
         );
     }
+    // Tokens accepted by hand must fit in the context: more are refused, none taken.
+    {
+        let mut fork = ctx.fork().expect("fork");
+        let mut g = fork.generate(Sampler::Argmax).max_tokens(usize::MAX);
+        let refused = g.accept(&vec![5; engine.n_ctx()]);
+        assert!(
+            matches!(refused, Err(Error::ContextTooLong { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(g.tokens_generated(), 0);
+        g.accept(&[5, 5]).expect("room for two");
+        assert_eq!(g.tokens_generated(), 2);
+    }
     // Manual stepping: pick the argmax of the Logits probe ourselves.
     let mut g = ctx.generate(Sampler::Argmax).max_tokens(8);
     let ent = g.probe_each_step(0, Entropy);

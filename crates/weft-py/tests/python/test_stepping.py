@@ -297,7 +297,7 @@ def test_a_generation_snapshot_resumes_in_flight(smollm2):
     assert resumed.text() == want_text and resumed.tokens() == want_ids
     assert resumed.stop_reason == want.stop_reason
 
-    with pytest.raises(weft.ConfigError, match="not resumed from a generation"):
+    with pytest.raises(weft.ConfigError, match="holds no saved generation"):
         smollm2.context().resume_generation()
     ctx = smollm2.context()
     ctx.fill(prompt)
@@ -305,3 +305,118 @@ def test_a_generation_snapshot_resumes_in_flight(smollm2):
     custom.next_step().run()
     with pytest.raises(weft.ConfigError, match="custom constraint"):
         custom.snapshot()
+
+
+def test_a_generation_ends_as_soon_as_it_stops(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("Red, green and blue are")
+    g = ctx.generate(max_tokens=3)
+    while not g.is_done:  # the seed's loop shape: stopped by accept(), not by next_step()
+        step = g.next_step()
+        step.clear_sampler()
+        top = step.probe(0, weft.Distribution(k=1))
+        g.accept([int(step.run()[top][0][0])])
+    assert g.stop_reason == "max_tokens"
+    assert len(ctx) + len(ctx.pending) > 3  # the context is free at once
+    with pytest.raises(weft.ConfigError, match="has ended"):
+        g.snapshot()
+    # Text made by steps run by hand is still there for the iterator, once.
+    assert "".join(g) == g.text() == smollm2.detokenize(g.tokens())
+    assert list(g) == []
+
+
+def test_a_step_is_tied_to_its_generation_and_its_turn(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("Red, green and blue are")
+    g = ctx.generate(weft.Argmax(), max_tokens=10)
+    first, second = g.next_step(), g.next_step()
+    second.run()
+    with pytest.raises(weft.ConfigError, match="stale"):
+        first.run()
+    step = g.next_step()
+    del g  # a step left over does not keep the generation, nor the context
+    assert len(ctx) > 0
+    with pytest.raises(weft.ConfigError, match="gone"):
+        step.run()
+
+
+def test_a_callback_that_raises_ends_the_generation_with_its_exception(smollm2):
+    class Boom:
+        def allowed(self, accepted, vocab_size):
+            return None
+
+        def is_terminal(self, accepted):
+            if len(accepted) == 2:
+                raise RuntimeError("term boom")
+            return False
+
+    class Flaky(Copier):
+        def draft(self, tokens, max):
+            if self.start is not None:
+                raise RuntimeError("draft boom")
+            return super().draft(tokens, max)
+
+    for kw in [dict(constrain=Boom()), dict(speculator=Flaky([]))]:
+        ctx = smollm2.context()
+        ctx.fill("The capital of France is")
+        g = ctx.generate(weft.Argmax(), max_tokens=8, **kw)
+        deltas = []
+        with pytest.raises(RuntimeError, match="boom"):
+            for d in g:
+                deltas.append(d)
+        assert g.is_done and g.stop_reason == "error"
+        assert g.text_so_far == smollm2.detokenize(g.tokens())
+        assert g.text_so_far.startswith("".join(deltas))
+        assert len(ctx) > 0  # free again
+
+    # A speculator may say None: no draft.
+    class Quiet:
+        def draft(self, tokens, max):
+            return None
+
+    ctx = smollm2.context()
+    ctx.fill("The capital of France is")
+    assert len(ctx.generate(weft.Argmax(), max_tokens=4, speculator=Quiet()).tokens()) == 4
+
+
+def test_a_callback_cannot_wait_on_weft(smollm2):
+    box = {}
+
+    class Reentrant:
+        def allowed(self, accepted, vocab_size):
+            box["g"].accept([5])
+            return None
+
+    for collect in ["sync", "async"]:
+        ctx = smollm2.context()
+        ctx.fill("Hello")
+        box["g"] = g = ctx.generate(weft.Argmax(), max_tokens=3, constrain=Reentrant())
+        with pytest.raises(weft.ContextBusy, match="inside a step"):
+            if collect == "sync":
+                g.tokens()
+            else:
+                asyncio.run(asyncio.wait_for(g.atokens(), 60))
+        assert g.stop_reason == "error" and len(ctx) == 0
+
+
+def test_misuse_of_masks_and_context_room(smollm2):
+    class ZeroOne:
+        def allowed(self, accepted, vocab_size):
+            m = np.zeros(vocab_size, dtype=np.uint8)
+            m[[5, 6]] = 1
+            return m
+
+    ctx = smollm2.context()
+    ctx.fill("Hello")
+    with pytest.raises(TypeError, match="bool array"):
+        ctx.generate(weft.Argmax(), max_tokens=3, constrain=ZeroOne()).text()
+
+    small = weft.Engine("smollm2-135m", threads=2, n_ctx=32)
+    ctx = small.context()
+    ctx.fill("Hello there")
+    g = ctx.generate(weft.Argmax(), max_tokens=100)
+    with pytest.raises(weft.ContextTooLong):
+        g.accept([5] * 60)
+    assert g.tokens_generated == 0
+    g.accept([5] * 4)
+    assert g.tokens_generated == 4

@@ -460,10 +460,16 @@ impl<'c> Generator<'c> {
 
     /// Registers tokens chosen outside the loop (after a step whose sampler was cleared):
     /// they count against `max_tokens`, are checked against the stop rules and are run by the
-    /// next step. An id past the vocabulary is [`Error::TokenOutOfVocab`], and then none of
-    /// `tokens` is taken.
+    /// next step. An id past the vocabulary is [`Error::TokenOutOfVocab`], and more tokens
+    /// than the context has room for [`Error::ContextTooLong`]; then none of `tokens` is
+    /// taken.
     pub fn accept(&mut self, tokens: &[u32]) -> Result<()> {
         self.ctx.engine().check_ids(tokens.iter().copied())?;
+        let len = self.ctx.len() + self.ctx.pending().len() + self.next_input.len() + tokens.len();
+        let n_ctx = self.ctx.engine().n_ctx();
+        if len > n_ctx && self.stopped.is_none() {
+            return Err(Error::ContextTooLong { len, n_ctx });
+        }
         self.accept_run(tokens, 0);
         Ok(())
     }

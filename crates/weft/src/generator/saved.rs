@@ -49,7 +49,9 @@ impl Generator<'_> {
         }
         if self.custom_constraint {
             return Err(Error::Config(
-                "snapshot: a custom constraint cannot be saved (use constrain_with)".into(),
+                "snapshot: a custom constraint cannot be saved (only a schema's can: JSON \
+                 schema, regex or grammar)"
+                    .into(),
             ));
         }
         if !self.adapters.stack.is_empty() || self.adapters.zo.is_some() {
@@ -100,7 +102,11 @@ impl Context {
     /// [`Error::Config`] when the snapshot held no generator in flight.
     pub fn resume_generator(&mut self) -> Result<Generator<'_>> {
         let json = self.take_saved_generator().ok_or_else(|| {
-            Error::Config("this context was not resumed from a generator's snapshot".into())
+            Error::Config(
+                "this context holds no saved generator: it was not resumed from a generator's \
+                 snapshot, or its generator was already taken up"
+                    .into(),
+            )
         })?;
         let bad = |what: &str| Error::SnapshotCorrupt {
             reason: format!("saved generator: {what}"),
