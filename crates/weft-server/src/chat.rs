@@ -68,8 +68,7 @@ pub async fn handle(
     let meta = Meta {
         id,
         created: unix_time(),
-        // The id asked for (an adapter's, or the base model's), as vLLM answers.
-        model: asked.unwrap_or_else(|| state.config.model_id.clone()),
+        model: state.reported_model(asked),
     };
     if params.stream {
         let first = (0..params.n)

@@ -94,6 +94,21 @@ impl ApiError {
         e
     }
 
+    /// 404: the embedding model named on a generation endpoint.
+    pub fn not_a_generative_model(asked: &str, chat: &str) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!(
+                "The model '{asked}' is an embedding model: it serves /v1/embeddings only. \
+                 Chat and completions use '{chat}'."
+            ),
+        );
+        e.param = Some("model".into());
+        e.code = Some("model_not_found");
+        e
+    }
+
     /// 404: no such route.
     pub fn no_route(path: &str) -> ApiError {
         let mut e = ApiError::new(
@@ -172,7 +187,15 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body_json())).into_response()
+        let mut response = (self.status, Json(self.body_json())).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            // When to try again (RFC 9110): the queue moves in about a request's time.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }
 

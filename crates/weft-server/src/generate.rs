@@ -208,8 +208,11 @@ async fn run_prompt(
             }
         }
     }
+    // Each choice owns its context: a finished choice gives its pages back at once, for the
+    // choices still running (with more choices than the pool holds at once, they would
+    // otherwise wait for pages the finished ones keep, for good).
     let choices = contexts
-        .iter_mut()
+        .into_iter()
         .enumerate()
         .map(|(i, ctx)| run_choice(state, engine, job, prompt.len(), ctx, first + i, tx, stats));
     // The first failing choice ends the others (and gives their pages back) at once.
@@ -266,7 +269,7 @@ async fn run_choice(
     engine: &Engine,
     job: &Job,
     prompt_len: usize,
-    ctx: &mut Context,
+    mut ctx: Context,
     choice: usize,
     tx: &mpsc::Sender<Event>,
     stats: &Stats,

@@ -103,7 +103,13 @@ impl GenParams {
         }
         let stream = body.flag("stream")?;
         let include_usage = match body.raw("stream_options") {
-            None => false,
+            None | Some(serde_json::Value::Null) => false,
+            Some(_) if !stream => {
+                return Err(ApiError::param(
+                    "stream_options",
+                    "'stream_options' is only allowed when 'stream' is true.",
+                ))
+            }
             Some(serde_json::Value::Object(o)) => match o.get("include_usage") {
                 None | Some(serde_json::Value::Null) => false,
                 Some(serde_json::Value::Bool(b)) => *b,

@@ -52,7 +52,7 @@ impl std::fmt::Debug for Served {
 
 /// A known model's name for any of its aliases (`smollm2` -> `smollm2-135m`), else `asked`: a
 /// request may name the model either way, whichever the server was started with.
-fn canonical(asked: &str) -> &str {
+pub fn canonical(asked: &str) -> &str {
     weft::hub::find(asked).map_or(asked, |m| m.name)
 }
 
@@ -167,7 +167,20 @@ impl State {
             .unwrap_or(m);
         match self.adapters().iter().find(|(n, _)| n == name) {
             Some((_, a)) => Ok(Some(a.clone())),
+            None if self.embedding_id() == Some(canonical(m)) => {
+                Err(ApiError::not_a_generative_model(m, &self.config.model_id))
+            }
             None => Err(ApiError::model_not_found(m, &self.served_ids().join(", "))),
+        }
+    }
+
+    /// The model id a response reports for a request that asked for `asked`: the id asked
+    /// for (an adapter's, as vLLM answers), the base model's under its own name rather than an
+    /// alias.
+    pub fn reported_model(&self, asked: Option<String>) -> String {
+        match asked {
+            Some(m) if canonical(&m) != self.config.model_id => m,
+            _ => self.config.model_id.clone(),
         }
     }
 

@@ -186,7 +186,10 @@ impl Tools {
                 "additionalProperties": false,
             }));
         }
-        let max = if self.parallel { MAX_PARALLEL_CALLS } else { 1 };
+        // A named function is one call of it (as OpenAI answers `tool_choice: {"function":
+        // ...}`): repeating the same call would only repeat it.
+        let one = !self.parallel || matches!(self.choice, Choice::Named(_));
+        let max = if one { 1 } else { MAX_PARALLEL_CALLS };
         let mut schema =
             json!({"type": "array", "items": {"anyOf": calls}, "minItems": 1, "maxItems": max});
         for (k, v) in defs {
@@ -478,5 +481,12 @@ mod tests {
         let schema = with_defs.schema().expect("schema");
         assert_eq!(schema["$defs"]["P"]["type"], "integer");
         assert_eq!(schema["maxItems"], 1);
+        // A named function is one call, parallel calls allowed or not.
+        let named = Tools {
+            choice: Choice::Named("f".into()),
+            parallel: true,
+            ..tools
+        };
+        assert_eq!(named.schema().expect("schema")["maxItems"], 1);
     }
 }

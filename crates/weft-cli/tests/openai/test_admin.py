@@ -53,6 +53,18 @@ def test_models_lists_the_served_model(http, client, model):
     if MODEL in KNOWN_MODELS:
         assert entry["id"] == MODEL
     assert [m.id for m in client.models.list()] == [model]
+    assert client.models.retrieve(model).id == model
+
+
+def test_a_model_answers_to_its_alias_under_its_own_name(http, client, model):
+    if MODEL not in KNOWN_MODELS:
+        pytest.skip("aliases belong to the known models")
+    alias = MODEL.split("-")[0]  # smollm2-135m -> smollm2, gemma3-270m -> gemma3
+    assert client.models.retrieve(alias).id == MODEL
+    r = client.chat.completions.create(
+        model=alias, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+    )
+    assert r.model == MODEL
 
 
 def _series(text: str, name: str) -> list:

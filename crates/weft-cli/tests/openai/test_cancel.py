@@ -132,6 +132,21 @@ def test_kv_pressure_queues_or_preempts_but_completes_every_request(server, mode
                 assert results[i].choices[0].message.content == ref.choices[0].message.content, i
         finally:
             alone.close()
+        # One request whose six choices do not fit in the pool at once: a finished choice gives
+        # its pages back, so the others complete (they used to wait for those pages for good).
+        r = c.with_options(timeout=300).chat.completions.create(
+            model=model,
+            messages=user("Tell me story number 0."),
+            max_tokens=100,
+            n=6,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        assert len(r.choices) == 6 and r.usage.completion_tokens == 600, r.usage
+        for choice in r.choices:
+            assert choice.finish_reason == "length"
+            assert results[0].choices[0].message.content.startswith(choice.message.content)
+        kv_idle(srv.base_url)
     finally:
         c.close()
         srv.stop()

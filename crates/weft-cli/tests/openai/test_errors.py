@@ -226,6 +226,7 @@ def test_full_queue_is_429_and_the_admitted_requests_complete(model):
         assert rejected, f"no 429 among {[r.status_code for r in results]}"
         for r in rejected:
             assert_error(r, 429)
+            assert int(r.headers["retry-after"]) >= 1
         assert admitted, "nothing was admitted"
         for r in admitted:
             assert r.status_code == 200, r.text[:500]

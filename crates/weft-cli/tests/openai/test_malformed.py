@@ -146,6 +146,7 @@ VALID_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"ty
 CHAT_MULTI = [
     *({"logprobs": True, "top_logprobs": v} for v in (21, 50, -1, 1.5, 2**64, "3", [])),
     *({"stream": True, "stream_options": v} for v in ("yes", 5, [], {"include_usage": "yes"})),
+    {"stream_options": {"include_usage": True}},  # without stream, as OpenAI refuses it
     {"tools": VALID_TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
     *(
         {
@@ -156,7 +157,8 @@ CHAT_MULTI = [
     ),
 ]
 COMPLETION_MULTI = [
-    {"stream": True, "stream_options": v} for v in ("yes", 5, [], {"include_usage": "yes"})
+    *({"stream": True, "stream_options": v} for v in ("yes", 5, [], {"include_usage": "yes"})),
+    {"stream_options": {"include_usage": True}},
 ]
 
 
