@@ -78,6 +78,13 @@ def test_float_and_base64_agree_and_token_ids_equal_text(enc_client, enc_server)
     # Without "model" the embedding model answers.
     raw = httpx.post(enc_server.base_url + "/v1/embeddings", json={"input": "hi"}, timeout=60)
     assert raw.status_code == 200 and raw.json()["model"] == ENCODER
+    # The encoder named on a generation endpoint: the error says what it is.
+    for path, body in (
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "hi"}),
+    ):
+        r = httpx.post(enc_server.base_url + path, json={"model": ENCODER, **body}, timeout=60)
+        assert r.status_code == 404 and "embedding model" in r.json()["error"]["message"], r.text
 
 
 def test_chat_model_embeddings_by_its_id(enc_client):
