@@ -67,8 +67,28 @@ fn require(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyResult<()> {
 
 /// Keeps `e` for the step's caller and returns weft's stand-in error for it.
 fn keep(raised: &Raised, e: PyErr, what: &str) -> weft::Error {
-    let message = Python::attach(|py| e.value(py).to_string());
-    *lock(raised) = Some(e);
+    let (e, message) = Python::attach(|py| {
+        // As PEP 479 does for generators: a StopIteration escaping a callback would end the
+        // caller's loop as if the generation had ended well.
+        let stops = e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py)
+            || e.is_instance_of::<pyo3::exceptions::PyStopAsyncIteration>(py);
+        let e = match stops {
+            true => {
+                let wrapped = pyo3::exceptions::PyRuntimeError::new_err(format!(
+                    "{what} raised {}",
+                    e.get_type(py)
+                        .name()
+                        .map_or("StopIteration".into(), |n| n.to_string())
+                ));
+                wrapped.set_cause(py, Some(e));
+                wrapped
+            }
+            false => e,
+        };
+        let message = e.value(py).to_string();
+        (e, message)
+    });
+    lock(raised).get_or_insert(e);
     weft::Error::Config(format!("{what} raised: {message}"))
 }
 
@@ -76,18 +96,35 @@ fn keep(raised: &Raised, e: PyErr, what: &str) -> weft::Error {
 /// iterable of ints, or a NumPy bool array over the vocabulary; None allows everything),
 /// and `is_terminal(accepted)` (optional) whether generation stops.
 pub struct PyConstraint {
-    obj: Py<PyAny>,
+    obj: Callback,
     raised: Raised,
 }
+
+/// A Python object called back, shared with its generation (which shows it to Python's
+/// garbage collector).
+pub type Callback = std::sync::Arc<Py<PyAny>>;
 
 impl PyConstraint {
     pub fn new(obj: &Bound<'_, PyAny>, raised: Raised) -> PyResult<PyConstraint> {
         require(obj, "allowed", "a constraint")?;
         Ok(PyConstraint {
-            obj: obj.clone().unbind(),
+            obj: std::sync::Arc::new(obj.clone().unbind()),
             raised,
         })
     }
+
+    /// The object called back.
+    pub fn object(&self) -> Callback {
+        self.obj.clone()
+    }
+}
+
+/// An answer of 0s and 1s over the whole vocabulary: meant as a mask, read as ids {0, 1}.
+fn zero_one() -> PyErr {
+    PyTypeError::new_err(
+        "allowed() returned 0s and 1s over the whole vocabulary: return a bool mask \
+         (mask.astype(bool), or a list of bools) or the allowed ids",
+    )
 }
 
 /// The mask an `allowed()` answer describes.
@@ -98,23 +135,42 @@ fn mask_of(
     if answer.is_none() {
         return Ok(Ok(weft::TokenMask::all(vocab_size)));
     }
-    let kind = answer
+    let array_kind = answer
         .getattr("dtype")
         .and_then(|d| d.getattr("kind"))
         .and_then(|k| k.extract::<String>())
-        .unwrap_or_default();
-    if (kind == "i" || kind == "u") && answer.len()? == vocab_size {
-        let max: i64 = answer.call_method0("max")?.extract()?;
-        if max <= 1 {
+        .ok();
+    if let Some(kind) = &array_kind {
+        if answer.getattr("ndim")?.extract::<usize>()? != 1 {
             return Err(PyTypeError::new_err(
-                "allowed() returned an integer array of 0s and 1s over the vocabulary: return \
-                 a bool array for a mask (mask.astype(bool)) or the allowed ids",
+                "allowed() must return a 1-D array (ids, or a bool mask over the vocabulary)",
             ));
         }
+        if (kind == "i" || kind == "u")
+            && answer.len()? == vocab_size
+            && answer.call_method0("max")?.extract::<i64>()? <= 1
+        {
+            return Err(zero_one());
+        }
     }
+    // A Python list over the vocabulary: bools are a mask, 0s and 1s a likely mistake.
+    let list = answer.cast::<pyo3::types::PyList>().ok();
+    let list_mask = match list.filter(|l| l.len() == vocab_size && vocab_size > 0) {
+        Some(l) if l.get_item(0)?.is_instance_of::<pyo3::types::PyBool>() => true,
+        Some(l) => {
+            if l.iter().all(|x| x.extract::<u32>().is_ok_and(|v| v <= 1)) {
+                return Err(zero_one());
+            }
+            false
+        }
+        None => false,
+    };
     let mut mask = weft::TokenMask::none(vocab_size);
-    if kind == "b" {
-        let bits: Vec<bool> = answer.call_method0("tolist")?.extract()?;
+    if array_kind.as_deref() == Some("b") || list_mask {
+        let bits: Vec<bool> = match list_mask {
+            true => answer.extract()?,
+            false => answer.call_method0("tolist")?.extract()?,
+        };
         if bits.len() != vocab_size {
             return Ok(Err(weft::Error::MaskLength {
                 what: "the bool array a constraint's allowed() returned",
@@ -165,7 +221,7 @@ impl weft::Constraint for PyConstraint {
 /// `tokens` (the prompt and everything generated; None: no draft), and `accepted(drafted, accepted)`
 /// (optional) hears how many of the last draft were kept.
 pub struct PySpeculator {
-    obj: Py<PyAny>,
+    obj: Callback,
     raised: Raised,
 }
 
@@ -173,9 +229,14 @@ impl PySpeculator {
     pub fn new(obj: &Bound<'_, PyAny>, raised: Raised) -> PyResult<PySpeculator> {
         require(obj, "draft", "a speculator")?;
         Ok(PySpeculator {
-            obj: obj.clone().unbind(),
+            obj: std::sync::Arc::new(obj.clone().unbind()),
             raised,
         })
+    }
+
+    /// The object called back.
+    pub fn object(&self) -> Callback {
+        self.obj.clone()
     }
 }
 

@@ -181,7 +181,7 @@ impl Context {
             horizon,
             ..GenOptions::default()
         };
-        Generation::start(lease, opts, Default::default())
+        Generation::start(lease, opts, Default::default(), Vec::new())
     }
 
     /// A copy sharing this context's KV pages (copy-on-write).
@@ -275,7 +275,6 @@ impl Context {
         zo_sigma: Option<f32>,
     ) -> PyResult<Generation> {
         let raised: crate::driver::Raised = Default::default();
-        // One object, or a list of them.
         let constraints = match constrain {
             None => Vec::new(),
             Some(c) if c.is_instance_of::<pyo3::types::PyList>() => c
@@ -292,6 +291,9 @@ impl Context {
         let speculator = speculator
             .map(|s| PySpeculator::new(s, raised.clone()))
             .transpose()?;
+        // The callback objects, for Python's garbage collector (see `Generation`).
+        let mut callbacks: Vec<_> = constraints.iter().map(PyConstraint::object).collect();
+        callbacks.extend(speculator.as_ref().map(PySpeculator::object));
         let zo_seed = match (zo_seed, zo_sigma) {
             (None, None) => None,
             (Some(seed), Some(sigma)) if sigma.is_finite() => Some((seed, sigma)),
@@ -360,7 +362,7 @@ impl Context {
             speculator,
             resume: false,
         };
-        Generation::start(Lease::take(&self.slot)?, opts, raised)
+        Generation::start(Lease::take(&self.slot)?, opts, raised, callbacks)
     }
 
     /// A pass builder over this context: its pending tokens are the pass's first inputs.

@@ -29,8 +29,8 @@ pub enum Cmd {
     Text,
     /// Whether a step can run (`next`): [`Item::Ready`] or the end.
     Check,
-    /// One step: the automatic sampler on or off, this step's own probes, and how many steps
-    /// and accepts there had been when `next_step()` made it.
+    /// One step: the automatic sampler on or off, this step's own probes, and how often the
+    /// generation had moved on when `next_step()` made it.
     Step {
         auto: bool,
         probes: Vec<(usize, ProbeKind)>,
@@ -49,7 +49,7 @@ pub enum Cmd {
 /// The answer to a [`Cmd`].
 pub enum Item {
     Delta(String),
-    /// A step can run; the count of steps and accepts so far.
+    /// A step can run; how often the generation has moved on so far.
     Ready(u64),
     Stepped(Stepped),
     /// Done; for [`Cmd::EachStep`], the probe's index among the every-step probes.
@@ -84,9 +84,18 @@ pub type Shared = Arc<tokio::sync::Mutex<Option<Replies>>>;
 /// The request waiting for the stream's next poll, with its serial number.
 pub type Inbox = Arc<Mutex<Option<(u64, Cmd)>>>;
 
-/// An exception a Python constraint or speculator raised inside a step: raised to the caller
-/// of that step in place of weft's error, so it keeps its type and traceback.
+/// The error that ended the generation: an exception a Python constraint or speculator raised
+/// inside a step (raised in place of weft's stand-in, so it keeps its type and traceback), or
+/// the error of its last step. Every later request raises it again: a caller whose `await`
+/// was cancelled cannot take it away from the next one.
 pub type Raised = Arc<Mutex<Option<PyErr>>>;
+
+/// The error that ended the generation, if one did.
+fn ended_with(raised: &Raised) -> Option<PyErr> {
+    let kept = lock(raised);
+    let e = kept.as_ref()?;
+    Some(Python::attach(|py| e.clone_ref(py)))
+}
 
 /// What the generation produced so far, readable without the stream.
 #[derive(Default)]
@@ -158,11 +167,12 @@ pub fn spawn(
         let ending = EndOnDrop(&mut gen);
         let gen = &mut *ending.0;
         let mut each: Vec<RustProbe> = Vec::new();
-        // Steps and accepts so far: a step made before the last of them is stale.
+        // How often the generation moved on (a step ran, tokens were taken, by hand or while
+        // iterating text): a step made before the last move is stale.
         let mut moves = 0u64;
         loop {
             let (serial, cmd) = lock(&inbox).take().unwrap_or((0, Cmd::Text));
-            let moved = matches!(cmd, Cmd::Step { .. } | Cmd::Accept(_));
+            let before = position(gen);
             let (result, mut last) = match cmd {
                 Cmd::Text => match gen.next_text().await {
                     Ok(Some(d)) => (Ok(Item::Delta(d)), false),
@@ -184,7 +194,7 @@ pub fn spawn(
                 Cmd::Evict => (gen.evict().map(|()| Item::Done(0)), false),
                 Cmd::Snapshot => (gen.snapshot().map(Item::Bytes), false),
             };
-            if moved && result.is_ok() {
+            if position(gen) != before {
                 moves += 1;
             }
             // A Python callback that raised ends the generation, whatever the request: its
@@ -222,6 +232,13 @@ pub fn spawn(
         }
     };
     Arc::new(tokio::sync::Mutex::new(Some(Box::pin(replies))))
+}
+
+/// Where the generation is: tokens taken, and tokens in the context (run or pending; an
+/// eviction moves them from one to the other).
+fn position(gen: &weft::Generator<'_>) -> (usize, usize) {
+    let ctx = gen.context();
+    (gen.tokens_generated(), ctx.len() + ctx.pending().len())
 }
 
 /// A step run after a newer step or accept, as Rust's borrow of the generator rules out.
@@ -287,22 +304,28 @@ pub async fn request_in(
     *lock(inbox) = Some((serial, cmd));
     loop {
         let Some(replies) = slot.as_mut() else {
-            return Ok(None);
+            return ended_with(raised).map_or(Ok(None), Err);
         };
         let Some(reply) = replies.next().await else {
             *slot = None;
-            return Ok(None);
+            return ended_with(raised).map_or(Ok(None), Err);
         };
         if reply.last {
             *slot = None;
         }
-        if let Some(e) = lock(raised).take() {
+        if let Some(e) = ended_with(raised) {
             return Err(e);
         }
         let ours =
             reply.serial == serial || (wants_text && matches!(reply.result, Ok(Item::Delta(_))));
         match reply.result {
-            Err(e) => return Err(to_py(e)),
+            Err(e) => {
+                let e = to_py(e);
+                if reply.last {
+                    *lock(raised) = Some(Python::attach(|py| e.clone_ref(py)));
+                }
+                return Err(e);
+            }
             Ok(Item::End) if ours => return Ok(None),
             Ok(item) if ours => return Ok(Some(item)),
             // The reply to a request cancelled while it ran (see the module's notes).

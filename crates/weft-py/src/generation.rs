@@ -10,7 +10,7 @@ use pyo3::exceptions::PyStopAsyncIteration;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::callbacks::{PyConstraint, PySpeculator};
+use crate::callbacks::{Callback, PyConstraint, PySpeculator};
 use crate::context::Lease;
 use crate::driver::{self, lock, Cmd, Inbox, Item, Progress, Raised, Record, Replies, Shared};
 use crate::errors::{to_py, ConfigError, JsonError};
@@ -267,10 +267,19 @@ impl WeakHandle {
 pub struct Generation {
     handle: Handle,
     held: Held,
+    /// The Python constraints and speculator the generator calls: shown to Python's garbage
+    /// collector, so a callback that keeps a reference to its generation does not keep both
+    /// (and the context's KV pages) alive for good.
+    callbacks: Mutex<Vec<Callback>>,
 }
 
 impl Generation {
-    pub fn start(mut lease: Lease, opts: GenOptions, raised: Raised) -> PyResult<Generation> {
+    pub fn start(
+        mut lease: Lease,
+        opts: GenOptions,
+        raised: Raised,
+        callbacks: Vec<Callback>,
+    ) -> PyResult<Generation> {
         // An invalid constraint raises here, where `generate` is called, not at the first
         // delta (the check compiles it once more; the server does the same).
         if let Some(schema) = &opts.schema {
@@ -293,6 +302,7 @@ impl Generation {
                 id: crate::forward::new_id(),
             },
             held: Arc::new(Mutex::new(None)),
+            callbacks: Mutex::new(callbacks),
         })
     }
 
@@ -391,6 +401,28 @@ fn parse_json(py: Python<'_>, text: &str) -> PyResult<Py<PyAny>> {
 
 #[pymethods]
 impl Generation {
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        // Never block here: a collection can run on any thread at any time.
+        if let Ok(callbacks) = self.callbacks.try_lock() {
+            for c in callbacks.iter() {
+                // One Python reference each, shared by this list and the generator.
+                visit.call(&**c)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Python's collector found the generation in a cycle nobody reaches: it ends here
+    /// (dropping the generator, which holds the callbacks), as when it is dropped.
+    fn __clear__(&self) {
+        if let Ok(mut stream) = self.handle.stream.try_lock() {
+            *stream = None;
+        }
+        if let Ok(mut callbacks) = self.callbacks.try_lock() {
+            callbacks.clear();
+        }
+    }
+
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
     }

@@ -17,8 +17,8 @@ use crate::sampling::Probe;
 pub struct Step {
     /// Weak: a step left over from a loop does not keep the generation (and its context).
     gen: WeakHandle,
-    /// Steps and accepts of the generation when this step was made: run after another, it
-    /// is stale.
+    /// How often the generation had moved on when this step was made: run after another
+    /// move, it is stale.
     made_at: u64,
     id: u64,
     auto: bool,
@@ -38,15 +38,14 @@ impl Step {
         }
     }
 
-    /// The request that runs the step (once).
-    fn take(&mut self) -> PyResult<Cmd> {
+    /// The request that runs the step.
+    fn request(&self) -> PyResult<Cmd> {
         if self.spent {
             return Err(PyRuntimeError::new_err("this step has already run"));
         }
-        self.spent = true;
         Ok(Cmd::Step {
             auto: self.auto,
-            probes: std::mem::take(&mut self.probes),
+            probes: self.probes.clone(),
             made_at: self.made_at,
         })
     }
@@ -98,15 +97,18 @@ impl Step {
     /// token it chose is taken by the generation.
     fn run(&mut self, py: Python<'_>) -> PyResult<StepOutput> {
         let gen = self.gen.upgrade()?;
-        let cmd = self.take()?;
-        let answer = gen.request_blocking(py, cmd)?;
+        let answer = gen.request_blocking(py, self.request()?)?;
+        // Run: it cannot run again (a step that failed can be run again).
+        self.spent = true;
         output(py, gen.id, self.id, answer)
     }
 
     /// `await step.execute()`: `run()` without blocking the event loop.
     fn execute<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let gen = self.gen.upgrade()?;
-        let cmd = self.take()?;
+        let cmd = self.request()?;
+        // Started: whatever its outcome, it does not run again.
+        self.spent = true;
         let id = self.id;
         let turn = gen.turn(py)?;
         crate::awaitable(py, async move {

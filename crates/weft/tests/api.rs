@@ -425,7 +425,7 @@ fn manual_stepping_fork_truncate_and_text_stream() {
     {
         let mut fork = ctx.fork().expect("fork");
         let mut g = fork.generate(Sampler::Argmax).max_tokens(usize::MAX);
-        let refused = g.accept(&vec![5; engine.n_ctx()]);
+        let refused = g.accept(&vec![5; engine.n_ctx() + 1]);
         assert!(
             matches!(refused, Err(Error::ContextTooLong { .. })),
             "{refused:?}"

@@ -234,7 +234,7 @@ class _Constraint(Protocol):
 
 class _Speculator(Protocol):
     """What ``generate(speculator=...)`` takes (``accepted`` is optional)."""
-    def draft(self, tokens: List[int], max: int) -> Sequence[int]: ...
+    def draft(self, tokens: List[int], max: int) -> Optional[Sequence[int]]: ...
 
 @final
 class Context:

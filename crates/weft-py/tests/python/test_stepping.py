@@ -364,9 +364,11 @@ def test_a_callback_that_raises_ends_the_generation_with_its_exception(smollm2):
         with pytest.raises(RuntimeError, match="boom"):
             for d in g:
                 deltas.append(d)
-        assert g.is_done and g.stop_reason == "error"
-        assert g.text_so_far == smollm2.detokenize(g.tokens())
-        assert g.text_so_far.startswith("".join(deltas))
+        assert g.is_done and g.stop_reason == "error" and g.tokens_generated >= 1
+        # The whole text made is kept; the stream had shown a start of it.
+        assert g.text_so_far.startswith("".join(deltas)) and g.text_so_far.strip()
+        with pytest.raises(RuntimeError, match="boom"):
+            g.tokens()  # a later call raises the same error
         assert len(ctx) > 0  # free again
 
     # A speculator may say None: no draft.
@@ -408,7 +410,7 @@ def test_misuse_of_masks_and_context_room(smollm2):
 
     ctx = smollm2.context()
     ctx.fill("Hello")
-    with pytest.raises(TypeError, match="bool array"):
+    with pytest.raises(TypeError, match="bool mask"):
         ctx.generate(weft.Argmax(), max_tokens=3, constrain=ZeroOne()).text()
 
     small = weft.Engine("smollm2-135m", threads=2, n_ctx=32)
@@ -420,3 +422,119 @@ def test_misuse_of_masks_and_context_room(smollm2):
     assert g.tokens_generated == 0
     g.accept([5] * 4)
     assert g.tokens_generated == 4
+
+
+def test_the_error_that_ended_a_generation_stays_for_every_later_call(smollm2):
+    class Boom(Exception):
+        pass
+
+    class LateBoom:
+        def allowed(self, accepted, vocab_size):
+            if len(accepted) == 4:
+                raise Boom()
+            return None
+
+    async def main():
+        ctx = smollm2.context()
+        ctx.fill("Red, green and blue are")
+        g = ctx.generate(weft.Argmax(), max_tokens=20, constrain=LateBoom())
+        for _ in range(4):
+            await g.next_step().execute()
+        # The awaiting caller goes away; the step still runs (and raises) after it.
+        try:
+            await asyncio.wait_for(g.next_step().execute(), 0)
+        except (asyncio.TimeoutError, Boom):
+            pass
+        with pytest.raises(Boom):
+            await g.atext()
+        with pytest.raises(Boom):
+            g.tokens()
+        assert g.stop_reason == "error" and len(ctx) > 0
+
+    asyncio.run(main())
+
+    class Stops:
+        def allowed(self, accepted, vocab_size):
+            raise StopIteration
+
+    ctx = smollm2.context()
+    ctx.fill("Hello")
+    # A StopIteration would end the loop as if all went well: it is a RuntimeError (PEP 479).
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        for _ in ctx.generate(weft.Argmax(), max_tokens=4, constrain=Stops()):
+            pass
+
+
+def test_a_callback_that_keeps_its_generation_is_collected_with_it(smollm2):
+    import gc
+
+    class Watcher:
+        def allowed(self, accepted, vocab_size):
+            assert isinstance(self.generation.text_so_far, str)
+            return None
+
+    base = smollm2.metrics().kv_pages_used
+    ctx = smollm2.context()
+    ctx.fill("Red, green and blue are")
+    w = Watcher()
+    w.generation = g = ctx.generate(weft.Argmax(), max_tokens=20, constrain=w)
+    next(g)
+    del g, w
+    gc.collect()
+    assert len(ctx) > 0  # the context is back
+    assert smollm2.metrics().kv_pages_used <= base + 2  # only what `ctx` itself holds
+    del ctx
+    assert smollm2.metrics().kv_pages_used == base
+
+
+def test_steps_stale_after_iteration_and_masks_as_lists(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("Red, green and blue are")
+    g = ctx.generate(weft.Argmax(), max_tokens=10)
+    step = g.next_step()
+    next(g)  # iterating runs a step too
+    with pytest.raises(weft.ConfigError, match="stale"):
+        step.run()
+    with pytest.raises(weft.ConfigError, match="stale"):
+        step.run()  # still stale, not "already run"
+    g.close()
+
+    digits = Digits(smollm2)
+    as_list = [False] * smollm2.vocab_size
+    for t in digits.ids:
+        as_list[t] = True
+
+    class ListMask:
+        def allowed(self, accepted, vocab_size):
+            return as_list
+
+    class ZeroOneList:
+        def allowed(self, accepted, vocab_size):
+            return [int(b) for b in as_list]
+
+    ctx = smollm2.context()
+    ctx.fill("My favourite number is")
+    out = ctx.generate(weft.Argmax(), max_tokens=3, constrain=ListMask()).tokens()
+    assert len(out) == 3 and all(t in digits.ids for t in out)
+    ctx = smollm2.context()
+    ctx.fill("My favourite number is")
+    with pytest.raises(TypeError, match="bool mask"):
+        ctx.generate(weft.Argmax(), max_tokens=3, constrain=ZeroOneList()).tokens()
+
+
+def test_accepting_by_hand_fills_the_context_as_sampling_does():
+    small = weft.Engine("smollm2-135m", threads=2, n_ctx=32)
+    prompt = "Once upon a time"
+    auto_ctx = small.context()
+    auto_ctx.fill(prompt)
+    auto = auto_ctx.generate(weft.Argmax(), max_tokens=100, ignore_eos=True)
+    want = auto.tokens()
+    assert auto.stop_reason == "context_full"
+    ctx = small.context()
+    ctx.fill(prompt)
+    g = ctx.generate(weft.Argmax(), max_tokens=100, ignore_eos=True)
+    while (step := g.next_step()) is not None:
+        step.clear_sampler()
+        top = step.probe(0, weft.Distribution(k=1))
+        g.accept([int(step.run()[top][0][0])])
+    assert g.tokens() == want and g.stop_reason == "context_full"

@@ -462,12 +462,13 @@ impl<'c> Generator<'c> {
     /// they count against `max_tokens`, are checked against the stop rules and are run by the
     /// next step. An id past the vocabulary is [`Error::TokenOutOfVocab`], and more tokens
     /// than the context has room for [`Error::ContextTooLong`]; then none of `tokens` is
-    /// taken.
+    /// taken. As with sampled tokens, the last one may fall one past the context: it is kept
+    /// (pending, never run) and the generation stops there ([`StopReason::ContextFull`]).
     pub fn accept(&mut self, tokens: &[u32]) -> Result<()> {
         self.ctx.engine().check_ids(tokens.iter().copied())?;
         let len = self.ctx.len() + self.ctx.pending().len() + self.next_input.len() + tokens.len();
         let n_ctx = self.ctx.engine().n_ctx();
-        if len > n_ctx && self.stopped.is_none() {
+        if len > n_ctx + 1 && self.stopped.is_none() {
             return Err(Error::ContextTooLong { len, n_ctx });
         }
         self.accept_run(tokens, 0);
