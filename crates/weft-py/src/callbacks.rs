@@ -1,8 +1,9 @@
 //! Constraints and speculators written in Python: objects with the Rust traits' methods,
 //! called (with the GIL) from the step that needs them.
 //!
-//! An exception they raise is kept in the generation's [`Raised`] slot and raised to the
-//! caller of that step, type and traceback intact.
+//! An exception they raise is kept in the generation's [`Raised`] slot: it ends the
+//! generation and is raised, type and traceback intact, to the caller of that step and every
+//! later call on the generation.
 
 use std::cell::Cell;
 
@@ -93,7 +94,8 @@ fn keep(raised: &Raised, e: PyErr, what: &str) -> weft::Error {
 }
 
 /// A Python constraint: `allowed(accepted, vocab_size)` returns the ids allowed next (any
-/// iterable of ints, or a NumPy bool array over the vocabulary; None allows everything),
+/// iterable of ints, or a bool mask over the vocabulary as a NumPy array or a list; None
+/// allows everything),
 /// and `is_terminal(accepted)` (optional) whether generation stops.
 pub struct PyConstraint {
     obj: Callback,

@@ -230,11 +230,13 @@ impl Context {
     /// stack; an adapter at scale 0 runs the base model whatever the stack holds). One of
     /// `json_schema` (a dict), `regex`, `grammar` (Lark) or `gbnf` constrains the output.
     /// `constrain`: your own constraint (or a list of them, composed with a schema): an
-    /// object with `allowed(accepted, vocab_size)` → the ids allowed next (or a NumPy bool
-    /// array, or None for all) and optionally `is_terminal(accepted)` → bool.
-    /// `speculate` drafts with the n-gram drafter; `speculator`, your own drafter instead:
-    /// an object with `draft(tokens, max)` → ids, and optionally `accepted(drafted,
-    /// accepted)`. `seed` seeds the sampling. `horizon`: how many more steps to announce to
+    /// object with `allowed(accepted, vocab_size)` → the ids allowed next (or a bool mask over
+    /// the vocabulary, a NumPy array or a list; None for all) and optionally
+    /// `is_terminal(accepted)` → bool. `speculate` drafts with the n-gram drafter;
+    /// `speculator`, your own drafter instead: an object with `draft(tokens, max)` → ids (or
+    /// None), and optionally `accepted(drafted, accepted)`. An exception from either ends the
+    /// generation and is raised by the call that ran the step and every later one. `seed`
+    /// seeds the sampling. `horizon`: how many more steps to announce to
     /// the scheduler after each (default: the steps left before `max_tokens`). `zo_seed`
     /// with `zo_sigma` perturbs the adapters' weights by `zo_sigma · ε(zo_seed)` on every
     /// step (evolution strategies).
