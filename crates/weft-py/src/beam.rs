@@ -86,10 +86,7 @@ pub fn beam_search(
     if let Some(allowed) = allowed_tokens {
         config = config.allowed_tokens(allowed);
     }
-    crate::callbacks::not_inside_a_callback()?;
-    let found = py
-        .detach(|| weft::block_on(weft::beam::beam_search(&engine.inner, &ids, &config)))
-        .py()?;
+    let found = crate::wait(py, weft::beam::beam_search(&engine.inner, &ids, &config))?.py()?;
     Ok(found
         .into_iter()
         .map(|h| BeamHypothesis {

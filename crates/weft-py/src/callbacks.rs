@@ -55,10 +55,10 @@ fn call<T>(f: impl FnOnce(Python<'_>) -> PyResult<T>) -> PyResult<T> {
     })
 }
 
-/// Checks that `obj` has a callable `name`, naming `what` it was given as.
-fn require(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyResult<()> {
+/// `obj` to call back, once checked to have a callable `name` (`what`: what it was given as).
+fn callback(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyResult<Callback> {
     match obj.getattr(name) {
-        Ok(m) if m.is_callable() => Ok(()),
+        Ok(m) if m.is_callable() => Ok(std::sync::Arc::new(obj.clone().unbind())),
         _ => Err(PyTypeError::new_err(format!(
             "{what} must have a method {name}(); got {}",
             obj.get_type().name()?
@@ -108,11 +108,8 @@ pub type Callback = std::sync::Arc<Py<PyAny>>;
 
 impl PyConstraint {
     pub fn new(obj: &Bound<'_, PyAny>, raised: Raised) -> PyResult<PyConstraint> {
-        require(obj, "allowed", "a constraint")?;
-        Ok(PyConstraint {
-            obj: std::sync::Arc::new(obj.clone().unbind()),
-            raised,
-        })
+        let obj = callback(obj, "allowed", "a constraint")?;
+        Ok(PyConstraint { obj, raised })
     }
 
     /// The object called back.
@@ -229,11 +226,8 @@ pub struct PySpeculator {
 
 impl PySpeculator {
     pub fn new(obj: &Bound<'_, PyAny>, raised: Raised) -> PyResult<PySpeculator> {
-        require(obj, "draft", "a speculator")?;
-        Ok(PySpeculator {
-            obj: std::sync::Arc::new(obj.clone().unbind()),
-            raised,
-        })
+        let obj = callback(obj, "draft", "a speculator")?;
+        Ok(PySpeculator { obj, raised })
     }
 
     /// The object called back.

@@ -281,18 +281,9 @@ async fn step(
 
 static SERIAL: AtomicU64 = AtomicU64::new(1);
 
-/// Carries out `cmd` on the generator behind `stream` and returns its answer; `None` once
-/// the stream has ended (the generation stopped and gave the context back, or was closed).
-pub async fn request(
-    stream: &Shared,
-    inbox: &Inbox,
-    raised: &Raised,
-    cmd: Cmd,
-) -> PyResult<Option<Item>> {
-    request_in(&mut *stream.lock().await, inbox, raised, cmd).await
-}
-
-/// [`request`] with the stream's lock already held (`slot` is what it guards).
+/// Carries out `cmd` on the generator behind the stream in `slot` (its lock held) and returns
+/// its answer; `None` once the stream has ended (the generation stopped and gave the context
+/// back, or was closed), or the error that ended it.
 pub async fn request_in(
     slot: &mut Option<Replies>,
     inbox: &Inbox,

@@ -326,9 +326,10 @@ impl Forward {
 
     /// Runs the pass, blocking (the GIL is released meanwhile).
     fn run(&mut self, py: Python<'_>) -> PyResult<ForwardOutput> {
+        // Refused before the pass takes the context, so a refused call leaves it unspent.
         crate::callbacks::not_inside_a_callback()?;
         let pass = self.prepare()?;
-        let out = py.detach(|| weft::block_on(pass.run())).map_err(to_py)?;
+        let out = crate::wait(py, pass.run())?.map_err(to_py)?;
         ForwardOutput::from_outputs(py, out)
     }
 }

@@ -156,15 +156,15 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// Carries out `cmd` (see [`driver::request`]).
+    /// Carries out `cmd` once the stream is free (see [`driver::request_in`]).
     pub async fn request(&self, cmd: Cmd) -> PyResult<Option<Item>> {
-        driver::request(&self.stream, &self.inbox, &self.raised, cmd).await
+        self.request_in_turn(Turn::Later(self.stream.clone()), cmd)
+            .await
     }
 
     /// [`Handle::request`], blocking with the GIL released.
     pub fn request_blocking(&self, py: Python<'_>, cmd: Cmd) -> PyResult<Option<Item>> {
-        crate::callbacks::not_inside_a_callback()?;
-        py.detach(|| weft::block_on(self.request(cmd)))
+        crate::wait(py, self.request(cmd))?
     }
 
     /// The next text delta, `None` at the end; `slot` is the stream's, locked.
@@ -182,10 +182,7 @@ impl Handle {
 
     /// The turn of an awaitable made now (see [`Turn`]).
     pub fn turn(&self, py: Python<'_>) -> PyResult<Turn> {
-        let running = !py
-            .import("asyncio")?
-            .call_method0("_get_running_loop")?
-            .is_none();
+        let running = crate::loop_running(py)?;
         Ok(match self.stream.clone().try_lock_owned() {
             Ok(guard) if running => Turn::Now(guard),
             _ => Turn::Later(self.stream.clone()),
@@ -318,9 +315,8 @@ impl Generation {
         if let Some(Err(e)) = self.take_held() {
             return Err(e);
         }
-        crate::callbacks::not_inside_a_callback()?;
         let handle = &self.handle;
-        while py.detach(|| weft::block_on(handle.next_text()))?.is_some() {
+        while crate::wait(py, handle.next_text())??.is_some() {
             py.check_signals()?;
         }
         Ok(())
@@ -428,10 +424,9 @@ impl Generation {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<String>> {
-        crate::callbacks::not_inside_a_callback()?;
         let (handle, held) = (self.handle.clone(), self.held.clone());
         let turn = Turn::Later(handle.stream.clone());
-        py.detach(|| weft::block_on(hold_next(handle, held, turn)));
+        crate::wait(py, hold_next(handle, held, turn))?;
         self.take_held().unwrap_or(Ok(None))
     }
 
@@ -553,9 +548,8 @@ impl Generation {
     /// Stops the generation now and gives the context back (what was generated stays in it,
     /// the last token streamed pending); `stop_reason` turns "closed" if it had not stopped.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        crate::callbacks::not_inside_a_callback()?;
         let stream = self.handle.stream.clone();
-        py.detach(|| weft::block_on(async { *stream.lock().await = None }));
+        crate::wait(py, async move { *stream.lock().await = None })?;
         self.mark_closed();
         Ok(())
     }

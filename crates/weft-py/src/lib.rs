@@ -38,6 +38,26 @@ impl InFlight {
     }
 }
 
+/// Runs `fut` to its end on this thread with the GIL released: every blocking call of the
+/// package waits on weft here. Refused inside a Python constraint's or speculator's method,
+/// where the wait could not nest in the one running the step (see [`callbacks`]).
+pub(crate) fn wait<F>(py: Python<'_>, fut: F) -> PyResult<F::Output>
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    callbacks::not_inside_a_callback()?;
+    Ok(py.detach(|| weft::block_on(fut)))
+}
+
+/// Whether an asyncio event loop runs on this thread.
+pub(crate) fn loop_running(py: Python<'_>) -> PyResult<bool> {
+    Ok(!py
+        .import("asyncio")?
+        .call_method0("_get_running_loop")?
+        .is_none())
+}
+
 /// `fut` as a Python awaitable, counted in flight (see [`_quiesce`]) until it ends or is
 /// cancelled. Every awaitable of the package is made here.
 ///
@@ -56,9 +76,8 @@ where
         let _in_flight = in_flight;
         fut.await
     };
-    let running = py.import("asyncio")?.call_method0("_get_running_loop")?;
     let aio = py.import("weft._aio")?;
-    if !running.is_none() {
+    if loop_running(py)? {
         let started = pyo3_async_runtimes::tokio::future_into_py(py, fut)?;
         return aio.getattr("started")?.call1((started,));
     }

@@ -107,11 +107,8 @@ pub fn generate_batch<'py>(
         r.stop_sequences = stop_sequences.clone().unwrap_or_default();
         r.seed = seed.wrapping_add(i as u64);
     }
-    crate::callbacks::not_inside_a_callback()?;
     let inner = engine.inner.clone();
-    let rollouts = py
-        .detach(|| weft::block_on(weft::rollout::generate_batch(&inner, &requests)))
-        .py()?;
+    let rollouts = crate::wait(py, weft::rollout::generate_batch(&inner, &requests))?.py()?;
     if padded {
         let pad = match pad_token_id {
             Some(p) => p,

@@ -437,7 +437,7 @@ impl<'c> Generator<'c> {
         }
         // A generation that has filled the context stops there, keeping what it made; a
         // prompt that does not fit stays an error (`ContextTooLong`) from the pass.
-        let next_len = self.ctx.len() + self.ctx.pending().len() + self.next_input.len();
+        let next_len = self.held();
         if self.stopped.is_none()
             && !self.generated.is_empty()
             && next_len > self.ctx.engine().n_ctx()
@@ -466,13 +466,18 @@ impl<'c> Generator<'c> {
     /// (pending, never run) and the generation stops there ([`StopReason::ContextFull`]).
     pub fn accept(&mut self, tokens: &[u32]) -> Result<()> {
         self.ctx.engine().check_ids(tokens.iter().copied())?;
-        let len = self.ctx.len() + self.ctx.pending().len() + self.next_input.len() + tokens.len();
+        let len = self.held() + tokens.len();
         let n_ctx = self.ctx.engine().n_ctx();
         if len > n_ctx + 1 && self.stopped.is_none() {
             return Err(Error::ContextTooLong { len, n_ctx });
         }
         self.accept_run(tokens, 0);
         Ok(())
+    }
+
+    /// Tokens the context will hold once the next step runs: run, pending and accepted.
+    fn held(&self) -> usize {
+        self.ctx.len() + self.ctx.pending().len() + self.next_input.len()
     }
 
     /// Accepts `tokens`, of which the first `in_cache` already ran (speculative drafts the
