@@ -1,4 +1,5 @@
-//! `-m MODEL`: a known model name (fetched on first use) or a path to a GGUF file.
+//! `-m MODEL`: a known model name (fetched on first use), a path to a GGUF file, or a Hugging
+//! Face checkpoint folder (Llama or Gemma 3 in safetensors, converted as it loads).
 
 use std::path::{Path, PathBuf};
 
@@ -10,9 +11,14 @@ use crate::progress::Bar;
 /// The `-m/--model` option shared by every command that needs a model.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArg {
-    /// A known model name (see `weft models`) or the path of a GGUF file.
+    /// A known model name (see `weft models`), the path of a GGUF file, or a Hugging Face
+    /// checkpoint folder (Llama or Gemma 3 safetensors with config.json and tokenizer.json).
     #[arg(short = 'm', long = "model", default_value = weft::hub::DEFAULT_MODEL)]
     pub model: String,
+    /// How a checkpoint folder's matrices are stored once loaded: q8_0 (default; fastest),
+    /// f16 or f32 (the checkpoint's values). A GGUF file keeps its own types.
+    #[arg(long = "weights", value_name = "TYPE", default_value = "q8_0")]
+    pub weights: weft::checkpoint::WeightType,
 }
 
 impl ModelArg {
@@ -30,7 +36,9 @@ impl ModelArg {
     /// Opens the model file at an already resolved `path`.
     pub fn open_path(&self, path: &Path) -> anyhow::Result<GgufFile> {
         weft::ensure_decoder(path)?;
-        GgufFile::open(path).with_context(|| format!("cannot load model {}", path.display()))
+        let (file, _) = weft::open_model(path, self.weights)
+            .with_context(|| format!("cannot load model {}", path.display()))?;
+        Ok(file)
     }
 }
 

@@ -254,6 +254,97 @@ fn perplexity_is_within_two_percent_of_llama_cpp_and_q8_0_kv_within_half_a_perce
     }
 }
 
+/// The Hugging Face checkpoint folder transformers makes from a known model's GGUF file (see
+/// `weft_testkit::hf_checkpoint`), with its weights in `dtype`.
+fn checkpoint(model: &str, dtype: &str) -> String {
+    static MAKE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = MAKE.lock().unwrap_or_else(|e| e.into_inner());
+    let gguf = weft::Hub::from_env()
+        .expect("hub")
+        .resolve(model, &mut weft::NoProgress)
+        .expect("fetch the model");
+    let dir = weft_testkit::hf_checkpoint(&gguf, model, dtype);
+    dir.to_str().expect("utf-8 path").to_string()
+}
+
+/// A Hugging Face checkpoint folder loads where a GGUF file does (`-m DIR`), its matrices
+/// quantized to Q8_0 as it loads: the perplexity of the reference text is within 2% of
+/// llama.cpp's on the GGUF file (the bar of the GGUF itself; the checkpoint holds the GGUF's
+/// dequantized weights, see `weft_testkit::hf_checkpoint`).
+#[test]
+fn checkpoint_folders_run_and_score_within_two_percent_of_llama_cpp() {
+    for ((model, reference), dtype) in LLAMA_CPP_PERPLEXITY.into_iter().zip(["f32", "f16"]) {
+        let dir = checkpoint(model, dtype);
+        let ppl = perplexity(&dir, 512, &[]);
+        let rel = (ppl - reference).abs() / reference;
+        eprintln!(
+            "{model} from safetensors ({dtype}, loaded as q8_0): perplexity {ppl:.4}, llama.cpp {reference}, {:.2}% apart",
+            rel * 100.0
+        );
+        assert!(
+            rel < 0.02,
+            "{model} from safetensors: perplexity {ppl} is not within 2% of llama.cpp's {reference}"
+        );
+    }
+}
+
+/// A checkpoint folder is converted on its first load into `$WEFT_HOME/converted/`, mapped
+/// from there on (the same output), and converted again, replacing the old file, when a file
+/// of the folder changes.
+#[test]
+fn a_checkpoint_folder_is_converted_once_and_again_when_it_changes() {
+    let source = checkpoint("smollm2-135m", "f32");
+    // A folder of links to the fixture's files, so touching one leaves the fixture alone.
+    let folder = tempfile::tempdir().expect("tempdir");
+    for e in std::fs::read_dir(&source).expect("read the checkpoint") {
+        let e = e.expect("entry");
+        std::os::unix::fs::symlink(e.path(), folder.path().join(e.file_name())).expect("link");
+    }
+    let home = tempfile::tempdir().expect("tempdir");
+    let run = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["run", "-m"])
+            .arg(folder.path())
+            .args(["-n", "8", "--temp", "0", "The capital of France is"])
+            .env("WEFT_HOME", home.path())
+            .output()
+            .expect("run weft");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let converted = || -> Vec<(std::path::PathBuf, std::time::SystemTime)> {
+        std::fs::read_dir(home.path().join("converted"))
+            .expect("the cache of conversions")
+            .map(|e| {
+                let p = e.expect("entry").path();
+                let t = std::fs::metadata(&p)
+                    .and_then(|m| m.modified())
+                    .expect("mtime");
+                (p, t)
+            })
+            .collect()
+    };
+    let first = run();
+    assert!(first.contains("Paris"), "{first:?}");
+    let cached = converted();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    assert_eq!(run(), first);
+    assert_eq!(converted(), cached, "the second load read the cached file");
+    // A changed config.json (a new modification time) makes a new conversion.
+    let config = folder.path().join("config.json");
+    let text = std::fs::read_to_string(&config).expect("config.json");
+    std::fs::remove_file(&config).expect("unlink");
+    std::fs::write(&config, text).expect("write config.json");
+    assert_eq!(run(), first);
+    let again = converted();
+    assert_eq!(again.len(), 1, "the older conversion is removed: {again:?}");
+    assert_ne!(again[0].0, cached[0].0);
+}
+
 /// `weft run --json` output as (prompt ids, generated ids).
 fn run_json(args: &[&str]) -> (Vec<u64>, Vec<u64>) {
     let out = weft(args, "");

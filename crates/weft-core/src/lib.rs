@@ -10,6 +10,7 @@
 //! ML framework; the model file is the single source of truth for weights, hyper-parameters
 //! and the tokenizer.
 
+pub mod checkpoint;
 pub mod error;
 pub mod gguf;
 pub mod kernels;

@@ -28,7 +28,7 @@ pub enum HubError {
 
     /// The path exists but is neither a regular file nor an encoder's folder (for example
     /// an empty directory).
-    #[error("`{path}` exists but is not a file; pass the path of a .gguf file (or of a sentence-transformers folder, which holds a model.safetensors)")]
+    #[error("`{path}` exists but is not a file; pass the path of a .gguf file or of a safetensors checkpoint folder (one holding a model.safetensors or a model.safetensors.index.json)")]
     NotAFile {
         /// The offending path.
         path: PathBuf,

@@ -61,11 +61,12 @@ impl Hub {
         ok.then_some(path)
     }
 
-    /// Turns what the user typed into a local model: a GGUF file, or an encoder's
-    /// `model.safetensors` or sentence-transformers folder.
+    /// Turns what the user typed into a local model: a GGUF file, a `model.safetensors`, or a
+    /// safetensors checkpoint folder (a decoder's or a sentence-transformers encoder's).
     ///
     /// An existing file path is returned as is, and so is a folder holding a
-    /// `model.safetensors` (any other folder is [`HubError::NotAFile`]). A known model name
+    /// `model.safetensors` or a sharded checkpoint's `model.safetensors.index.json` (any other
+    /// folder is [`HubError::NotAFile`]). A known model name
     /// (or alias) is looked up in the cache and fetched if needed (see [`pull`](Hub::pull)).
     /// Anything else is [`HubError::UnknownModel`].
     pub fn resolve(
@@ -92,7 +93,10 @@ impl Hub {
         let spec = registry::find(name_or_path);
         match fs::metadata(path) {
             Ok(meta) if meta.is_file() => return Ok(Located::Local(path.to_path_buf())),
-            Ok(_) if path.join("model.safetensors").is_file() => {
+            Ok(_)
+                if path.join("model.safetensors").is_file()
+                    || path.join("model.safetensors.index.json").is_file() =>
+            {
                 return Ok(Located::Local(path.to_path_buf()))
             }
             Ok(_) if spec.is_none() => {

@@ -44,8 +44,10 @@ fn config(
 /// A loaded model with its scheduler thread. Every context of one engine shares its model
 /// calls (continuous batching), whichever Python thread or asyncio task drives it.
 ///
-/// `model` is a known name (`"smollm2-135m"`, `"gemma3-270m"`, fetched on first use) or a
-/// GGUF path. `kv_type`: "f16" or "q8_0" (half the KV memory). `prefix_cache`: contexts
+/// `model` is a known name (`"smollm2-135m"`, `"gemma3-270m"`, fetched on first use), a
+/// GGUF path, or a Hugging Face checkpoint folder (Llama or Gemma 3 in safetensors, with its
+/// `config.json` and `tokenizer.json`) whose matrices are stored as `weights` once loaded:
+/// "q8_0" (the default), "f16" or "f32". `kv_type`: "f16" or "q8_0" (half the KV memory). `prefix_cache`: contexts
 /// starting with the same full KV pages as an earlier one share them (outputs unchanged).
 /// `resident_layers`: keep at most that many transformer blocks in memory and read the others
 /// from the model file when a pass needs them (for models larger than memory; slower).
@@ -59,7 +61,7 @@ impl Engine {
     #[new]
     #[pyo3(signature = (
         model = "smollm2-135m", threads = None, kv_tokens = None, n_ctx = None, kv_type = None,
-        prefix_cache = true, resident_layers = None
+        prefix_cache = true, resident_layers = None, weights = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -71,10 +73,14 @@ impl Engine {
         kv_type: Option<&str>,
         prefix_cache: bool,
         resident_layers: Option<usize>,
+        weights: Option<&str>,
     ) -> PyResult<Engine> {
         let mut config = config(threads, kv_tokens, n_ctx)?;
         if let Some(t) = kv_type {
             config.kv_type = t.parse().map_err(ConfigError::new_err)?;
+        }
+        if let Some(w) = weights {
+            config.checkpoint_weights = w.parse().map_err(ConfigError::new_err)?;
         }
         config.prefix_cache = prefix_cache;
         config.layer_pager = match resident_layers {

@@ -73,6 +73,12 @@ fn python_package_suite() {
     std::fs::create_dir_all(&work).expect("cannot make target/py-suite");
     let greedy = work.join("rust_greedy.json");
     std::fs::write(&greedy, rust_greedy(&reference).to_string()).expect("write greedy ids");
+    // SmolLM2 as a Hugging Face checkpoint folder, for `weft.Engine(folder)`.
+    let smollm2 = weft_hub::Hub::from_env()
+        .expect("WEFT_HOME or HOME must be set")
+        .resolve("smollm2-135m", &mut weft_hub::NoProgress)
+        .expect("fetch smollm2-135m");
+    let checkpoint = weft_testkit::hf_checkpoint(&smollm2, "smollm2-135m", "f32");
 
     let python = pinned_venv("py-venv", &PACKAGES, "CPython 3.9+");
     let wheels = target.join("py-wheels");
@@ -113,6 +119,7 @@ fn python_package_suite() {
             .arg(root.join("crates/weft-py/tests/python"))
             .env("WEFT_RUST_GREEDY", &greedy)
             .env("WEFT_REFERENCE_DIR", &reference)
+            .env("WEFT_HF_CHECKPOINT", &checkpoint)
             .current_dir(&work),
         "the Python suite (pytest)",
     );

@@ -125,3 +125,62 @@ pub fn pinned_venv(dir: &str, packages: &[&str], needs: &str) -> PathBuf {
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", marker.display()));
     python
 }
+
+/// The pinned Hugging Face packages (transformers, tokenizers, gguf-py) of the virtualenv
+/// `target/hf-venv` the reference scripts run in: transformers' own GGUF conversion makes the
+/// `tokenizer.json` files and checkpoint folders the tests compare weft against.
+pub const HF_PACKAGES: [&str; 3] = ["transformers==5.23.0", "tokenizers==0.23.3", "gguf==0.19.0"];
+
+/// The Python of `target/hf-venv` (see [`HF_PACKAGES`]).
+pub fn hf_python() -> PathBuf {
+    pinned_venv("hf-venv", &HF_PACKAGES, "Python 3.10+")
+}
+
+/// A Hugging Face checkpoint folder (`config.json`, `model.safetensors` in `dtype`,
+/// `tokenizer.json` …) made from the GGUF file `gguf` by transformers' GGUF conversion
+/// (`scripts/hf_checkpoint_from_gguf.py`), as `target/hf-checkpoints/<name>-<dtype>`: made on
+/// first use, and again when the script or the GGUF file changes. Not thread-safe: callers in
+/// one test binary serialize.
+pub fn hf_checkpoint(gguf: &Path, name: &str, dtype: &str) -> PathBuf {
+    let script = workspace_root().join("scripts/hf_checkpoint_from_gguf.py");
+    let dir = target_dir()
+        .join("hf-checkpoints")
+        .join(format!("{name}-{dtype}"));
+    let marker = dir.join("weft-made-from.txt");
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    // The script imports the GGUF metadata reader of the tokenizer script.
+    let source: String = [
+        &script,
+        &workspace_root().join("scripts/bpe_tokenize_reference.py"),
+    ]
+    .iter()
+    .map(|p| {
+        std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+    })
+    .collect();
+    // What the folder was made from: the packages, the scripts' text and the model file's
+    // name and size.
+    let want = format!(
+        "{}\n{} {}\n{source}",
+        HF_PACKAGES.join(" "),
+        gguf.display(),
+        size(gguf)
+    );
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
+        return dir;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    run(
+        Command::new(hf_python())
+            .arg(&script)
+            .arg(gguf)
+            .arg(&dir)
+            .arg(dtype)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("TQDM_DISABLE", "1"),
+        "scripts/hf_checkpoint_from_gguf.py",
+    );
+    std::fs::write(&marker, want)
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", marker.display()));
+    dir
+}

@@ -222,13 +222,15 @@ pub fn open_embedding_model(
 }
 
 /// Refuses a path that holds an encoder (a sentence-transformers folder or its
-/// `model.safetensors`) where a GGUF decoder is needed, with a message that says so (rather
-/// than "not a GGUF file").
+/// `model.safetensors`) where a decoder (a GGUF file or a generator's checkpoint folder) is
+/// needed, with a message that says so (rather than "not a GGUF file").
 pub fn ensure_decoder(path: &std::path::Path) -> Result<()> {
     let folder = path.is_dir() || path.extension().is_some_and(|e| e == "safetensors");
-    if folder && !is_gguf(path) {
+    let generator = weft_core::checkpoint::folder_of(path)
+        .is_some_and(|d| weft_core::checkpoint::is_decoder(&d));
+    if folder && !generator && !is_gguf(path) {
         return Err(Error::Config(format!(
-            "{} is an encoder model (safetensors), not a GGUF decoder: weft embeds text with it (weft::Embedder, `weft embed`), but this needs a decoder",
+            "{} is an encoder model (safetensors), not a decoder: weft embeds text with it (weft::Embedder, `weft embed`), but this needs a decoder (a GGUF file or a Llama / Gemma 3 checkpoint folder)",
             path.display()
         )));
     }

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use weft_core::checkpoint::WeightType;
 use weft_core::gguf::GgufFile;
 use weft_core::kv::{KvLayout, KvType};
 use weft_core::models::{LayerPager, ModelInfo};
@@ -67,6 +68,9 @@ pub struct EngineConfig {
     /// # Ok(()) }
     /// ```
     pub layer_pager: Option<Arc<LayerPager>>,
+    /// How the matrices of a Hugging Face checkpoint folder are stored once loaded (default
+    /// [`WeightType::Q8_0`]; a GGUF file keeps its own types). See [`crate::checkpoint`].
+    pub checkpoint_weights: WeightType,
     /// What generators use where they set nothing themselves: the sampler of
     /// `ctx.generate(None)` and the stop rules every generator starts from (seed 004's
     /// engine-wide sampler config).
@@ -125,6 +129,7 @@ impl Default for EngineConfig {
             kv_type: KvType::F16,
             prefix_cache: true,
             layer_pager: None,
+            checkpoint_weights: WeightType::Q8_0,
             generation: GenerationDefaults::default(),
         }
     }
@@ -220,18 +225,22 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Loads a known model by name (fetched into the cache on first use, see [`Hub`]) or a
-    /// GGUF file by path, with the default configuration.
+    /// Loads a known model by name (fetched into the cache on first use, see [`Hub`]), or a
+    /// GGUF file or Hugging Face checkpoint folder by path (see [`Engine::open`]), with the
+    /// default configuration.
     pub fn load(model: &str) -> Result<Engine> {
         let path = Hub::from_env()?.resolve(model, &mut NoProgress)?;
         Engine::open(&path, EngineConfig::default())
     }
 
-    /// Loads the GGUF file at `path`.
+    /// Loads the GGUF file at `path`, or the Hugging Face checkpoint folder at `path` (a Llama
+    /// or Gemma 3 decoder in safetensors, with its `config.json` and `tokenizer.json`),
+    /// converted on its first load, its matrices in [`EngineConfig::checkpoint_weights`] (see
+    /// [`crate::checkpoint`]), and kept converted in the cache for later loads.
     pub fn open(path: &Path, config: EngineConfig) -> Result<Engine> {
         crate::embed::ensure_decoder(path)?;
-        let file = Arc::new(GgufFile::open(path)?);
-        Engine::build(file, Some(path.to_path_buf()), config, None)
+        let (file, at) = crate::converted::open_model(path, config.checkpoint_weights)?;
+        Engine::build(Arc::new(file), at, config, None)
     }
 
     /// Loads a GGUF model held in memory (embedded in a binary, received over a socket, …),

@@ -32,6 +32,7 @@ mod brle;
 pub mod chat;
 pub mod constraint;
 mod context;
+mod converted;
 mod embed;
 mod embedder;
 mod engine;
@@ -51,6 +52,7 @@ pub use brle::Brle;
 pub use chat::{ChatTemplate, Message};
 pub use constraint::{Constraint, Schema, TokenMask};
 pub use context::Context;
+pub use converted::open_model;
 pub use embed::{
     ensure_decoder, is_gguf, open_embedding_model, EmbedOptions, EmbeddingModel, Pooling,
 };
@@ -73,7 +75,7 @@ pub use weft_core::kernels::{self, bandwidth};
 pub use weft_core::kv::KvType;
 pub use weft_core::runner::{BatchEntry, ModelRunner, RunnerConfig};
 pub use weft_core::tokenizer::{self, StreamDecoder, Tokenizer};
-pub use weft_core::{kv, lora, models, quant, runner, sampling};
+pub use weft_core::{checkpoint, kv, lora, models, quant, runner, sampling};
 pub use weft_hub::{self as hub, Hub, HubError, NoProgress, Progress};
 
 /// Runs a future to completion on the current thread: the blocking way to call the async

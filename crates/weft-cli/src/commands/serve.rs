@@ -89,6 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::ensure!(k >= 32, "--kv-tokens must be at least 32");
     }
     let mut engine_cfg = args.threads.engine_config()?;
+    engine_cfg.checkpoint_weights = args.model.weights;
     if let Some(k) = args.kv_tokens {
         engine_cfg.kv_tokens = k;
     }

@@ -76,6 +76,34 @@ impl GgufWriter {
 
     /// Serializes the file.
     pub fn to_bytes(&self) -> Vec<u8> {
+        let (mut out, offsets) = self.header();
+        let data_start = out.len() as u64;
+        for ((_, _, _, data), off) in self.tensors.iter().zip(offsets) {
+            out.resize((data_start + off) as usize, 0);
+            out.extend_from_slice(data);
+        }
+        out
+    }
+
+    /// Serializes the file, freeing each tensor's bytes once copied: the peak memory is the
+    /// file plus one tensor, not twice the file (for a model converted in memory).
+    pub fn into_bytes(mut self) -> Vec<u8> {
+        let (mut out, offsets) = self.header();
+        let data_start = out.len() as u64;
+        let end = offsets.last().zip(self.tensors.last());
+        out.reserve(end.map_or(0, |(o, t)| {
+            (data_start + o) as usize + t.3.len() - out.len()
+        }));
+        for ((_, _, _, data), off) in self.tensors.drain(..).zip(offsets) {
+            out.resize((data_start + off) as usize, 0);
+            out.extend_from_slice(&data);
+        }
+        out
+    }
+
+    /// The header, metadata and tensor table, padded to the alignment, and each tensor's
+    /// offset from the start of the data.
+    fn header(&self) -> (Vec<u8>, Vec<u64>) {
         let mut out = Vec::new();
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&self.version.to_le_bytes());
@@ -99,12 +127,7 @@ impl GgufWriter {
             offset = (offset + data.len() as u64).div_ceil(self.alignment) * self.alignment;
         }
         pad_to(&mut out, self.alignment);
-        let data_start = out.len() as u64;
-        for ((_, _, _, data), off) in self.tensors.iter().zip(offsets) {
-            out.resize((data_start + off) as usize, 0);
-            out.extend_from_slice(data);
-        }
-        out
+        (out, offsets)
     }
 }
 

@@ -114,8 +114,16 @@ impl TensorFile {
     }
 
     /// The values of tensor `tensor` as f32 (stored as F32, F16 or BF16), after checking that
-    /// its shape is `shape`.
+    /// its shape is `shape`. The mapped pages read leave the resident set again (the values
+    /// are copied; reading the tensor again faults them back in).
     pub fn f32(&self, tensor: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let rows = shape.first().copied().unwrap_or(1);
+        self.f32_rows(tensor, shape, 0..rows)
+    }
+
+    /// [`TensorFile::f32`] of the outermost rows `rows` only (all of a 1-D or 0-D tensor's
+    /// values when `rows` is `0..1`), so a large matrix can be converted a slice at a time.
+    pub fn f32_rows(&self, tensor: &str, shape: &[usize], rows: Range<usize>) -> Result<Vec<f32>> {
         let bad = |reason: String| Error::BadModel {
             reason: format!("{}: {reason}", self.name),
         };
@@ -129,12 +137,41 @@ impl TensorFile {
                 entry.shape
             )));
         }
-        to_f32(entry.dtype, &self.bytes[entry.range.clone()]).ok_or_else(|| {
+        let n_rows = shape.first().copied().unwrap_or(1).max(1);
+        if rows.start > rows.end || rows.end > n_rows {
+            return Err(bad(format!("tensor {tensor}: rows {rows:?} of {n_rows}")));
+        }
+        let row_bytes = entry.range.len() / n_rows;
+        let range =
+            entry.range.start + rows.start * row_bytes..entry.range.start + rows.end * row_bytes;
+        let values = to_f32(entry.dtype, &self.bytes[range.clone()]).ok_or_else(|| {
             bad(format!(
                 "tensor {tensor} is {:?}; weights must be F32, F16 or BF16",
                 entry.dtype
             ))
-        })
+        })?;
+        self.release(range);
+        Ok(values)
+    }
+
+    /// Drops the mapped pages of `range` from the resident set (a no-op for bytes in memory).
+    fn release(&self, range: Range<usize>) {
+        #[cfg(unix)]
+        if let (Bytes::Mapped(map), false) = (&self.bytes, range.is_empty()) {
+            // SAFETY: the mapping is read-only and private to this struct, so MADV_DONTNEED
+            // only unmaps clean file pages; a later read maps them in again with the same
+            // contents (the assumption `Mmap::map` already makes: nobody rewrites the file).
+            // No reference into the range outlives the copy made above.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    range.start,
+                    range.len(),
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = range;
     }
 }
 

@@ -69,8 +69,19 @@ enum Fragment<'a> {
 }
 
 impl Tokenizer {
-    /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
+    /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata, or, for a
+    /// file with no `tokenizer.ggml.model` that holds a whole Hugging Face `tokenizer.json` in
+    /// `tokenizer.huggingface.json` (as GGUF's specification allows, and as weft's
+    /// [conversion](crate::checkpoint) of a safetensors checkpoint writes), the tokenizer that
+    /// file describes, with the special ids the file's `tokenizer.ggml.*_token_id` name.
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
+        if file.get("tokenizer.ggml.model").is_none() {
+            if let Some(json) = file.opt_str("tokenizer.huggingface.json")? {
+                let mut tok = Tokenizer::from_json(json)?;
+                tok.fill_special_ids(file)?;
+                return Ok(tok);
+            }
+        }
         let vocab = Vocab::from_gguf(file)?;
         let model = match file.get_str("tokenizer.ggml.model")? {
             "gpt2" => {
@@ -153,6 +164,30 @@ impl Tokenizer {
             pick("tokenizer.ggml.unknown_token_id")?,
             pick("tokenizer.ggml.padding_token_id")?,
         );
+        self.fill_special([bos, eos, unk, pad]);
+        Ok(())
+    }
+
+    /// The special ids a converted checkpoint's GGUF names (the file has no token texts to
+    /// check them against: the conversion took them from the checkpoint of this very
+    /// tokenizer), where they are inside the vocabulary.
+    fn fill_special_ids(&mut self, file: &GgufFile) -> Result<()> {
+        let n = self.vocab.len() as u64;
+        let pick = |key: &str| -> Result<Option<u32>> {
+            Ok(file.opt_u64(key)?.filter(|&id| id < n).map(|id| id as u32))
+        };
+        self.fill_special([
+            pick("tokenizer.ggml.bos_token_id")?,
+            pick("tokenizer.ggml.eos_token_id")?,
+            pick("tokenizer.ggml.unknown_token_id")?,
+            pick("tokenizer.ggml.padding_token_id")?,
+        ]);
+        Ok(())
+    }
+
+    /// Sets the special ids (BOS, EOS, unknown, padding) the tokenizer lacks; a new EOS also
+    /// ends generations.
+    fn fill_special(&mut self, [bos, eos, unk, pad]: [Option<u32>; 4]) {
         let special = &mut self.vocab.special;
         for (slot, found) in [
             (&mut special.bos, bos),
@@ -169,7 +204,6 @@ impl Tokenizer {
                 self.vocab.eog.insert(0, eos);
             }
         }
-        Ok(())
     }
 
     /// The length the tokenizer's file says inputs are truncated to, if it says one.

@@ -13,16 +13,19 @@ pub const MODELS: [(&str, &str); 2] = [("smollm2-135m", "smollm2"), ("gemma3-270
 
 /// Opens a known model, fetching it into the cache first if needed.
 pub fn open_model(name: &str) -> GgufFile {
+    let path = model_file(name);
+    GgufFile::open(&path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
+}
+
+/// The path of a known model's file, fetching it into the cache first if needed.
+pub fn model_file(name: &str) -> PathBuf {
     // Tests run in parallel threads: fetch one model at a time so a fresh machine downloads
     // each file once.
     static FETCH: Mutex<()> = Mutex::new(());
     let hub = weft_hub::Hub::from_env().expect("WEFT_HOME or HOME must be set");
-    let path = {
-        let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
-        hub.resolve(name, &mut weft_hub::NoProgress)
-            .unwrap_or_else(|e| panic!("cannot fetch model {name}: {e}"))
-    };
-    GgufFile::open(&path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
+    let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+    hub.resolve(name, &mut weft_hub::NoProgress)
+        .unwrap_or_else(|e| panic!("cannot fetch model {name}: {e}"))
 }
 
 /// llama.cpp's reference outputs (see `weft_testkit::reference_dir`).

@@ -173,7 +173,9 @@ class Adapter:
 class Engine:
     """A loaded model with its scheduler thread; every context of one engine shares its model calls.
 
-    ``model`` is a known name (``"smollm2-135m"``, ``"gemma3-270m"``; fetched on first use) or a GGUF path.
+    ``model`` is a known name (``"smollm2-135m"``, ``"gemma3-270m"``; fetched on first use), a GGUF path,
+    or a Hugging Face checkpoint folder (Llama or Gemma 3 safetensors with ``config.json`` and
+    ``tokenizer.json``), whose matrices are stored as ``weights`` (``"q8_0"``, ``"f16"`` or ``"f32"``).
     """
     def __new__(
         cls,
@@ -184,6 +186,7 @@ class Engine:
         kv_type: Optional[str] = None,
         prefix_cache: bool = True,
         resident_layers: Optional[int] = None,
+        weights: Optional[str] = None,
     ) -> Engine: ...
     def context(self) -> Context:
         """A new, empty context on this engine, with a sampling seed drawn at random:

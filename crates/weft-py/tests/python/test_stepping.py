@@ -16,11 +16,13 @@ def greedy_case(reference):
     return case["prompt"], case["steps"]
 
 
-def follows_llama_cpp(ids, steps):
-    """Our ids are llama.cpp's up to its first near-tie (and there are some to compare)."""
+def follows_llama_cpp(ids, steps, near_tie=None):
+    """Our ids are llama.cpp's up to its first near-tie (and there are some to compare); a
+    near-tie is `forks_at`'s unless a top-2 margin `near_tie` is given."""
     compared = 0
     for i, step in enumerate(steps[: len(ids)]):
-        if forks_at(step):
+        top = step["top5"]
+        if forks_at(step) if near_tie is None else top[0][1] - top[1][1] < near_tie:
             break
         assert ids[i] == step["id"], i
         compared += 1

@@ -17,6 +17,8 @@ const CHUNK: usize = 16 << 20;
 
 /// The fingerprint of `file`, from the cache next to `path` when it is current.
 pub(crate) fn fingerprint(file: &GgufFile, path: Option<&Path>) -> String {
+    // Only a model file keys a cache: a converted checkpoint folder is hashed each time.
+    let path = path.filter(|p| p.is_file());
     let stamp = path.and_then(stamp);
     if let (Some(path), Some(stamp)) = (path, &stamp) {
         if let Some(cached) = read_cache(&cache_path(path), stamp) {
