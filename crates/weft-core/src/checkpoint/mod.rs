@@ -16,10 +16,11 @@
 //!   ([`WeightType`]); norms stay F32.
 //!
 //! The tokenizer is `tokenizer.json`, kept whole in `tokenizer.huggingface.json` (GGUF's key for
-//! it; [`Tokenizer::from_gguf`](crate::tokenizer::Tokenizer::from_gguf) reads it); the special token ids come from `config.json`,
-//! `generation_config.json` and `tokenizer_config.json`; the chat template from
-//! `chat_template.jinja` or `tokenizer_config.json`. Each goes into the GGUF's metadata under
-//! the key llama.cpp uses, so everything downstream reads one kind of file.
+//! it, which [`Tokenizer::from_gguf`](crate::tokenizer::Tokenizer::from_gguf) reads); the
+//! special token ids come from `config.json`, `generation_config.json` and
+//! `tokenizer_config.json`; the chat template from `chat_template.jinja` or
+//! `tokenizer_config.json`. Each goes into the GGUF's metadata under the key llama.cpp uses, so
+//! everything downstream reads one kind of file.
 
 pub mod config;
 
@@ -375,13 +376,11 @@ impl<'a> Tensors<'a> {
             "output_norm.weight",
             c.n_embd,
         )?;
-        if !c.tied {
-            let head = ["lm_head.weight", "language_model.lm_head.weight"]
-                .into_iter()
-                .find(|n| self.by_name.contains_key(*n))
-                .ok_or_else(|| Error::MissingTensor {
-                    name: "lm_head.weight".into(),
-                })?;
+        // An untied head that is not there is the embedding, as llama.cpp reads such a file.
+        let head = ["lm_head.weight", "language_model.lm_head.weight"]
+            .into_iter()
+            .find(|n| self.by_name.contains_key(*n));
+        if let (false, Some(head)) = (c.tied, head) {
             self.matrix(w, head, "output.weight", c.vocab, c.n_embd, None)?;
         }
         for i in 0..c.n_layers {

@@ -165,6 +165,12 @@ fn a_llama_checkpoint_becomes_the_gguf_llama_cpp_would_write() {
         bf16("model.layers.0.post_attention_layernorm.weight", HIDDEN)
     );
     assert!(file.tensor("output.weight").is_ok(), "untied head");
+    // Untied without a head: the embedding serves, as in llama.cpp.
+    let mut headless = llama_tensors();
+    headless.retain(|(n, _)| n != "lm_head.weight");
+    let dir = folder(&llama_config(), &headless, Dtype::F32);
+    let tied = GgufFile::from_bytes(convert(dir.path(), WeightType::Q8_0).unwrap()).unwrap();
+    assert!(tied.tensor("output.weight").is_err());
     // The tokenizer is the tokenizer.json, its special ids from config.json.
     let tok = Tokenizer::from_gguf(&file).unwrap();
     assert_eq!(tok.encode("abc", false, true), vec![5, 4]);
