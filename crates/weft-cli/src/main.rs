@@ -6,6 +6,8 @@ mod model_arg;
 mod progress;
 mod sampling_arg;
 
+use std::io::Write;
+
 use clap::{Parser, Subcommand};
 
 /// weft: a fast, CPU-first, programmable LLM inference engine.
@@ -49,7 +51,8 @@ fn main() -> std::process::ExitCode {
         // command-line tools do.
         Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", message(&e));
+            // Not `eprintln!`, which panics when standard error is a closed pipe.
+            let _ = writeln!(std::io::stderr(), "error: {}", message(&e));
             std::process::ExitCode::FAILURE
         }
     }

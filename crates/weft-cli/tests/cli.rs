@@ -1044,3 +1044,19 @@ fn bench_holds_depths_past_the_default_cache_and_the_training_context() {
         ["tg8", "pp128+tg8 x200"]
     );
 }
+
+/// `weft run … 2>&1 | head`: the reader may go away after the text and before the statistics
+/// line on standard error. With standard error a pipe nobody reads, weft ends as it does on a
+/// closed standard output: quietly, status 0 (`eprintln!` panicked, status 101).
+#[test]
+fn a_closed_standard_error_ends_run_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["run", "-n", "8", "--temp", "0", "The capital of France is"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run weft");
+    drop(child.stderr.take()); // the only reading end
+    let status = child.wait().expect("wait for weft");
+    assert_eq!(status.code(), Some(0));
+}

@@ -22,9 +22,10 @@ use crate::Hub;
 
 /// The model at `path` as a GGUF file, and the file it is mapped from (`None` when held in
 /// memory): the GGUF file itself, or the cached conversion of the decoder checkpoint folder
-/// `path` names, its matrices in `weights`.
+/// `path` names, its matrices in `weights`. A cache that cannot be written leaves the conversion
+/// in memory, with a warning on standard error (each load converts again).
 pub fn open_model(path: &Path, weights: WeightType) -> Result<(GgufFile, Option<PathBuf>)> {
-    let Some(dir) = checkpoint::folder_of(path).filter(|d| checkpoint::is_decoder(d)) else {
+    let Some(dir) = checkpoint::folder_of(path).filter(|d| !checkpoint::is_encoder(d)) else {
         return Ok((GgufFile::open(path)?, Some(path.to_path_buf())));
     };
     let cached = Hub::from_env()
@@ -37,9 +38,16 @@ pub fn open_model(path: &Path, weights: WeightType) -> Result<(GgufFile, Option<
     }
     let bytes = checkpoint::convert(&dir, weights)?;
     if let Some(file) = cached {
-        if store(&file, &bytes).is_ok() {
-            drop(bytes);
-            return Ok((GgufFile::open(&file)?, Some(file)));
+        match store(&file, &bytes) {
+            Ok(()) => {
+                drop(bytes);
+                return Ok((GgufFile::open(&file)?, Some(file)));
+            }
+            Err(e) => eprintln!(
+                "weft: cannot keep the conversion of {} in {} ({e}); it is used from memory and made again on the next load",
+                dir.display(),
+                file.display()
+            ),
         }
     }
     Ok((GgufFile::from_bytes(bytes)?, None))
@@ -53,7 +61,8 @@ fn cache_path(cache: &Path, dir: &Path, weights: WeightType) -> Option<PathBuf> 
         .ok()?
         .filter_map(|e| {
             let e = e.ok()?;
-            let meta = e.metadata().ok().filter(|m| m.is_file())?;
+            // The file a link points to: its size and time are what change.
+            let meta = std::fs::metadata(e.path()).ok().filter(|m| m.is_file())?;
             let mtime = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?;
             Some((
                 e.file_name().to_string_lossy().into_owned(),

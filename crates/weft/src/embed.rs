@@ -223,12 +223,25 @@ pub fn open_embedding_model(
 
 /// Refuses a path that holds an encoder (a sentence-transformers folder or its
 /// `model.safetensors`) where a decoder (a GGUF file or a generator's checkpoint folder) is
-/// needed, with a message that says so (rather than "not a GGUF file").
+/// needed, with a message that says so (rather than "not a GGUF file"), and a folder without
+/// the `config.json` a checkpoint needs.
 pub fn ensure_decoder(path: &std::path::Path) -> Result<()> {
     let folder = path.is_dir() || path.extension().is_some_and(|e| e == "safetensors");
-    let generator = weft_core::checkpoint::folder_of(path)
-        .is_some_and(|d| weft_core::checkpoint::is_decoder(&d));
-    if folder && !generator && !is_gguf(path) {
+    if !folder || is_gguf(path) {
+        return Ok(());
+    }
+    let dir = if path.is_dir() {
+        path
+    } else {
+        path.parent().unwrap_or(std::path::Path::new("."))
+    };
+    if !dir.join("config.json").is_file() {
+        return Err(Error::Config(format!(
+            "{} has no config.json: a model folder is a Hugging Face checkpoint (config.json, tokenizer.json, model.safetensors); or pass a GGUF file",
+            dir.display()
+        )));
+    }
+    if weft_core::checkpoint::is_encoder(dir) {
         return Err(Error::Config(format!(
             "{} is an encoder model (safetensors), not a decoder: weft embeds text with it (weft::Embedder, `weft embed`), but this needs a decoder (a GGUF file or a Llama / Gemma 3 checkpoint folder)",
             path.display()

@@ -232,13 +232,16 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         String::new()
     };
     if cut_constraint && !context_full {
-        eprintln!(
+        // Standard error may be a closed pipe (`2>&1 | head`): nothing to do about it then.
+        let _ = writeln!(
+            std::io::stderr(),
             "\nnote: the output stopped at -n {} tokens, before the constraint was complete: it does not match it yet (raise -n)",
             args.n_predict
         );
     }
     if context_full {
-        eprintln!(
+        let _ = writeln!(
+            std::io::stderr(),
             "\nnote: the output stopped at the end of the context ({} tokens; -c sets it)",
             engine.n_ctx()
         );
@@ -256,7 +259,8 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         0 => String::new(),
         n => format!(", {:.1} tokens/s", n as f64 / t_gen.max(1e-9)),
     };
-    eprintln!(
+    let _ = writeln!(
+        std::io::stderr(),
         "\nprompt: {} tokens{session_note}{prompt_rate} | generated: {} tokens{gen_rate}{seed_note}{spec_note}",
         prompt_ids.len(),
         ids.len(),

@@ -5,7 +5,7 @@
 //! `rope_scaling` and `rope_local_base_freq`, and version 5's `rope_parameters` (one object, or
 //! one per attention kind for Gemma 3).
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 use crate::gguf::Value as Meta;
@@ -37,7 +37,8 @@ pub struct HfConfig {
     pub n_head_kv: usize,
     pub head_dim: usize,
     pub n_ff: usize,
-    pub vocab: usize,
+    /// `None`: the embedding table's rows.
+    pub vocab: Option<usize>,
     pub tied: bool,
     /// `{arch}.…` metadata keys (without the prefix) and values.
     pub meta: Vec<(&'static str, Meta)>,
@@ -93,6 +94,46 @@ pub(super) fn token_id(v: Option<&Value>) -> Option<u32> {
         v => v.as_u64(),
     }
     .and_then(|n| u32::try_from(n).ok())
+}
+
+/// The defaults transformers' config class of `kind` (`llama`, `mistral`, `gemma3_text`) gives
+/// the settings a `config.json` leaves out (the published multimodal Gemma 3 files leave most of
+/// `text_config` out). The vocabulary size is left to the embedding table.
+fn defaults(kind: &str) -> Value {
+    match kind {
+        "gemma3_text" => json!({
+            "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+            "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072,
+            "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+            "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+            "tie_word_embeddings": true, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0
+        }),
+        "mistral" => json!({
+            "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu",
+            "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "rope_theta": 10_000.0,
+            "sliding_window": 4096, "tie_word_embeddings": false, "bos_token_id": 1,
+            "eos_token_id": 2
+        }),
+        _ => json!({
+            "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "hidden_act": "silu", "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "tie_word_embeddings": false,
+            "bos_token_id": 1, "eos_token_id": 2
+        }),
+    }
+}
+
+/// `c` over the defaults of `kind`: a key `c` has (even as `null`) is `c`'s.
+fn with_defaults(c: &Value, kind: &str) -> Value {
+    let mut merged = defaults(kind);
+    if let (Some(m), Some(c)) = (merged.as_object_mut(), c.as_object()) {
+        for (k, v) in c {
+            m.insert(k.clone(), v.clone());
+        }
+    }
+    merged
 }
 
 /// Which family `config.json` describes, and the object holding its text decoder's settings
@@ -152,6 +193,19 @@ fn rope(params: Option<&Value>, theta: Option<f32>) -> Result<(Option<f32>, Opti
 /// Reads the decoder's hyper-parameters; `top` is the whole file (for the special token ids).
 pub fn read(top: &Value) -> Result<HfConfig> {
     let (family, c) = family(top)?;
+    if top.get("quantization_config").is_some_and(|q| !q.is_null()) {
+        return Err(bad(
+            "config.json: quantization_config (a GPTQ, AWQ or bitsandbytes checkpoint), which weft does not implement: load the unquantized checkpoint, or a GGUF file",
+        ));
+    }
+    let kind = match family {
+        Family::Gemma3 => "gemma3_text",
+        Family::Llama if c.get("model_type").and_then(Value::as_str) == Some("mistral") => {
+            "mistral"
+        }
+        Family::Llama => "llama",
+    };
+    let c = &with_defaults(c, kind);
     let n_embd = int(c, "hidden_size")?;
     let n_head = int(c, "num_attention_heads")?;
     let n_head_kv = opt_int(c, "num_key_value_heads")?.unwrap_or(n_head);
@@ -223,7 +277,8 @@ pub fn read(top: &Value) -> Result<HfConfig> {
         .or_else(|| top.get("tie_word_embeddings"))
         .and_then(Value::as_bool)
         .unwrap_or(family == Family::Gemma3);
-    let pick = |key: &str| token_id(c.get(key)).or_else(|| token_id(top.get(key)));
+    // The top level's ids where the decoder's settings (or their defaults) have none.
+    let pick = |key: &str| token_id(top.get(key)).or_else(|| token_id(c.get(key)));
     Ok(HfConfig {
         family,
         n_embd,
@@ -232,7 +287,7 @@ pub fn read(top: &Value) -> Result<HfConfig> {
         n_head_kv,
         head_dim,
         n_ff: int(c, "intermediate_size")?,
-        vocab: int(c, "vocab_size")?,
+        vocab: opt_int(c, "vocab_size")?,
         tied,
         meta,
         bos: pick("bos_token_id"),
@@ -276,14 +331,19 @@ fn gemma3_checks(c: &Value, n_layers: usize, params: Option<&Value>) -> Result<(
         }
     }
     let pattern = opt_int(c, "sliding_window_pattern")?.or(opt_int(c, "_sliding_window_pattern")?);
-    if pattern.is_some_and(|p| p != 6) {
-        return Err(unsupported(format!("sliding_window_pattern {pattern:?}")));
+    if let Some(p) = pattern.filter(|&p| p != 6) {
+        return Err(unsupported(format!("sliding_window_pattern {p}")));
     }
     let local = params.and_then(|p| p.get("sliding_attention"));
     let (base, factor) = rope(local, opt_f32(c, "rope_local_base_freq")?)?;
-    if base.is_some_and(|b| b != 10_000.0) || factor.is_some() {
+    if let Some(f) = factor {
         return Err(unsupported(format!(
-            "a local RoPE base of {base:?} (scaling {factor:?}); weft's Gemma 3 uses 10000"
+            "RoPE scaling by {f} on the local layers"
+        )));
+    }
+    if let Some(b) = base.filter(|&b| b != 10_000.0) {
+        return Err(unsupported(format!(
+            "a local RoPE base of {b} (weft's Gemma 3 uses 10000)"
         )));
     }
     Ok(())

@@ -52,22 +52,35 @@ pub fn folder_of(path: &Path) -> Option<PathBuf> {
     dir.join("config.json").is_file().then(|| dir.to_path_buf())
 }
 
-/// Whether the folder's `config.json` describes a text generator (a `…ForCausalLM` or
-/// `…ForConditionalGeneration` class, or a family [`convert`] knows), rather than an encoder
-/// such as a sentence-transformers BERT. [`convert`] says which generators it cannot load.
-pub fn is_decoder(dir: &Path) -> bool {
-    let Ok(c) = read_json(&dir.join("config.json")) else {
-        return false;
-    };
-    let generator = c
-        .get("architectures")
-        .and_then(Value::as_array)
-        .is_some_and(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .any(|n| n.ends_with("ForCausalLM") || n.ends_with("ForConditionalGeneration"))
-        });
-    generator || config::family(&c).is_ok()
+/// The `model_type`s of encoder families (the sentence-transformers models; weft's `Embedder`
+/// runs BERT): a folder of one is not a generator to convert.
+const ENCODER_TYPES: [&str; 11] = [
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "mpnet",
+    "electra",
+    "albert",
+    "camembert",
+    "deberta",
+    "deberta-v2",
+    "nomic_bert",
+];
+
+/// Whether the folder holds an encoder rather than a generator: a sentence-transformers folder
+/// (`modules.json`), or a `config.json` of an encoder family. A folder whose `config.json`
+/// cannot be read is not one: [`convert`] says what is wrong with it.
+pub fn is_encoder(dir: &Path) -> bool {
+    if dir.join("modules.json").is_file() || dir.join("config_sentence_transformers.json").is_file()
+    {
+        return true;
+    }
+    read_json(&dir.join("config.json")).is_ok_and(|c| {
+        c.get("model_type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| ENCODER_TYPES.contains(&t))
+    })
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
@@ -362,14 +375,16 @@ impl<'a> Tensors<'a> {
         let p = self.prefix;
         let (qd, kvd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         let gemma = c.family == Family::Gemma3;
-        self.matrix(
-            w,
-            &format!("{p}embed_tokens.weight"),
-            "token_embd.weight",
-            c.vocab,
-            c.n_embd,
-            None,
-        )?;
+        let embd = format!("{p}embed_tokens.weight");
+        let vocab = match c.vocab {
+            Some(v) => v,
+            None => self
+                .by_name
+                .get(&embd)
+                .and_then(|(_, s)| s.first().copied())
+                .unwrap_or(0),
+        };
+        self.matrix(w, &embd, "token_embd.weight", vocab, c.n_embd, None)?;
         self.norm(
             w,
             &format!("{p}norm.weight"),
@@ -381,7 +396,7 @@ impl<'a> Tensors<'a> {
             .into_iter()
             .find(|n| self.by_name.contains_key(*n));
         if let (false, Some(head)) = (c.tied, head) {
-            self.matrix(w, head, "output.weight", c.vocab, c.n_embd, None)?;
+            self.matrix(w, head, "output.weight", vocab, c.n_embd, None)?;
         }
         for i in 0..c.n_layers {
             let hf = |s: &str| format!("{p}layers.{i}.{s}.weight");

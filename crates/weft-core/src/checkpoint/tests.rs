@@ -382,7 +382,14 @@ fn what_weft_does_not_implement_is_refused_by_name() {
     let mut local = gemma_text_config();
     local["rope_parameters"]["sliding_attention"]["rope_theta"] = json!(2e4);
     let e = refusal(local, Some(gemma_tensors("model.")));
-    assert!(e.contains("local RoPE base"), "{e}");
+    assert!(e.contains("a local RoPE base of 20000 "), "{e}");
+    let quantized = with(
+        llama_config(),
+        "quantization_config",
+        json!({"quant_method": "gptq"}),
+    );
+    let e = refusal(quantized, None);
+    assert!(e.contains("quantization_config"), "{e}");
     let e = refusal(with(llama_config(), "num_hidden_layers", json!(0)), None);
     assert!(e.contains("num_hidden_layers"), "{e}");
 }
@@ -428,29 +435,77 @@ fn broken_checkpoints_are_errors_that_say_what_is_wrong() {
 }
 
 #[test]
-fn only_generator_folders_are_decoders() {
+fn only_encoder_folders_are_left_to_the_embedder() {
     let llama = folder(&llama_config(), &llama_tensors(), Dtype::F32);
-    assert!(is_decoder(llama.path()));
+    assert!(!is_encoder(llama.path()));
     assert_eq!(
         folder_of(&llama.path().join("model.safetensors")).as_deref(),
         Some(llama.path())
     );
+    // A generator weft cannot load, or a config.json it cannot read, is for `convert` to
+    // refuse with its reason, not an encoder.
     let qwen = folder(
-        &json!({"architectures": ["Qwen2ForCausalLM"]}),
+        &json!({"model_type": "qwen2"}),
         &llama_tensors(),
         Dtype::F32,
     );
-    assert!(
-        is_decoder(qwen.path()),
-        "a generator weft cannot load is still one (its error says why)"
-    );
+    assert!(!is_encoder(qwen.path()));
+    std::fs::write(qwen.path().join("config.json"), "{ not json").unwrap();
+    assert!(!is_encoder(qwen.path()));
     let bert = folder(
         &json!({"architectures": ["BertModel"], "model_type": "bert"}),
         &llama_tensors(),
         Dtype::F32,
     );
-    assert!(!is_decoder(bert.path()));
+    assert!(is_encoder(bert.path()));
+    let st = folder(
+        &json!({"model_type": "unknown"}),
+        &llama_tensors(),
+        Dtype::F32,
+    );
+    std::fs::write(st.path().join("modules.json"), "[]").unwrap();
+    assert!(is_encoder(st.path()), "a sentence-transformers folder");
     assert_eq!(folder_of(Path::new("/no/such/model.gguf")), None);
+}
+
+#[test]
+fn settings_a_config_leaves_out_are_transformers_defaults() {
+    // The published multimodal Gemma 3 configs name only a few settings of text_config:
+    // transformers' Gemma3TextConfig gives the rest (8 heads, 4 KV heads, head size 256, …),
+    // and the vocabulary is the embedding table's.
+    let text = json!({"hidden_size": HIDDEN, "intermediate_size": FF, "num_hidden_layers": 1,
+                      "num_attention_heads": HEADS, "num_key_value_heads": 1,
+                      "head_dim": HEAD_DIM, "sliding_window": 128});
+    let sparse = json!({"architectures": ["Gemma3ForConditionalGeneration"], "text_config": text});
+    let dir = folder(&sparse, &gemma_tensors("language_model.model."), Dtype::F32);
+    let file = GgufFile::from_bytes(convert(dir.path(), WeightType::Q8_0).unwrap()).unwrap();
+    assert_eq!(file.opt_f64("gemma3.rope.freq_base").unwrap(), Some(1e6));
+    assert_eq!(file.get_u64("gemma3.context_length").unwrap(), 131_072);
+    assert_eq!(
+        file.tensor("token_embd.weight").unwrap().shape,
+        vec![HIDDEN as u64, VOCAB as u64]
+    );
+    let scale = file.opt_f64("gemma3.attention.scale").unwrap().unwrap();
+    assert!((scale - 1.0 / 16.0).abs() < 1e-6, "1/sqrt(256): {scale}");
+    // Without head_dim, 256 (not hidden / heads = 32): the q_proj of 64 rows no longer fits.
+    let mut no_head_dim = sparse.clone();
+    no_head_dim["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("head_dim");
+    let e = refusal(no_head_dim, Some(gemma_tensors("language_model.model.")));
+    assert!(e.contains("q_proj") && e.contains("[512, 64]"), "{e}");
+    // A Mistral config without sliding_window has transformers' 4096: refused.
+    let mut mistral = with(llama_config(), "model_type", json!("mistral"));
+    mistral["architectures"] = json!(["MistralForCausalLM"]);
+    let e = refusal(mistral.clone(), None);
+    assert!(e.contains("sliding window"), "{e}");
+    let ok = folder(
+        &with(mistral, "sliding_window", Value::Null),
+        &llama_tensors(),
+        Dtype::F32,
+    );
+    assert!(convert(ok.path(), WeightType::Q8_0).is_ok());
 }
 
 #[test]
