@@ -14,7 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn library() -> Result<(), Box<dyn std::error::Error>> {
     use weft::{Engine, Sampler, Entropy};
 
-    let engine = Engine::load("smollm2-135m")?;          // or a GGUF path; one scheduler thread
+    let engine = Engine::load("smollm2-135m")?;  // or a GGUF path / checkpoint folder; one scheduler thread
     let mut ctx = engine.context();                       // one sequence in the paged KV cache
     ctx.fill("The capital of France is")?;                // pending until the next pass
 

@@ -121,8 +121,8 @@ impl TensorFile {
         self.f32_rows(tensor, shape, 0..rows)
     }
 
-    /// [`TensorFile::f32`] of the outermost rows `rows` only (all of a 1-D or 0-D tensor's
-    /// values when `rows` is `0..1`), so a large matrix can be converted a slice at a time.
+    /// [`TensorFile::f32`] of the outermost rows `rows` only (a 1-D tensor's rows are its
+    /// values; a 0-D tensor has one), so a large matrix can be converted a slice at a time.
     pub fn f32_rows(&self, tensor: &str, shape: &[usize], rows: Range<usize>) -> Result<Vec<f32>> {
         let bad = |reason: String| Error::BadModel {
             reason: format!("{}: {reason}", self.name),
