@@ -235,17 +235,7 @@ impl GgufFile {
             if start < base || start + bytes.len() > base + map.len() || bytes.is_empty() {
                 return;
             }
-            // SAFETY: the mapping is read-only (shared, never written), so MADV_DONTNEED only
-            // unmaps clean file pages from this process; a later access maps them in again
-            // from the page cache with the same contents (the assumption `Mmap::map` already
-            // makes: nobody rewrites the file). No reference into the range is invalidated.
-            let _ = unsafe {
-                map.unchecked_advise_range(
-                    memmap2::UncheckedAdvice::DontNeed,
-                    start - base,
-                    bytes.len(),
-                )
-            };
+            release_pages(map, start - base, bytes.len());
         }
         #[cfg(not(unix))]
         let _ = bytes;
@@ -260,4 +250,15 @@ impl GgufFile {
     pub fn file_size(&self) -> u64 {
         self.storage.bytes().len() as u64
     }
+}
+
+/// Drops the pages of `map[offset..offset + len]` from the process's resident set: the one
+/// place model readers (GGUF files, safetensors files) give back pages they copied from.
+#[cfg(unix)]
+pub(crate) fn release_pages(map: &memmap2::Mmap, offset: usize, len: usize) {
+    // SAFETY: the mapping is read-only (shared, never written), so MADV_DONTNEED only unmaps
+    // clean file pages from this process; a later access maps them in again from the page
+    // cache with the same contents (the assumption `Mmap::map` already makes: nobody rewrites
+    // the file). No reference into the range is invalidated.
+    let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
 }

@@ -11,6 +11,8 @@ mod value;
 mod writer;
 
 pub use dtype::{GgmlType, QK_K};
+#[cfg(unix)]
+pub(crate) use file::release_pages;
 pub use file::GgufFile;
 pub use reader::{TensorInfo, DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS};
 pub use value::{Array, Value};

@@ -158,17 +158,7 @@ impl TensorFile {
     fn release(&self, range: Range<usize>) {
         #[cfg(unix)]
         if let (Bytes::Mapped(map), false) = (&self.bytes, range.is_empty()) {
-            // SAFETY: the mapping is read-only and private to this struct, so MADV_DONTNEED
-            // only unmaps clean file pages; a later read maps them in again with the same
-            // contents (the assumption `Mmap::map` already makes: nobody rewrites the file).
-            // No reference into the range outlives the copy made above.
-            let _ = unsafe {
-                map.unchecked_advise_range(
-                    memmap2::UncheckedAdvice::DontNeed,
-                    range.start,
-                    range.len(),
-                )
-            };
+            crate::gguf::release_pages(map, range.start, range.len());
         }
         #[cfg(not(unix))]
         let _ = range;
