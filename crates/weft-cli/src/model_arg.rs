@@ -24,8 +24,7 @@ pub struct ModelArg {
 impl ModelArg {
     /// The model's local path, fetching a known model if it is not cached yet.
     pub fn path(&self) -> anyhow::Result<PathBuf> {
-        let hub = Hub::from_env()?;
-        Ok(hub.resolve(&self.model, &mut Bar::default())?)
+        Ok(Hub::resolve_from_env(&self.model, &mut Bar::default())?)
     }
 
     /// Opens the model file.

@@ -1060,3 +1060,30 @@ fn a_closed_standard_error_ends_run_quietly() {
     let status = child.wait().expect("wait for weft");
     assert_eq!(status.code(), Some(0));
 }
+
+/// A model given by path needs no cache: with neither `$HOME` nor `$WEFT_HOME` set (a service
+/// account, `env -i`), `-m FILE` runs, and only a model name asks for the cache directory.
+#[test]
+fn a_model_path_runs_without_a_home_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_llama_file(dir.path());
+    let homeless = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(args)
+            .env_remove("HOME")
+            .env_remove("WEFT_HOME")
+            .output()
+            .expect("run weft")
+    };
+    let m = model.to_str().expect("utf-8 path");
+    let out = homeless(&["run", "-m", m, "-n", "4", "--temp", "0", "a b"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = homeless(&["run", "-m", "smollm2-135m", "-n", "4", "a b"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("set WEFT_HOME"), "{stderr}");
+}

@@ -80,11 +80,23 @@ impl Hub {
         }
     }
 
+    /// [`resolve`](Hub::resolve) in the cache of [`Hub::from_env`], which only a known name
+    /// needs: a local path resolves even when neither `$WEFT_HOME` nor `$HOME` is set.
+    pub fn resolve_from_env(
+        name_or_path: &str,
+        progress: &mut dyn Progress,
+    ) -> Result<PathBuf, HubError> {
+        match Self::locate(name_or_path)? {
+            Located::Local(path) => Ok(path),
+            Located::Known(spec) => Hub::from_env()?.pull(spec, progress),
+        }
+    }
+
     /// Whether [`resolve`](Hub::resolve) can give a model for `name_or_path`, without fetching
     /// anything: its error for an unknown name or a folder that holds no model, `Ok` for a
     /// local model or a known name (whose fetch may still fail). A server checks its
     /// arguments with it before it listens, and loads in the background after.
-    pub fn check(&self, name_or_path: &str) -> Result<(), HubError> {
+    pub fn check(name_or_path: &str) -> Result<(), HubError> {
         Self::locate(name_or_path).map(|_| ())
     }
 

@@ -11,7 +11,7 @@ use crate::errors::{to_py, ConfigError, IntoPyResult};
 
 /// The model path for a known name or a file path, fetched into the cache on first use.
 fn resolve(model: &str) -> weft::Result<std::path::PathBuf> {
-    Ok(weft::Hub::from_env()?.resolve(model, &mut weft::NoProgress)?)
+    Ok(weft::Hub::resolve_from_env(model, &mut weft::NoProgress)?)
 }
 
 /// The engine's configuration; 0 threads, KV tokens or context positions are refused (they

@@ -103,7 +103,7 @@ impl Embedder {
     /// Loads a known encoder by name (fetched into the cache on first use, see [`Hub`]), or a
     /// model folder / its `model.safetensors` by path, with the default configuration.
     pub fn load(model: &str) -> Result<Embedder> {
-        let path = Hub::from_env()?.resolve(model, &mut NoProgress)?;
+        let path = Hub::resolve_from_env(model, &mut NoProgress)?;
         Embedder::open(&path, EmbedderConfig::default())
     }
 

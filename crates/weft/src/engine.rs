@@ -229,7 +229,7 @@ impl Engine {
     /// GGUF file or Hugging Face checkpoint folder by path (see [`Engine::open`]), with the
     /// default configuration.
     pub fn load(model: &str) -> Result<Engine> {
-        let path = Hub::from_env()?.resolve(model, &mut NoProgress)?;
+        let path = Hub::resolve_from_env(model, &mut NoProgress)?;
         Engine::open(&path, EngineConfig::default())
     }
 

@@ -95,11 +95,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // Names and paths are checked before the port opens; fetching and loading happen after,
     // while `/health` answers "loading".
-    let hub = weft::Hub::from_env()?;
-    hub.check(&args.model.model)?;
+    weft::Hub::check(&args.model.model)?;
     if let Some(name) = &args.embedding_model {
-        hub.check(name)
-            .with_context(|| format!("--embedding-model {name}"))?;
+        weft::Hub::check(name).with_context(|| format!("--embedding-model {name}"))?;
     }
     for (name, path) in &args.lora {
         anyhow::ensure!(
@@ -141,7 +139,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || {
             let loaded = model.path().and_then(|path| {
                 if let Some(name) = &embedding {
-                    let path = weft::Hub::from_env()?.resolve(name, &mut Bar::default())?;
+                    let path = weft::Hub::resolve_from_env(name, &mut Bar::default())?;
                     let embedder = weft::open_embedding_model(&path, engine_cfg.clone())
                         .with_context(|| {
                             format!("cannot load embedding model {}", path.display())
