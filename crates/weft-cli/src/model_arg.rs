@@ -34,10 +34,16 @@ impl ModelArg {
 
     /// Opens the model file at an already resolved `path`.
     pub fn open_path(&self, path: &Path) -> anyhow::Result<GgufFile> {
+        Ok(self.open_path_from(path)?.0)
+    }
+
+    /// Opens the model at an already resolved `path`, and names the file it is mapped from:
+    /// `path` itself for a GGUF file, the cached conversion of a checkpoint folder, or `None`
+    /// when the conversion is held in memory.
+    pub fn open_path_from(&self, path: &Path) -> anyhow::Result<(GgufFile, Option<PathBuf>)> {
         weft::ensure_decoder(path)?;
-        let (file, _) = weft::open_model(path, self.weights)
-            .with_context(|| format!("cannot load model {}", path.display()))?;
-        Ok(file)
+        weft::open_model(path, self.weights)
+            .with_context(|| format!("cannot load model {}", path.display()))
     }
 }
 

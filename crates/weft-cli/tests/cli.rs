@@ -343,6 +343,27 @@ fn a_checkpoint_folder_is_converted_once_and_again_when_it_changes() {
     let again = converted();
     assert_eq!(again.len(), 1, "the older conversion is removed: {again:?}");
     assert_ne!(again[0].0, cached[0].0);
+    // `weft inspect` names the cached file it describes, and the tokenizer.json it carries.
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .arg("inspect")
+        .arg("-m")
+        .arg(folder.path())
+        .env("WEFT_HOME", home.path())
+        .output()
+        .expect("run weft inspect");
+    let report = String::from_utf8_lossy(&out.stdout);
+    let first_line = format!(
+        "file: {}, converted to {} (",
+        folder.path().display(),
+        again[0].0.display()
+    );
+    assert!(report.starts_with(&first_line), "{report}");
+    assert!(
+        report.contains(
+            "model tokenizer.json (Hugging Face), pre-tokenizer from tokenizer.json, 49152 tokens"
+        ),
+        "{report}"
+    );
 }
 
 /// `weft run --json` output as (prompt ids, generated ids).

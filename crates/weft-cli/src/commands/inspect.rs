@@ -19,8 +19,14 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = args.model.path()?;
-    let file = args.model.open_path(&path)?;
-    print!("{}", report(&file, &path.display().to_string(), args.all));
+    let (file, mapped) = args.model.open_path_from(&path)?;
+    let mut shown = path.display().to_string();
+    if mapped.as_deref() != Some(path.as_path()) {
+        // A checkpoint folder: what follows describes its conversion.
+        let at = mapped.map_or("memory".to_string(), |m| m.display().to_string());
+        shown = format!("{shown}, converted to {at}");
+    }
+    print!("{}", report(&file, &shown, args.all));
     Ok(())
 }
 
@@ -50,16 +56,25 @@ fn report(file: &GgufFile, path: &str, all: bool) -> String {
     }
 
     let _ = writeln!(out, "\ntokenizer:");
+    let hf_json = file.get("tokenizer.huggingface.json").is_some();
     let model = file
         .opt_str("tokenizer.ggml.model")
         .ok()
         .flatten()
-        .unwrap_or("(none)");
+        .unwrap_or(if hf_json {
+            "tokenizer.json (Hugging Face)"
+        } else {
+            "(none)"
+        });
     let pre = file
         .opt_str("tokenizer.ggml.pre")
         .ok()
         .flatten()
-        .unwrap_or("default");
+        .unwrap_or(if hf_json {
+            "from tokenizer.json"
+        } else {
+            "default"
+        });
     let merges = match file.get("tokenizer.ggml.merges") {
         Some(Value::Array(a)) => format!(", {} merges", a.len()),
         _ => String::new(),
@@ -101,10 +116,12 @@ fn report(file: &GgufFile, path: &str, all: bool) -> String {
             let _ = writeln!(out, "    {line}");
         }
     }
-    if !matches!(
-        file.get("tokenizer.ggml.tokens"),
-        Some(Value::Array(Array::String(_)))
-    ) {
+    if !hf_json
+        && !matches!(
+            file.get("tokenizer.ggml.tokens"),
+            Some(Value::Array(Array::String(_)))
+        )
+    {
         let _ = writeln!(out, "  (no vocabulary in file)");
     }
 
