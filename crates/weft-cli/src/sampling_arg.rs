@@ -1,6 +1,7 @@
 //! The sampling options shared by `weft run` and `weft chat`: `--temp`, `--seed`, `--top-k`,
 //! `--top-p`, `--min-p`, `--repeat-penalty`. Every filter defaults to off, so the default is
-//! plain sampling at temperature 0.8.
+//! plain sampling at temperature 0.8. A negative value given as its own argument (`--temp -1`)
+//! reaches the range checks, which say what is wrong, instead of being taken for an option.
 
 use weft::{Penalties, Sampler};
 
@@ -8,24 +9,44 @@ use weft::{Penalties, Sampler};
 #[derive(Debug, Clone, clap::Args)]
 pub struct SamplingArg {
     /// Sampling temperature (≥ 0); 0 picks the most likely token every step.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temp: f32,
     /// Random seed (default: from the clock). Unused when sampling is greedy (`--temp 0`).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Sample among the K most likely tokens only (0: off).
-    #[arg(long, value_name = "K", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "K",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
     pub top_k: usize,
     /// Sample among the smallest set of most likely tokens whose probability reaches P
     /// (1: off).
-    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub top_p: f32,
     /// Drop the tokens whose probability is below P times the most likely token's (0: off).
-    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     pub min_p: f32,
     /// Penalize the tokens among the last 64 as llama.cpp's `--repeat-penalty` does (above 1
     /// repeats less; 1: off).
-    #[arg(long, value_name = "PENALTY", default_value_t = 1.0)]
+    #[arg(
+        long,
+        value_name = "PENALTY",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub repeat_penalty: f32,
 }
 

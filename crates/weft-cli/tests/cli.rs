@@ -1108,3 +1108,19 @@ fn a_model_path_runs_without_a_home_directory() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("set WEFT_HOME"), "{stderr}");
 }
+
+/// A negative number given as its own argument reaches the option's range check (it was taken
+/// for an unknown option: "unexpected argument '-1' found").
+#[test]
+fn a_negative_sampling_value_gets_its_range_error() {
+    for (flag, message) in [
+        ("--temp", "temperature must be a finite number >= 0, got -1"),
+        ("--top-p", "top-p must be in (0, 1], got -1"),
+        ("--min-p", "min-p must be in [0, 1], got -1"),
+    ] {
+        let out = weft(&["run", "-n", "1", flag, "-1", "Hello"], "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag}: {stderr}");
+        assert!(stderr.contains(message), "{flag}: {stderr}");
+    }
+}
