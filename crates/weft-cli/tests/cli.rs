@@ -143,6 +143,11 @@ fn serve_refuses_settings_that_would_lock_out_every_request() {
             &["--lora", "a=/no/such/adapter.gguf"][..],
             "cannot load adapter a=/no/such/adapter.gguf: no such file",
         ),
+        // An encoder is no chat model: the error names the option it belongs to.
+        (
+            &["-m", "minilm"][..],
+            "serve it beside a chat model with `--embedding-model minilm`",
+        ),
     ] {
         let out = weft(&[&["serve", "--port", "0"][..], args].concat(), "");
         let stderr = String::from_utf8_lossy(&out.stderr);

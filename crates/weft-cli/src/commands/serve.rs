@@ -96,6 +96,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Names and paths are checked before the port opens; fetching and loading happen after,
     // while `/health` answers "loading".
     weft::Hub::check(&args.model.model)?;
+    let name = &args.model.model;
+    let encoder = match weft::hub::find(name) {
+        Some(spec) => spec.is_encoder(),
+        None => weft::checkpoint::folder_of(std::path::Path::new(name))
+            .is_some_and(|dir| weft::checkpoint::is_encoder(&dir)),
+    };
+    anyhow::ensure!(
+        !encoder,
+        "{name} is an encoder model, which embeds text but does not generate it: serve it beside a chat model with `--embedding-model {name}`"
+    );
     if let Some(name) = &args.embedding_model {
         weft::Hub::check(name).with_context(|| format!("--embedding-model {name}"))?;
     }
