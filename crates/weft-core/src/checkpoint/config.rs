@@ -190,6 +190,27 @@ fn rope(params: Option<&Value>, theta: Option<f32>) -> Result<(Option<f32>, Opti
     }
 }
 
+/// The RoPE of version 5's `params` or, without it, of version 4's `scaling`. A file that
+/// carries both is read by both: a scaling weft does not implement in either is refused, and
+/// so are two that disagree.
+fn rope_of(
+    params: Option<&Value>,
+    scaling: Option<&Value>,
+    theta: Option<f32>,
+) -> Result<(Option<f32>, Option<f32>)> {
+    let legacy = rope(scaling, theta)?;
+    let Some(params) = params.filter(|p| !p.is_null()) else {
+        return Ok(legacy);
+    };
+    let current = rope(Some(params), theta)?;
+    if scaling.is_some_and(|s| !s.is_null()) && legacy.1 != current.1 {
+        return Err(bad(
+            "config.json: rope_parameters and rope_scaling give two different RoPE scalings",
+        ));
+    }
+    Ok(current)
+}
+
 /// Reads the decoder's hyper-parameters; `top` is the whole file (for the special token ids).
 pub fn read(top: &Value) -> Result<HfConfig> {
     let (family, c) = family(top)?;
@@ -252,7 +273,7 @@ pub fn read(top: &Value) -> Result<HfConfig> {
                 ));
             }
             meta.push(("rope.dimension_count", Meta::U32(head_dim as u32)));
-            rope(params.or(c.get("rope_scaling")), theta)?
+            rope_of(params, c.get("rope_scaling"), theta)?
         }
         Family::Gemma3 => {
             gemma3_checks(c, n_layers, params)?;
@@ -262,7 +283,7 @@ pub fn read(top: &Value) -> Result<HfConfig> {
             let scalar = opt_f32(c, "query_pre_attn_scalar")?.unwrap_or(head_dim as f32);
             meta.push(("attention.scale", Meta::F32(1.0 / scalar.sqrt())));
             let global = params.and_then(|p| p.get("full_attention")).or(params);
-            rope(global.or(c.get("rope_scaling")), theta)?
+            rope_of(global, c.get("rope_scaling"), theta)?
         }
     };
     if let Some(base) = base {

@@ -361,6 +361,21 @@ fn what_weft_does_not_implement_is_refused_by_name() {
         None,
     );
     assert!(e.contains("RoPE scaling \"llama3\""), "{e}");
+    // Version 5's rope_parameters beside version 4's rope_scaling: both are read.
+    let both = |params, scaling| {
+        let config = with(llama_config(), "rope_parameters", params);
+        refusal(with(config, "rope_scaling", scaling), None)
+    };
+    let e = both(
+        json!({"rope_type": "default", "rope_theta": 1e4}),
+        json!({"type": "yarn", "factor": 4.0}),
+    );
+    assert!(e.contains("RoPE scaling \"yarn\""), "{e}");
+    let e = both(
+        json!({"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
+        json!({"type": "linear", "factor": 4.0}),
+    );
+    assert!(e.contains("two different RoPE scalings"), "{e}");
     let e = refusal(with(llama_config(), "hidden_act", json!("gelu")), None);
     assert!(e.contains("hidden_act"), "{e}");
     let e = refusal(with(llama_config(), "attention_bias", json!(true)), None);
