@@ -214,6 +214,8 @@ impl Context {
         self.with(|c| Ok(c.pending().to_vec()))
     }
 
+    /// Tokens already run (in the KV cache), as `len(ctx.tokens)`; tokens filled but not
+    /// run yet (`ctx.pending`) count once a generation or a `ctx.forward()` pass has run them.
     fn __len__(&self) -> PyResult<usize> {
         self.with(|c| Ok(c.len()))
     }

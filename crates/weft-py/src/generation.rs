@@ -460,7 +460,8 @@ impl Generation {
         }
     }
 
-    /// Runs to the end; the whole output text (cut before a stop string).
+    /// Runs to the end; the whole output text (cut before a stop string), the deltas already
+    /// taken by iterating included.
     fn text(&self, py: Python<'_>) -> PyResult<String> {
         self.drain_blocking(py)?;
         Ok(self.handle.progress().text.clone())

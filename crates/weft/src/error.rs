@@ -63,7 +63,7 @@ pub enum Error {
     #[error("the logit mask allows no token (or every token's logit is -inf after the biases)")]
     NothingAllowed,
     /// The truncation length is longer than the context.
-    #[error("cannot truncate a context of {len} tokens to {n}")]
+    #[error("cannot truncate a context of {len} tokens to {n} (tokens filled but not run yet do not count)")]
     TruncateTooLong { n: usize, len: usize },
     /// Generator options that cannot be used together.
     #[error("{0}")]

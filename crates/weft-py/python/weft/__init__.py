@@ -1,4 +1,4 @@
-"""weft: a fast, CPU-first, programmable LLM inference engine.
+r"""weft: a fast, CPU-first, programmable LLM inference engine.
 
 Load a model into an :class:`Engine`, make :class:`Context` objects on it and drive them with
 ``ctx.generate(...)`` (an iterator, sync and async, of text deltas) or ``ctx.forward()`` (one

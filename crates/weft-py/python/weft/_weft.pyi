@@ -176,6 +176,12 @@ class Engine:
     ``model`` is a known name (``"smollm2-135m"``, ``"gemma3-270m"``; fetched on first use), a GGUF path,
     or a Hugging Face checkpoint folder (Llama or Gemma 3 safetensors with ``config.json`` and
     ``tokenizer.json``), whose matrices are stored as ``weights`` (``"q8_0"``, ``"f16"`` or ``"f32"``).
+    ``threads``: threads of the forward pass (default: the machine's cores). ``kv_tokens``: the KV
+    cache's capacity in tokens, shared by every context (default 16384). ``n_ctx``: the longest one
+    context may grow (default: the model's training context, at most ``kv_tokens``; a larger value
+    enlarges the cache). ``kv_type``: ``"f16"`` or ``"q8_0"`` (half the KV memory).
+    ``prefix_cache``: contexts that start alike share their full KV pages (outputs unchanged).
+    ``resident_layers``: keep at most that many blocks in memory (slower; for large models).
     """
     def __new__(
         cls,
@@ -265,7 +271,8 @@ class Context:
     @property
     def pending(self) -> List[int]:
         """Tokens filled but not run yet."""
-    def __len__(self) -> int: ...
+    def __len__(self) -> int:
+        """Tokens already run, as ``len(ctx.tokens)``; ``ctx.pending`` counts once a pass runs it."""
     def generate(
         self,
         sampler: Optional[Sampler] = None,
@@ -304,7 +311,8 @@ class Generation(Iterator[str], AsyncIterator[str]):
     def __next__(self) -> str: ...
     def __aiter__(self) -> Generation: ...
     def __anext__(self) -> Awaitable[str]: ...
-    def text(self) -> str: ...
+    def text(self) -> str:
+        """Runs to the end; the whole output text, the deltas already iterated included."""
     def tokens(self) -> List[int]: ...
     def json(self) -> Any: ...
     def atext(self) -> Coroutine[Any, Any, str]: ...

@@ -1,5 +1,5 @@
-"""The package as a user meets it: the README's example runs, and the type stubs match the
-native module and type-check that example."""
+"""The package as a user meets it: the README's Python block and its runnable version run, and
+the type stubs match the native module and type-check that example."""
 
 import pathlib
 import subprocess
@@ -18,6 +18,18 @@ def test_the_readme_example_runs():
     lines = r.stdout.splitlines()
     assert any("'name'" in line and "'country'" in line for line in lines), r.stdout
     assert any(line.startswith(" Paris entropy") for line in lines), r.stdout
+
+
+def test_the_readme_python_block_runs_as_written():
+    readme = (pathlib.Path(__file__).resolve().parents[4] / "README.md").read_text()
+    blocks = [b.split("```")[0] for b in readme.split("```python\n")[1:]]
+    block = next(b for b in blocks if "import weft" in b)
+    r = run("-c", block)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    # The streamed reply ends its own line: the JSON object's dict starts the next one.
+    assert any(line.startswith("{'name': ") for line in lines), r.stdout
+    assert lines[-1].strip(), r.stdout
 
 
 def test_stubs_match_the_native_module():
