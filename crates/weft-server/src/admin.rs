@@ -32,8 +32,8 @@ pub async fn model(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let list = model_list(&state);
-    // A known model answers to its alias too, as it does in requests.
-    let id = crate::state::canonical(&id).to_string();
+    // A known model answers to its alias too (`alias`, `alias:ADAPTER`), as it does in requests.
+    let id = state.reported_model(Some(id));
     match list.iter().find(|m| m["id"] == id.as_str()) {
         Some(m) => Ok(Json(m.clone())),
         None => {

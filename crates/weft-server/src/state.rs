@@ -154,17 +154,28 @@ impl State {
             })
     }
 
+    /// The adapter name in `asked` when it names one as `BASE:NAME` (the base model by its
+    /// served id or an alias), else `asked` itself.
+    fn adapter_part<'a>(&self, asked: &'a str) -> &'a str {
+        let base = self.config.model_id.as_str();
+        if let Some(name) = asked.strip_prefix(base).and_then(|r| r.strip_prefix(':')) {
+            return name;
+        }
+        match asked.split_once(':') {
+            Some((alias, name)) if canonical(alias) == base => name,
+            _ => asked,
+        }
+    }
+
     /// Checks a request's `model` field: absent or the served id (the base model), or an
-    /// adapter as `BASE:NAME` (vLLM's convention) or `NAME`, which is returned.
+    /// adapter as `BASE:NAME` (vLLM's convention; `BASE` may be an alias) or `NAME`, which is
+    /// returned.
     pub fn check_model(&self, asked: Option<&str>) -> Result<Option<Adapter>, ApiError> {
         let Some(m) = asked else { return Ok(None) };
         if canonical(m) == self.config.model_id {
             return Ok(None);
         }
-        let name = m
-            .strip_prefix(self.config.model_id.as_str())
-            .and_then(|rest| rest.strip_prefix(':'))
-            .unwrap_or(m);
+        let name = self.adapter_part(m);
         match self.adapters().iter().find(|(n, _)| n == name) {
             Some((_, a)) => Ok(Some(a.clone())),
             None if self.embedding_id() == Some(canonical(m)) => {
@@ -175,12 +186,21 @@ impl State {
     }
 
     /// The model id a response reports for a request that asked for `asked`: the id asked
-    /// for (an adapter's, as vLLM answers), the base model's under its own name rather than an
-    /// alias.
+    /// for (an adapter's `NAME` or `BASE:NAME`, as vLLM answers), the base model's under its
+    /// own name rather than an alias (`alias:NAME` is reported as `BASE:NAME`).
     pub fn reported_model(&self, asked: Option<String>) -> String {
+        let base = &self.config.model_id;
         match asked {
-            Some(m) if canonical(&m) != self.config.model_id => m,
-            _ => self.config.model_id.clone(),
+            Some(m) if canonical(&m) == base => base.clone(),
+            Some(m) => {
+                let name = self.adapter_part(&m);
+                if name.len() < m.len() {
+                    format!("{base}:{name}")
+                } else {
+                    m
+                }
+            }
+            None => base.clone(),
         }
     }
 

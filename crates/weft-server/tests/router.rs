@@ -403,11 +403,17 @@ fn an_adapter_is_chosen_by_model_name_and_listed() {
         assert_eq!(v["data"][1]["parent"], "smollm2-135m");
         assert_eq!(v["data"][0]["meta"]["architecture"], "llama");
         // One model by id, as the OpenAI client's `models.retrieve` asks.
-        for (i, id) in ["smollm2-135m", "smollm2-135m:weaver"].iter().enumerate() {
+        let ids = [
+            "smollm2-135m",
+            "smollm2-135m:weaver",
+            "smollm2",
+            "smollm2:weaver",
+        ];
+        for (i, id) in ids.iter().enumerate() {
             let (st, body) = call(&s, "GET", &format!("/v1/models/{id}"), "").await;
             assert_eq!(st, StatusCode::OK, "{id}");
             let one: Value = serde_json::from_slice(&body).expect("json");
-            assert_eq!(one["id"], v["data"][i]["id"]);
+            assert_eq!(one["id"], v["data"][i % 2]["id"]);
         }
         let (st, body) = call(&s, "GET", "/v1/models/nope", "").await;
         assert_eq!(st, StatusCode::NOT_FOUND);
@@ -419,6 +425,7 @@ fn an_adapter_is_chosen_by_model_name_and_listed() {
             ("smollm2-135m", &base),
             // The registry's alias names the same model.
             ("smollm2", &base),
+            ("smollm2:weaver", &adapted),
         ] {
             let body = json!({"model": model, "prompt": "The history of weaving",
                 "max_tokens": 16, "temperature": 0});
@@ -430,10 +437,11 @@ fn an_adapter_is_chosen_by_model_name_and_listed() {
                 "{model}"
             );
             // Adapters answer under the name asked; the base model under its own name.
+            let reported = model.replace("smollm2:", "smollm2-135m:");
             let reported = if model == "smollm2" {
                 "smollm2-135m"
             } else {
-                model
+                &reported
             };
             assert_eq!(v["model"], reported);
         }
