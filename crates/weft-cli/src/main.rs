@@ -28,7 +28,8 @@ enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming,
     /// structured output, tools, metrics).
     Serve(commands::serve::Args),
-    /// Embed text: one JSON vector per input line (pooled final-norm hidden states).
+    /// Embed text: one JSON vector per input line, from a sentence-embedding encoder
+    /// (all-minilm-l6-v2, a sentence-transformers folder) or a decoder's pooled hidden states.
     Embed(commands::embed::Args),
     /// Measure prefill and decode speed (like llama-bench and llama-batched-bench).
     Bench(commands::bench::Args),
