@@ -47,6 +47,29 @@ fn tokenize_prints_llama_cpp_ids_as_json() {
     }
 }
 
+/// An encoder's tokenizer too: `weft tokenize -m all-minilm-l6-v2` gives the ids
+/// sentence-transformers gave for the reference cases (`[CLS]` … `[SEP]`).
+#[test]
+fn tokenize_takes_an_encoder_and_gives_sentence_transformers_ids() {
+    let text = std::fs::read_to_string(reference_dir().join("minilm.json")).expect("minilm.json");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let cases = json["cases"].as_array().expect("cases");
+    assert!(!cases.is_empty());
+    for case in cases {
+        let out = weft(
+            &["tokenize", "-m", "all-minilm-l6-v2"],
+            case["text"].as_str().expect("text"),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ids: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON array");
+        assert_eq!(ids, case["ids"], "{}", case["text"]);
+    }
+}
+
 #[test]
 fn inspect_describes_the_model() {
     let summary = [
@@ -435,7 +458,7 @@ fn run_reports_what_ran_and_checks_what_it_will_need() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
     // An encoder where a decoder is needed says so.
-    let out = weft(&["tokenize", "-m", "all-minilm-l6-v2"], "Hello");
+    let out = weft(&["inspect", "-m", "all-minilm-l6-v2"], "");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is an encoder model"), "{stderr}");
     // A reader that goes away is no error.

@@ -1,4 +1,5 @@
-//! `weft tokenize -m MODEL [--no-parse-special]`: stdin text to a JSON array of ids.
+//! `weft tokenize -m MODEL [--no-parse-special]`: stdin text to a JSON array of ids, with a
+//! decoder's tokenizer or a sentence-embedding encoder's.
 
 use std::io::Read;
 
@@ -20,8 +21,19 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let file = args.model.open()?;
-    let tok = Tokenizer::from_gguf(&file)?;
+    let path = args.model.path()?;
+    let encoder = weft::checkpoint::folder_of(&path).filter(|d| weft::checkpoint::is_encoder(d));
+    let tok = match encoder {
+        // A sentence-embedding encoder: its tokenizer.json (the ids `weft embed` reads, before
+        // the cut at the model's longest input).
+        Some(dir) => {
+            let json = dir.join("tokenizer.json");
+            let text = std::fs::read_to_string(&json)
+                .with_context(|| format!("cannot read {}", json.display()))?;
+            Tokenizer::from_json(&text)?
+        }
+        None => Tokenizer::from_gguf(&args.model.open_path(&path)?)?,
+    };
     let mut text = String::new();
     std::io::stdin()
         .read_to_string(&mut text)
