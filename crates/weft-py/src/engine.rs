@@ -164,9 +164,16 @@ impl Engine {
         self.inner.tokenizer().encode(text, add_bos, parse_special)
     }
 
-    /// The text of `ids` (control tokens not rendered).
-    fn detokenize(&self, ids: Vec<u32>) -> PyResult<String> {
-        self.inner.detokenize(&ids).py()
+    /// The text of `ids`, control tokens (`<|im_end|>`, padding) rendered as their text
+    /// unless `skip_special` is true (transformers' `skip_special_tokens`); a leading BOS the
+    /// tokenizer adds is dropped either way.
+    #[pyo3(signature = (ids, skip_special = false))]
+    fn detokenize(&self, ids: Vec<u32>, skip_special: bool) -> PyResult<String> {
+        if skip_special {
+            self.inner.detokenize_skip_special(&ids).py()
+        } else {
+            self.inner.detokenize(&ids).py()
+        }
     }
 
     /// The scheduler's counters now.

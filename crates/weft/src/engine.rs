@@ -426,10 +426,28 @@ impl Engine {
         crate::error::check_vocab(ids, self.info().vocab_size)
     }
 
-    /// The text of `ids` (control tokens are not rendered).
+    /// The text of `ids`, as llama.cpp's detokenizer renders it: a leading BOS the tokenizer
+    /// would have added is dropped, other control tokens (`<|im_end|>`, a padding EOS) appear
+    /// as their text. [`detokenize_skip_special`](Engine::detokenize_skip_special) leaves them
+    /// out.
     pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
         self.check_ids(ids.iter().copied())?;
         Ok(self.inner.tokenizer.decode(ids)?)
+    }
+
+    /// The text of `ids` without their control tokens (BOS, EOS, padding, chat markers), as
+    /// transformers' `decode(ids, skip_special_tokens=True)`: the text a generation streams.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let ids = engine.tokenize("<|im_start|>Hello<|im_end|>");
+    /// assert_eq!(engine.detokenize_skip_special(&ids)?, "Hello");
+    /// # Ok(()) }
+    /// ```
+    pub fn detokenize_skip_special(&self, ids: &[u32]) -> Result<String> {
+        self.check_ids(ids.iter().copied())?;
+        Ok(self.inner.tokenizer.decode_with(ids, false)?)
     }
 
     /// Whether `id` ends generation by default (EOS, end-of-turn markers).

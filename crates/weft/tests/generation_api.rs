@@ -65,6 +65,37 @@ fn ignore_eos_generates_exactly_n_tokens_past_the_end_of_turn() {
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
 
+/// `detokenize` renders control tokens as llama.cpp's detokenizer does; the
+/// `skip_special` form leaves them out (transformers' `skip_special_tokens`), which is the
+/// text a generation streams, also past an end of turn.
+#[test]
+fn detokenize_renders_control_tokens_and_its_skip_special_form_leaves_them_out() {
+    let engine = common::engine_with("smollm2-135m", config());
+    let ids = engine.tokenize(CHAT);
+    assert_eq!(engine.detokenize(&ids).expect("text"), CHAT);
+    assert_eq!(
+        engine.detokenize_skip_special(&ids).expect("text"),
+        "user\nReply with one word: hello\nassistant\n"
+    );
+    let mut ctx = chat_prompt(&engine);
+    let gen = ctx.generate(Sampler::Argmax).max_tokens(32).ignore_eos();
+    let (text, tokens) = block_on(async {
+        let mut gen = gen;
+        let mut text = String::new();
+        while let Some(delta) = gen.next_text().await? {
+            text.push_str(&delta);
+        }
+        Ok::<_, Error>((text, gen.tokens().to_vec()))
+    })
+    .expect("generate");
+    assert!(tokens.iter().any(|t| engine.stop_tokens().contains(t)));
+    assert!(engine
+        .detokenize(&tokens)
+        .expect("text")
+        .contains("<|im_end|>"));
+    assert_eq!(engine.detokenize_skip_special(&tokens).expect("text"), text);
+}
+
 #[test]
 fn a_generation_ended_early_keeps_its_last_token_and_goes_on_as_if_never_stopped() {
     let engine = common::engine_with("smollm2-135m", config());

@@ -369,6 +369,12 @@ impl Tokenizer {
     /// BOS (and trailing EOS) that encoding would have added is dropped, every other control
     /// token appears as its text, and invalid UTF-8 becomes U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.decode_with(ids, true)
+    }
+
+    /// [`decode`](Tokenizer::decode), with control tokens rendered as their text or, when
+    /// `render_special` is false, left out (transformers' `skip_special_tokens`).
+    pub fn decode_with(&self, ids: &[u32], render_special: bool) -> Result<String> {
         let special = &self.vocab.special;
         let mut ids = ids;
         if special.add_bos && special.bos.is_some() && ids.first() == special.bos.as_ref() {
@@ -379,7 +385,7 @@ impl Tokenizer {
         }
         let mut bytes = Vec::new();
         for &id in ids {
-            self.append_piece(id, true, &mut bytes)?;
+            self.append_piece(id, render_special, &mut bytes)?;
         }
         // The leading space the encoder would have added, or the decoder's `Strip`.
         let strip = match &self.model {

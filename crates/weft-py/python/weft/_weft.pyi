@@ -209,8 +209,9 @@ class Engine:
     def tokenize(self, text: str, add_bos: bool = False, parse_special: bool = True) -> List[int]:
         """The token ids of ``text`` (special tokens written in the text are parsed unless
         ``parse_special`` is false)."""
-    def detokenize(self, ids: Sequence[int]) -> str:
-        """The text of ``ids`` (control tokens not rendered)."""
+    def detokenize(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """The text of ``ids``: control tokens (``<|im_end|>``, padding) rendered as their text,
+        or left out when ``skip_special`` is true; a leading BOS the tokenizer adds is dropped."""
     def metrics(self) -> Metrics:
         """The scheduler's counters now."""
     @property

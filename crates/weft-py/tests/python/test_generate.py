@@ -255,3 +255,10 @@ def test_beam_search_one_beam_is_greedy_and_scores_follow_hf(smollm2):
         assert abs(h.score - h.sum_logprobs / len(h.generated)) < 1e-4
     with pytest.raises(weft.BeamSearchError):
         weft.beam_search(smollm2, prompt, 2, num_return_sequences=3)
+
+
+def test_detokenize_renders_control_tokens_unless_told_to_skip_them(smollm2):
+    chat = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    ids = smollm2.tokenize(chat)
+    assert smollm2.detokenize(ids) == chat
+    assert smollm2.detokenize(ids, skip_special=True) == "user\nHi\nassistant\n"
