@@ -12,6 +12,7 @@ use crate::context::Context;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::generator::{Generator, StopReason};
+use weft_core::kv::PAGE_SIZE;
 use weft_core::sampling::Sampler;
 
 /// A prompt: text (tokenized with a BOS when the model wants one) or token ids, used as given.
@@ -258,6 +259,13 @@ fn pad_rows(rows: &[(usize, Vec<u32>)], pad: u32) -> PaddedBatch {
 
 /// Generates for every request at once and returns every sequence, in request order.
 ///
+/// A batch larger than the KV cache holds at once still runs: rollouts start in order while
+/// their worst case (prompt + `max_tokens`, at most the context length) fits the pages free
+/// when the batch began, and each finished rollout gives its pages back for the next. A step
+/// that finds the cache full all the same (another context of the engine took pages) waits for
+/// a later round, its KV recomputed, as the server preempts; the error comes only when no
+/// rollout of the round could step. The results do not depend on how the batch was split.
+///
 /// ```no_run
 /// use weft::rollout::{generate_batch, RolloutRequest};
 /// # fn main() -> weft::Result<()> {
@@ -325,20 +333,60 @@ pub async fn generate_batch_streaming(
             })
             .collect()
     };
+    // Each rollout's worst case in KV slots, and what the cache had free at the start.
+    let need: Vec<usize> = gens
+        .iter()
+        .zip(&prompts)
+        .map(|(g, p)| {
+            let most = p.len().saturating_add(g.rules().max_tokens);
+            most.min(engine.n_ctx()).div_ceil(PAGE_SIZE) * PAGE_SIZE
+        })
+        .collect();
+    let budget = engine.kv_free_tokens();
+    let mut started = 0;
+    let mut released = vec![false; gens.len()];
     let mut round = 0;
-    // Lockstep: one step of every unfinished generator per round, polled together.
+    // Lockstep: one step of every started, unfinished generator per round, polled together.
     while gens.iter().any(|g| !g.is_done()) {
-        let steps = gens
+        let mut held: usize = (0..started)
+            .filter(|&i| !gens[i].is_done())
+            .map(|i| need[i])
+            .sum();
+        while started < gens.len() && (held == 0 || held + need[started] <= budget) {
+            held += need[started];
+            started += 1;
+        }
+        let steps = gens[..started]
             .iter_mut()
             .filter(|g| !g.is_done())
             .map(|g| async move {
-                match g.next()? {
+                let stepped = match g.next()? {
                     Some(step) => step.execute().await.map(|_| ()),
                     None => Ok(()),
+                };
+                match stepped {
+                    // Its pages go back; it recomputes them in a later round.
+                    Err(e) if e.is_kv_full() => g.evict().map(|()| Err(e)),
+                    other => other.map(Ok),
                 }
             });
+        let mut full = None;
+        let mut stepped = false;
         for r in join_all(steps).await {
-            r?;
+            match r? {
+                Ok(()) => stepped = true,
+                Err(e) => full = Some(e),
+            }
+        }
+        if let (false, Some(e)) = (stepped, full) {
+            return Err(e);
+        }
+        // A finished rollout's pages are free for the next (its tokens stay readable).
+        for (g, freed) in gens[..started].iter_mut().zip(&mut released) {
+            if g.is_done() && !*freed {
+                g.evict()?;
+                *freed = true;
+            }
         }
         round += 1;
         if every > 0 && round % every == 0 && gens.iter().any(|g| !g.is_done()) {

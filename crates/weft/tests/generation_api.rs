@@ -430,6 +430,49 @@ fn rewindable_lets_generic_code_look_ahead_and_come_back() {
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
 
+/// A batch of rollouts larger than the KV cache holds at once runs in turns and gives what
+/// each rollout gives alone (it failed with `KvCacheFull`, every rollout lost).
+#[test]
+fn a_batch_larger_than_the_kv_cache_runs_in_turns_with_the_same_rollouts() {
+    let requests: Vec<RolloutRequest> = (0..8u64)
+        .map(|i| RolloutRequest {
+            max_tokens: 40,
+            seed: i,
+            ..RolloutRequest::new(
+                format!("Fact {i} about the sea:"),
+                Sampler::TopK {
+                    k: 40,
+                    temperature: 0.8,
+                },
+            )
+        })
+        .collect();
+    let roomy = common::engine_with("smollm2-135m", config());
+    let alone: Vec<_> = requests
+        .iter()
+        .map(|r| block_on(generate_batch(&roomy, std::slice::from_ref(r))).expect("alone"))
+        .map(|mut one| one.remove(0))
+        .collect();
+    let total: usize = alone
+        .iter()
+        .map(|r| r.prompt_tokens.len() + r.tokens.len())
+        .sum();
+    let small = common::engine_with(
+        "smollm2-135m",
+        EngineConfig {
+            kv_tokens: 256,
+            ..config()
+        },
+    );
+    assert!(
+        total > 256,
+        "the batch must not fit at once ({total} tokens)"
+    );
+    let batch = block_on(generate_batch(&small, &requests)).expect("the batch runs in turns");
+    assert_eq!(batch, alone);
+    assert_eq!(small.metrics().kv_pages_used, 0);
+}
+
 #[test]
 fn rollouts_from_ids_padded_batches_and_max_length() {
     let engine = common::engine_with("smollm2-135m", config());
