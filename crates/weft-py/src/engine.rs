@@ -200,16 +200,17 @@ impl Engine {
     }
 
     /// Embeddings of `texts` (pooled final-norm hidden states): a float32 array
-    /// `[len(texts), n_embd]`, or `[n_embd]` for one string. `pooling`: mean, max, last, cls.
-    #[pyo3(signature = (texts, pooling = "mean", normalize = true))]
+    /// `[len(texts), n_embd]`, or `[n_embd]` for one string. `pooling`: mean, max, last, cls
+    /// (`None`: the model's own, mean for a decoder, as `Embedder.embed`).
+    #[pyo3(signature = (texts, pooling = Some("mean"), normalize = true))]
     fn embed<'py>(
         &self,
         py: Python<'py>,
         texts: &Bound<'py, PyAny>,
-        pooling: &str,
+        pooling: Option<&str>,
         normalize: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        embed(py, &self.inner, texts, Some(pooling), normalize)
+        embed(py, &self.inner, texts, pooling, normalize)
     }
 
     fn __repr__(&self) -> String {

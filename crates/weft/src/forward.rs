@@ -544,7 +544,7 @@ fn attention(
         let mut mask = match masks.map(|m| &m[i]) {
             Some(m) if m.len() != expected => {
                 return Err(Error::MaskLength {
-                    what: "attention mask",
+                    what: "an attention mask (token i of a pass covers the len(ctx) + i + 1 slots up to itself)",
                     expected,
                     got: m.len(),
                 })
@@ -559,7 +559,7 @@ fn attention(
         if let Some(row) = row {
             if row.len() != expected {
                 return Err(Error::MaskLength {
-                    what: "attention bias row",
+                    what: "an attention bias row (token i of a pass covers the len(ctx) + i + 1 slots up to itself)",
                     expected,
                     got: row.len(),
                 });

@@ -50,6 +50,8 @@ def test_engine_embeddings_match_llama_cpp(smollm2, reference):
         assert cosine(v, np.array(c["embedding"])) > 0.99
     one = smollm2.embed(texts[0])
     assert one.shape == (got.shape[1],) and cosine(one, got[0]) > 0.99999
+    # None is the model's own pooling (a decoder's: mean), as for weft.Embedder.
+    assert np.array_equal(smollm2.embed(texts, pooling=None), got)
 
 
 def test_minilm_embeddings_match_the_reference(reference):
