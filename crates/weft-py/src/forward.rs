@@ -162,6 +162,7 @@ impl Prepared {
     async fn run(mut self) -> weft::Result<Outputs> {
         let ctx = self.lease.ctx();
         let vocab = ctx.engine().info().vocab_size;
+        let engine = ctx.engine().clone();
         let mut f = ctx.forward();
         let (mut samples, mut probes) = (Vec::new(), Vec::new());
         for op in self.ops {
@@ -176,6 +177,9 @@ impl Prepared {
                     f.attention_mask(rows.iter().map(|r| weft::Brle::from_bools(r)).collect());
                 }
                 Op::Mask(ids) => {
+                    // An id past the vocabulary is the caller's mistake, not a token to leave
+                    // out (the pass would then say that nothing is allowed).
+                    engine.check_ids(ids.iter().copied())?;
                     f.mask(weft::Brle::only(vocab, &ids));
                 }
                 Op::LogitBias(b) => {

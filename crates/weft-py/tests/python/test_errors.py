@@ -72,6 +72,12 @@ def test_index_out_of_range_in_a_pass(smollm2):
     fwd.sample([99], weft.Argmax())
     with pytest.raises(weft.IndexOutOfRange, match="at index 99"):
         fwd.run()
+    # A logit mask naming an id past the vocabulary is that mistake, not "nothing allowed".
+    fwd = ctx.forward()
+    fwd.sample([len(fwd) - 1], weft.Argmax())
+    fwd.mask([10**9])
+    with pytest.raises(weft.TokenOutOfVocab, match="not in the vocabulary"):
+        fwd.run()
 
 
 def test_a_pass_made_before_the_context_changed_refuses_to_run(smollm2):
