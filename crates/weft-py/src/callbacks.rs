@@ -40,15 +40,16 @@ impl Drop for Inside {
 pub fn not_inside_a_callback() -> PyResult<()> {
     if INSIDE.with(Cell::get) {
         return Err(ContextBusy::new_err(
-            "a constraint's or speculator's method runs inside a step of its generation: it \
-             cannot drive a generation, run a pass or wait on the engine",
+            "a constraint's or speculator's method (or generate_batch's on_partial) runs \
+             inside a step of its generation: it cannot drive a generation, run a pass or wait \
+             on the engine",
         ));
     }
     Ok(())
 }
 
 /// Calls `f` with the GIL, the thread marked as inside a callback.
-fn call<T>(f: impl FnOnce(Python<'_>) -> PyResult<T>) -> PyResult<T> {
+pub(crate) fn call<T>(f: impl FnOnce(Python<'_>) -> PyResult<T>) -> PyResult<T> {
     Python::attach(|py| {
         let _inside = Inside::enter();
         f(py)

@@ -37,6 +37,18 @@ impl Rollout {
     }
 }
 
+impl From<weft::rollout::Rollout> for Rollout {
+    fn from(r: weft::rollout::Rollout) -> Rollout {
+        Rollout {
+            sequence: r.sequence(),
+            stop_reason: r.stop.as_ref().map(|s| reason_name(s).to_string()),
+            prompt_tokens: r.prompt_tokens,
+            tokens: r.tokens,
+            text: r.text,
+        }
+    }
+}
+
 /// Python lists as they are; anything with `tolist()` (NumPy arrays) as its lists.
 fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     if v.hasattr("tolist")? {
@@ -53,10 +65,16 @@ fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 ///
 /// `prompts`: strings, or lists of token ids; with `attention_mask`, a padded `[batch, len]`
 /// id matrix whose padding (mask 0) is dropped. Request `i` is seeded with `seed + i`.
+///
+/// `every` > 0 with `on_partial` streams (seed 003's `generate_streaming`): after every
+/// `every` tokens of the unfinished rollouts, `on_partial` gets the list of every `Rollout` so
+/// far (`stop_reason` None). It runs on the batch's thread and cannot call weft; an exception
+/// it raises is raised here once the batch has run (later calls are skipped).
 #[pyfunction]
 #[pyo3(signature = (
     engine, prompts, sampler = None, *, max_tokens = 128, max_length = None,
-    stop_sequences = None, seed = 0, attention_mask = None, padded = false, pad_token_id = None
+    stop_sequences = None, seed = 0, attention_mask = None, padded = false, pad_token_id = None,
+    every = 0, on_partial = None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn generate_batch<'py>(
@@ -71,6 +89,8 @@ pub fn generate_batch<'py>(
     attention_mask: Option<&Bound<'py, PyAny>>,
     padded: bool,
     pad_token_id: Option<u32>,
+    every: usize,
+    on_partial: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     use weft::rollout::{Prompt, RolloutRequest};
     let sampler = sampler.map_or(weft::Sampler::Argmax, |s| s.inner.clone());
@@ -108,7 +128,30 @@ pub fn generate_batch<'py>(
         r.seed = seed.wrapping_add(i as u64);
     }
     let inner = engine.inner.clone();
-    let rollouts = crate::wait(py, weft::rollout::generate_batch(&inner, &requests))?.py()?;
+    let every = if on_partial.is_some() { every } else { 0 };
+    if on_partial.is_some() && every == 0 {
+        return Err(ConfigError::new_err(
+            "on_partial needs every > 0 (how many tokens between two calls)",
+        ));
+    }
+    // The callback's exception, raised once the batch has stopped.
+    let failed: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
+    let stream = weft::rollout::generate_batch_streaming(&inner, &requests, every, |partial| {
+        let mut failed = failed.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(callback) = on_partial.as_ref().filter(|_| failed.is_none()) else {
+            return;
+        };
+        let called = crate::callbacks::call(|py| {
+            let list: Vec<Rollout> = partial.iter().cloned().map(Rollout::from).collect();
+            callback.call1(py, (list,)).map(drop)
+        });
+        *failed = called.err();
+    });
+    let rollouts = crate::wait(py, stream)?;
+    if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    let rollouts = rollouts.py()?;
     if padded {
         let pad = match pad_token_id {
             Some(p) => p,
@@ -122,15 +165,6 @@ pub fn generate_batch<'py>(
         let mask = PyArray1::from_vec(py, b.attention_mask).reshape(shape)?;
         return Ok((ids, mask).into_pyobject(py)?.into_any());
     }
-    let list = rollouts
-        .into_iter()
-        .map(|r| Rollout {
-            sequence: r.sequence(),
-            stop_reason: r.stop.as_ref().map(|s| reason_name(s).to_string()),
-            prompt_tokens: r.prompt_tokens,
-            tokens: r.tokens,
-            text: r.text,
-        })
-        .collect::<Vec<_>>();
+    let list = rollouts.into_iter().map(Rollout::from).collect::<Vec<_>>();
     Ok(list.into_pyobject(py)?.into_any())
 }

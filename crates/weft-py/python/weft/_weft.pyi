@@ -1,6 +1,6 @@
 """Type stubs of weft's native module (re-exported by the ``weft`` package)."""
 
-from typing import Protocol, final, Final, Literal, Generic, TypeVar, Any, AsyncIterator, Awaitable, Coroutine, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, overload
+from typing import Callable, Protocol, final, Final, Literal, Generic, TypeVar, Any, AsyncIterator, Awaitable, Coroutine, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 import os
 
@@ -438,6 +438,8 @@ def generate_batch(
     attention_mask: Optional[npt.ArrayLike] = None,
     padded: Literal[False] = False,
     pad_token_id: Optional[int] = None,
+    every: int = 0,
+    on_partial: Optional[Callable[[List[Rollout]], object]] = None,
 ) -> List[Rollout]: ...
 @overload
 def generate_batch(
@@ -452,6 +454,8 @@ def generate_batch(
     attention_mask: Optional[npt.ArrayLike] = None,
     padded: Literal[True],
     pad_token_id: Optional[int] = None,
+    every: int = 0,
+    on_partial: Optional[Callable[[List[Rollout]], object]] = None,
 ) -> Tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint8]]: ...
 
 @final

@@ -1,6 +1,7 @@
 """Rollouts (seed 003) and embeddings, as NumPy arrays."""
 
 import numpy as np
+import pytest
 
 import weft
 from test_concurrency import PROMPTS, greedy
@@ -31,6 +32,34 @@ def test_generate_batch_padded_arrays(smollm2):
         seq = out_ids[i][out_mask[i] == 1].tolist()
         assert seq == r.sequence
         assert out_ids[i, width - len(rows[i]) : width].tolist() == rows[i]
+
+
+def test_generate_batch_streams_partial_rollouts_every_k_tokens(smollm2):
+    whole = weft.generate_batch(smollm2, PROMPTS, weft.Argmax(), max_tokens=12)
+    seen = []
+    streamed = weft.generate_batch(
+        smollm2, PROMPTS, weft.Argmax(), max_tokens=12, every=4,
+        on_partial=lambda rs: seen.append([(len(r.tokens), r.stop_reason) for r in rs]),
+    )
+    assert [r.tokens for r in streamed] == [r.tokens for r in whole]
+    # After tokens 4 and 8 of the unfinished rollouts (the end itself is the result).
+    assert len(seen) == 2 and all(len(s) == len(PROMPTS) for s in seen)
+    assert all(reason is None for s in seen for _, reason in s)
+    assert [n for n, _ in seen[0]] == [min(4, len(r.tokens)) for r in whole]
+
+    def fails(rollouts):
+        raise KeyError("from on_partial")
+
+    with pytest.raises(KeyError, match="from on_partial"):
+        weft.generate_batch(smollm2, PROMPTS, max_tokens=8, every=2, on_partial=fails)
+    with pytest.raises(weft.ConfigError, match="every > 0"):
+        weft.generate_batch(smollm2, PROMPTS, max_tokens=8, on_partial=print)
+
+    def nested(rollouts):
+        smollm2.context().generate(max_tokens=1).text()
+
+    with pytest.raises(weft.ContextBusy):
+        weft.generate_batch(smollm2, PROMPTS[:1], max_tokens=4, every=2, on_partial=nested)
 
 
 def cosine(a, b):
