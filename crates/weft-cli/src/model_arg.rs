@@ -16,7 +16,8 @@ pub struct ModelArg {
     #[arg(short = 'm', long = "model", default_value = weft::hub::DEFAULT_MODEL)]
     pub model: String,
     /// How a checkpoint folder's matrices are stored once loaded: q8_0 (default; fastest),
-    /// f16 or f32 (the checkpoint's values). A GGUF file keeps its own types.
+    /// f16 or f32 (the checkpoint's values). A GGUF file keeps its own types, unless f16 or
+    /// f32 is asked: its quantized matrices are then widened (for small perturbations; slower).
     #[arg(long = "weights", value_name = "TYPE", default_value = "q8_0")]
     pub weights: weft::checkpoint::WeightType,
 }

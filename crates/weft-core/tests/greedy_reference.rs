@@ -215,6 +215,25 @@ fn gemma3_greedy_matches_llama_cpp() {
 //   weights, 0.254 with Q8_0, measured on the Xeon 207); Gemma stays inside the GGUF's bars.
 // SmolLM2's checkpoint is written in f32 and Gemma's in f16, so both readings are exercised.
 
+/// The GGUF file widened to F32 (`checkpoint::widen`): the same weights with `f32`
+/// activations, which llama.cpp rounds to 8 bits; as close to its logits as the checkpoint
+/// in f32 (the same situation), so the GGUF's bars.
+#[test]
+fn smollm2_widened_to_f32_matches_llama_cpp() {
+    let file = common::open_model("smollm2-135m");
+    let wide = weft_core::checkpoint::widen(&file, WeightType::F32)
+        .expect("widen")
+        .expect("a new file");
+    check_file(
+        GgufFile::from_bytes(wide).expect("the widened GGUF"),
+        "smollm2",
+        Tolerance {
+            mean: 0.24,
+            max: 1.3,
+        },
+    );
+}
+
 #[test]
 fn smollm2_from_safetensors_f32_matches_llama_cpp() {
     check_file(

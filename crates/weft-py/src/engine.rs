@@ -47,9 +47,10 @@ fn config(
 /// `model` is a known name (`"smollm2-135m"`, `"gemma3-270m"`, fetched on first use), a
 /// GGUF path, or a Hugging Face checkpoint folder (Llama or Gemma 3 in safetensors, with its
 /// `config.json` and `tokenizer.json`) whose matrices are stored as `weights` once loaded:
-/// "q8_0" (the default), "f16" or "f32". `threads`: threads of the forward pass (default:
-/// the machine's cores). `kv_tokens`: the KV cache's capacity in tokens, shared by every
-/// context of the engine (default 16384). `n_ctx`: the longest one context may grow (default:
+/// "q8_0" (the default), "f16" or "f32"; a GGUF file keeps its types unless "f16" or "f32"
+/// widens its quantized matrices (float activations, for small perturbations; slower).
+/// `threads`: threads of the forward pass (default: the machine's cores). `kv_tokens`: the KV
+/// cache's capacity in tokens, shared by every context of the engine (default 16384). `n_ctx`: the longest one context may grow (default:
 /// the model's training context, at most `kv_tokens`; a larger value enlarges the cache to
 /// hold it). `kv_type`: "f16" or "q8_0" (half the KV memory). `prefix_cache`: contexts
 /// starting with the same full KV pages as an earlier one share them (outputs unchanged).

@@ -1,4 +1,5 @@
-//! Hugging Face checkpoint folders, converted once: the GGUF that
+//! Hugging Face checkpoint folders, converted once (and GGUF files asked for in F16 / F32,
+//! widened once by [`checkpoint::widen`]): the GGUF that
 //! [`checkpoint::convert`] makes is written into the cache (`converted/` under the hub's
 //! home, beside the fetched models) and mapped from there on, as any GGUF file is. Later loads
 //! skip the conversion (seconds for a large vocabulary), and the model's memory is a GGUF
@@ -22,21 +23,32 @@ use crate::Hub;
 
 /// The model at `path` as a GGUF file, and the file it is mapped from (`None` when held in
 /// memory): the GGUF file itself, or the cached conversion of the decoder checkpoint folder
-/// `path` names, its matrices in `weights`. A cache that cannot be written leaves the conversion
-/// in memory, with a warning on standard error (each load converts again).
+/// `path` names, its matrices in `weights`. A GGUF file asked for in F16 or F32 has its
+/// quantized matrices widened (cached the same way); Q8_0, the default, keeps a GGUF file's
+/// own types. A cache that cannot be written leaves the conversion in memory, with a warning
+/// on standard error (each load converts again).
 pub fn open_model(path: &Path, weights: WeightType) -> Result<(GgufFile, Option<PathBuf>)> {
-    let Some(dir) = checkpoint::folder_of(path).filter(|d| !checkpoint::is_encoder(d)) else {
+    let folder = checkpoint::folder_of(path).filter(|d| !checkpoint::is_encoder(d));
+    if folder.is_none() && weights == WeightType::Q8_0 {
         return Ok((GgufFile::open(path)?, Some(path.to_path_buf())));
-    };
+    }
+    let source = folder.as_deref().unwrap_or(path);
     let cached = Hub::from_env()
         .ok()
-        .and_then(|hub| cache_path(&hub.home().join("converted"), &dir, weights));
+        .and_then(|hub| cache_path(&hub.home().join("converted"), source, weights));
     if let Some(file) = cached.as_deref().filter(|f| f.is_file()) {
         if let Ok(gguf) = GgufFile::open(file) {
             return Ok((gguf, Some(file.to_path_buf())));
         }
     }
-    let bytes = checkpoint::convert(&dir, weights)?;
+    let bytes = match &folder {
+        Some(dir) => checkpoint::convert(dir, weights)?,
+        // A GGUF file asked for in F16 / F32: its quantized matrices widened.
+        None => {
+            let file = GgufFile::open(path)?;
+            checkpoint::widen(&file, weights)?.unwrap_or_default()
+        }
+    };
     if let Some(file) = cached {
         match store(&file, &bytes) {
             Ok(()) => {
@@ -45,7 +57,7 @@ pub fn open_model(path: &Path, weights: WeightType) -> Result<(GgufFile, Option<
             }
             Err(e) => eprintln!(
                 "weft: cannot keep the conversion of {} in {} ({e}); it is used from memory and made again on the next load",
-                dir.display(),
+                source.display(),
                 file.display()
             ),
         }
@@ -53,19 +65,24 @@ pub fn open_model(path: &Path, weights: WeightType) -> Result<(GgufFile, Option<
     Ok((GgufFile::from_bytes(bytes)?, None))
 }
 
-/// `<cache>/<folder name>-<path hash>-<weights>-<contents hash>.gguf`, or `None` when the
-/// folder cannot be listed.
-fn cache_path(cache: &Path, dir: &Path, weights: WeightType) -> Option<PathBuf> {
-    let dir = dir.canonicalize().ok()?;
-    let mut files: Vec<(String, u64, u128)> = std::fs::read_dir(&dir)
-        .ok()?
-        .filter_map(|e| {
-            let e = e.ok()?;
+/// `<cache>/<name>-<path hash>-<weights>-<contents hash>.gguf` for the folder or GGUF file
+/// `source`, or `None` when it cannot be listed.
+fn cache_path(cache: &Path, source: &Path, weights: WeightType) -> Option<PathBuf> {
+    let dir = source.canonicalize().ok()?;
+    let entries: Vec<PathBuf> = if dir.is_dir() {
+        let listed = std::fs::read_dir(&dir).ok()?;
+        listed.filter_map(|e| Some(e.ok()?.path())).collect()
+    } else {
+        vec![dir.clone()]
+    };
+    let mut files: Vec<(String, u64, u128)> = entries
+        .into_iter()
+        .filter_map(|path| {
             // The file a link points to: its size and time are what change.
-            let meta = std::fs::metadata(e.path()).ok().filter(|m| m.is_file())?;
+            let meta = std::fs::metadata(&path).ok().filter(|m| m.is_file())?;
             let mtime = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?;
             Some((
-                e.file_name().to_string_lossy().into_owned(),
+                path.file_name()?.to_string_lossy().into_owned(),
                 meta.len(),
                 mtime.as_nanos(),
             ))
@@ -83,7 +100,10 @@ fn cache_path(cache: &Path, dir: &Path, weights: WeightType) -> Option<PathBuf> 
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     };
-    let name = dir.file_name()?.to_string_lossy();
+    let name = match dir.is_dir() {
+        true => dir.file_name()?.to_string_lossy(),
+        false => dir.file_stem()?.to_string_lossy(),
+    };
     let prefix = format!(
         "{name}-{}-{weights}-",
         hex(&Sha256::digest(dir.as_os_str().as_encoded_bytes()))

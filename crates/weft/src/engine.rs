@@ -69,7 +69,10 @@ pub struct EngineConfig {
     /// ```
     pub layer_pager: Option<Arc<LayerPager>>,
     /// How the matrices of a Hugging Face checkpoint folder are stored once loaded (default
-    /// [`WeightType::Q8_0`]; a GGUF file keeps its own types). See [`crate::checkpoint`].
+    /// [`WeightType::Q8_0`]). A GGUF file keeps its own types under Q8_0; F16 or F32 widen its
+    /// quantized matrices ([`crate::checkpoint::widen`]: float activations, so outputs move
+    /// smoothly under small perturbations; more memory, slower decode). See
+    /// [`crate::checkpoint`].
     pub checkpoint_weights: WeightType,
     /// What generators use where they set nothing themselves: the sampler of
     /// `ctx.generate(None)` and the stop rules every generator starts from (seed 004's

@@ -304,3 +304,54 @@ fn bad_vectors_and_biases_are_typed_errors_and_leak_nothing() {
     drop(ctx);
     assert_eq!(engine.metrics().kv_pages_used, 0, "pages leaked");
 }
+
+/// Largest change of the last position's logits when every input vector moves by `eps` (a
+/// fixed pattern of signs).
+fn logit_change(engine: &Engine, ids: &[u32], eps: f32) -> f32 {
+    let rows = engine.input_embeddings(ids).expect("input embeddings");
+    let moved: Vec<f32> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + if i % 3 == 0 { eps } else { -eps })
+        .collect();
+    let last = |rows: &[f32]| {
+        let mut ctx = engine.context();
+        let positions: Vec<u32> = (0..ids.len() as u32).collect();
+        let mut fwd = ctx.forward();
+        fwd.input_embeds(rows, &positions);
+        let h = fwd.probe(ids.len() - 1, Logits);
+        block_on(fwd.execute()).expect("pass").get(h).to_vec()
+    };
+    let (a, b) = (last(&rows), last(&moved));
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// A GGUF file opened with `checkpoint_weights` F32 has its quantized matrices widened: its
+/// matrices multiply the `f32` activations (quantized ones round them to 8 bits per block),
+/// so an input moved by 1e-6 moves the logits by thousandths (the f16 KV cache still rounds),
+/// where the quantized file jumps by a rounding step, tenths (measured on the Xeon 207: 0.0035
+/// against 0.59). Finite differences and zeroth-order training need the former.
+#[test]
+fn a_gguf_widened_to_f32_moves_smoothly_under_tiny_input_changes() {
+    let quantized = engine("smollm2-135m");
+    let widened = common::engine_with(
+        "smollm2-135m",
+        EngineConfig {
+            n_threads: 2,
+            kv_tokens: 4096,
+            checkpoint_weights: weft::checkpoint::WeightType::F32,
+            ..EngineConfig::default()
+        },
+    );
+    let ids = prompt_ids(&quantized, TEXT);
+    let (q, w) = (
+        logit_change(&quantized, &ids, 1e-6),
+        logit_change(&widened, &ids, 1e-6),
+    );
+    eprintln!("an input moved by 1e-6: logits move by {q} (Q4_1), {w} (widened to F32)");
+    assert!(w < 0.02 && w * 10.0 < q, "quantized {q}, widened {w}");
+    // That it is still the same model: greedy_reference.rs holds it to llama.cpp's logits.
+}

@@ -23,6 +23,9 @@
 //! everything downstream reads one kind of file.
 
 pub mod config;
+mod widen;
+
+pub use widen::widen;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -175,7 +175,9 @@ class Engine:
 
     ``model`` is a known name (``"smollm2-135m"``, ``"gemma3-270m"``; fetched on first use), a GGUF path,
     or a Hugging Face checkpoint folder (Llama or Gemma 3 safetensors with ``config.json`` and
-    ``tokenizer.json``), whose matrices are stored as ``weights`` (``"q8_0"``, ``"f16"`` or ``"f32"``).
+    ``tokenizer.json``), whose matrices are stored as ``weights`` (``"q8_0"``, ``"f16"`` or ``"f32"``);
+    a GGUF file keeps its types unless ``"f16"`` or ``"f32"`` widens its quantized matrices (float
+    activations, for small perturbations such as zeroth-order training; slower).
     ``threads``: threads of the forward pass (default: the machine's cores). ``kv_tokens``: the KV
     cache's capacity in tokens, shared by every context (default 16384). ``n_ctx``: the longest one
     context may grow (default: the model's training context, at most ``kv_tokens``; a larger value
