@@ -224,7 +224,8 @@ impl Context {
     /// collectors `text()`, `tokens()`, `json()` and their awaitable forms `atext()`, …
     ///
     /// `sampler`: a `weft.Sampler` (default: the engine's, greedy unless configured).
-    /// `stop`: a stop string or a list of them; `stop_token_ids`: extra stop tokens;
+    /// `stop`: a stop string or a list of them (token ids in the list are stop tokens, as in
+    /// seed 000's `stop=[id, ...]`); `stop_token_ids`: extra stop tokens;
     /// `stop_sequences`: lists of ids that end the generation when they appear.
     /// `repeat_penalty`, `presence_penalty`, `frequency_penalty` (llama.cpp's semantics, over
     /// the last `penalty_last_n` tokens: 64 by default, 0 = all) discourage repeats.
@@ -312,16 +313,24 @@ impl Context {
                 ))
             }
         };
-        // One string or a list of them, as OpenAI's `stop` takes.
+        // One string or a list of them, as OpenAI's `stop` takes; token ids in the list stop
+        // as `stop_token_ids` do (seed 000's `stop=[id, ...]`).
+        let mut stop_ids = stop_token_ids.unwrap_or_default();
         let stop = match stop {
             None => Vec::new(),
             Some(s) => match s.extract::<String>() {
                 Ok(one) => vec![one],
-                Err(_) => s.extract::<Vec<String>>().map_err(|_| {
-                    pyo3::exceptions::PyTypeError::new_err(
-                        "stop must be a string or a list of strings",
-                    )
-                })?,
+                Err(_) => {
+                    let items: Vec<Bound<'_, PyAny>> = s.extract().map_err(|_| not_a_stop())?;
+                    let mut strings = Vec::new();
+                    for item in items {
+                        match item.extract::<String>() {
+                            Ok(text) => strings.push(text),
+                            Err(_) => stop_ids.push(item.extract().map_err(|_| not_a_stop())?),
+                        }
+                    }
+                    strings
+                }
             },
         };
         let penalties = [repeat_penalty, presence_penalty, frequency_penalty]
@@ -345,7 +354,7 @@ impl Context {
             max_tokens,
             min_tokens,
             stop,
-            stop_token_ids: stop_token_ids.unwrap_or_default(),
+            stop_token_ids: stop_ids,
             stop_sequences: stop_sequences.unwrap_or_default(),
             penalties,
             adapters: adapters
@@ -381,4 +390,11 @@ impl Context {
             None => "weft.Context(busy)".to_string(),
         }
     }
+}
+
+/// The error for a `stop` that is neither a string nor a list of strings and token ids.
+fn not_a_stop() -> PyErr {
+    pyo3::exceptions::PyTypeError::new_err(
+        "stop must be a string, or a list of strings and token ids",
+    )
 }

@@ -282,7 +282,7 @@ class Context:
         *,
         max_tokens: Optional[int] = None,
         min_tokens: Optional[int] = None,
-        stop: Optional[Union[str, Sequence[str]]] = None,
+        stop: Optional[Union[str, Sequence[Union[str, int]]]] = None,
         stop_token_ids: Optional[Sequence[int]] = None,
         stop_sequences: Optional[Sequence[Sequence[int]]] = None,
         json_schema: Optional[Union[Dict[str, Any], str]] = None,

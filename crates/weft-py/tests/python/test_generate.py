@@ -87,6 +87,11 @@ def test_stop_takes_a_string_and_id_sequences_and_penalties_apply(smollm2):
     # One string, as OpenAI's `stop` takes it, and a sequence of ids.
     assert run(stop=text[4:8]).text() == text[: text.index(text[4:8])]
     assert run(stop_sequences=[ids[3:5]]).tokens() == ids[:5]
+    # Token ids in `stop` are stop tokens (seed 000's `stop=[id, ...]`), beside strings.
+    g = run(stop=[ids[5], "never in this text"])
+    assert g.tokens() == ids[: ids.index(ids[5])] and g.stop_reason == "stop_token"
+    with pytest.raises(TypeError, match="list of strings and token ids"):
+        run(stop=[1.5])
     # Penalties off change nothing; a strong presence penalty breaks the counting.
     assert run(repeat_penalty=1.0, presence_penalty=0.0).tokens() == ids
     penalized = run(presence_penalty=2.0, penalty_last_n=0).tokens()
