@@ -63,8 +63,11 @@ fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 /// total_len]` NumPy arrays in ColossalAI's layout: prompts left-padded to the longest, then
 /// the generated ids (EOS kept), right-padded with `pad_token_id`.
 ///
-/// `prompts`: strings, or lists of token ids; with `attention_mask`, a padded `[batch, len]`
-/// id matrix whose padding (mask 0) is dropped. Request `i` is seeded with `seed + i`.
+/// `prompts`: strings (tokenized as `Context.fill` does, with the BOS the model asks for), or
+/// lists of token ids (run as given: no BOS added); with `attention_mask`, a padded
+/// `[batch, len]` id matrix whose padding (mask 0) is dropped. Request `i` is seeded with
+/// `seed + i`. `pad_token_id` defaults to the model's first end-of-generation token
+/// (`engine.stop_tokens[0]`: SmolLM2's `<|im_end|>`, Gemma 3's `<eos>`).
 ///
 /// `every` > 0 with `on_partial` streams (seed 003's `generate_streaming`): after every
 /// `every` tokens of the unfinished rollouts, `on_partial` gets the list of every `Rollout` so
