@@ -378,6 +378,22 @@ impl Context {
         Generation::start(Lease::take(&self.slot)?, opts, raised, callbacks)
     }
 
+    /// Fills `tokens`, runs them with anything pending and returns the logits after the last
+    /// one, a float32 array over the vocabulary (seed 002's `prefill_get_last_logits`; no
+    /// tokens: the pending ones). Generating afterwards continues from them.
+    #[pyo3(signature = (tokens = Vec::new()))]
+    fn prefill<'py>(&self, py: Python<'py>, tokens: Vec<u32>) -> PyResult<Bound<'py, PyAny>> {
+        crate::callbacks::not_inside_a_callback()?;
+        let mut lease = Lease::take(&self.slot)?;
+        let logits = crate::wait(py, async move { lease.ctx().prefill(&tokens).await })?.py()?;
+        Ok(numpy::PyArray1::from_vec(py, logits).into_any())
+    }
+
+    /// Runs one given token and returns the logits after it (seed 002's `decode_get_logits`).
+    fn decode<'py>(&self, py: Python<'py>, token: u32) -> PyResult<Bound<'py, PyAny>> {
+        self.prefill(py, vec![token])
+    }
+
     /// A pass builder over this context: its pending tokens are the pass's first inputs.
     fn forward(&self) -> PyResult<Forward> {
         let (ran, pending) = self.with(|c| Ok((c.len(), c.pending().len())))?;

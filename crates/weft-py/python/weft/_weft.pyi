@@ -304,6 +304,10 @@ class Context:
         zo_seed: Optional[int] = None,
         zo_sigma: Optional[float] = None,
     ) -> Generation: ...
+    def prefill(self, tokens: Sequence[int] = ...) -> _F32:
+        """Fills ``tokens``, runs them with anything pending; the logits after the last one."""
+    def decode(self, token: int) -> _F32:
+        """Runs one given token; the logits after it."""
     def forward(self) -> Forward: ...
 
 @final

@@ -4,6 +4,7 @@ import pickle
 import re
 
 import jsonschema
+import numpy as np
 import pytest
 
 import weft
@@ -267,3 +268,18 @@ def test_detokenize_renders_control_tokens_unless_told_to_skip_them(smollm2):
     ids = smollm2.tokenize(chat)
     assert smollm2.detokenize(ids) == chat
     assert smollm2.detokenize(ids, skip_special=True) == "user\nHi\nassistant\n"
+
+
+def test_prefill_and_decode_step_as_a_greedy_generation_does(smollm2):
+    # Seed 002's prefill_get_last_logits / decode_get_logits, driven by hand.
+    ctx = smollm2.context()
+    ctx.fill("The capital of France is")
+    greedy = ctx.fork().generate(weft.Argmax(), max_tokens=6, ignore_eos=True).tokens()
+    logits = ctx.prefill()
+    assert logits.dtype == np.float32 and logits.ndim == 1 and len(ctx.pending) == 0
+    chosen = []
+    for _ in range(6):
+        chosen.append(int(np.argmax(logits)))
+        logits = ctx.decode(chosen[-1])
+    assert chosen == greedy
+    assert len(ctx) == len(ctx.tokens) and ctx.tokens[-6:] == greedy
