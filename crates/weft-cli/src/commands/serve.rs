@@ -99,8 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let name = &args.model.model;
     let encoder = match weft::hub::find(name) {
         Some(spec) => spec.is_encoder(),
-        None => weft::checkpoint::folder_of(std::path::Path::new(name))
-            .is_some_and(|dir| weft::checkpoint::is_encoder(&dir)),
+        None => weft::checkpoint::encoder_folder(std::path::Path::new(name)).is_some(),
     };
     anyhow::ensure!(
         !encoder,

@@ -22,8 +22,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = args.model.path()?;
-    let encoder = weft::checkpoint::folder_of(&path).filter(|d| weft::checkpoint::is_encoder(d));
-    let tok = match encoder {
+    let tok = match weft::checkpoint::encoder_folder(&path) {
         // A sentence-embedding encoder: its tokenizer.json (the ids `weft embed` reads, before
         // the cut at the model's longest input).
         Some(dir) => {

@@ -86,6 +86,12 @@ pub fn is_encoder(dir: &Path) -> bool {
     })
 }
 
+/// The folder of an encoder that `path` names (the folder or its `model.safetensors`), if it
+/// is one ([`folder_of`], then [`is_encoder`]).
+pub fn encoder_folder(path: &Path) -> Option<PathBuf> {
+    folder_of(path).filter(|dir| is_encoder(dir))
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io {
         path: path.to_path_buf(),
