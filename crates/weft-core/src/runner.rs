@@ -249,9 +249,11 @@ impl ModelRunner {
     }
 
     /// [`ModelRunner::forward`] where an entry with `mask: Some(i)` attends to the slots
-    /// `masks[i]` allows. A mask must cover exactly the slots up to and including the token's
+    /// `masks[i]` allows. A mask covers at least the slots up to and including the token's
     /// own (the sequence's length before the batch + the token's index among its sequence's
-    /// entries + 1), so it never refers to a slot that is not written yet.
+    /// entries + 1) and at most the slots the batch fills in its sequence: it may see tokens
+    /// later in the batch (bidirectional attention within a block), never a slot no token
+    /// writes. A token and the later slots it sees run in one micro-batch, however long.
     pub fn forward_masked(&mut self, batch: &[BatchEntry], masks: &[SlotMask]) -> Result<&[f32]> {
         self.forward_with(batch, masks, &[])
     }
@@ -325,15 +327,19 @@ impl ModelRunner {
             let k = seen.entry(e.seq).or_default();
             *k += 1;
             if let Some(i) = e.mask {
-                let want = start_len.get(&e.seq).copied().unwrap_or(0) + *k;
+                // A mask covers at least the slots up to the token's own, and at most those
+                // the batch appends to its sequence (later tokens' slots: bidirectional).
+                let start = start_len.get(&e.seq).copied().unwrap_or(0);
+                let own = start + *k;
+                let last = start + growth.get(&e.seq).copied().unwrap_or(0);
                 match masks.get(i as usize) {
-                    Some(m) if m.len() == want => {}
+                    Some(m) if (own..=last).contains(&m.len()) => {}
                     Some(m) => {
                         return Err(Error::BadBatch {
                             reason: format!(
-                                "attention mask {i} covers {} slots; the token is slot {} so it must cover {want}",
+                                "attention mask {i} covers {} slots; the token is slot {} of a sequence the batch fills to {last} slots, so it must cover {own} to {last}",
                                 m.len(),
-                                want - 1
+                                own - 1
                             ),
                         })
                     }
@@ -360,7 +366,8 @@ impl ModelRunner {
             .map(|(i, (seq, _))| (*seq, i as u32))
             .collect();
         let sets: Vec<AdapterSet> = adapters.iter().map(|(_, s)| s.clone()).collect();
-        let result = self.run_ubatches(batch, masks, &lora_of, &sets, embeds, vocab);
+        let ends = ubatch_ends(batch, masks, &start_len, self.max_ubatch);
+        let result = self.run_ubatches(batch, &ends, masks, &lora_of, &sets, embeds, vocab);
         for (&seq, &len) in &start_len {
             if result.is_err() {
                 // Nothing was released during the call, so the sequence can always go back to
@@ -407,9 +414,11 @@ impl ModelRunner {
         &self.logits[..self.last_rows * self.model.info().vocab_size]
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run_ubatches(
         &mut self,
         batch: &[BatchEntry],
+        ends: &[usize],
         masks: &[SlotMask],
         lora_of: &HashMap<SeqId, u32>,
         sets: &[AdapterSet],
@@ -419,7 +428,8 @@ impl ModelRunner {
         let mut row = 0;
         let mut hrow = 0;
         let d = self.model.info().n_embd;
-        for chunk in batch.chunks(self.max_ubatch) {
+        let starts = std::iter::once(0).chain(ends.iter().copied());
+        for chunk in starts.zip(ends).map(|(a, &b)| &batch[a..b]) {
             // Append this micro-batch's slots: each sequence's tokens in batch order.
             let mut per_seq: HashMap<SeqId, Vec<u32>> = HashMap::new();
             for e in chunk {
@@ -466,5 +476,109 @@ impl ModelRunner {
             hrow += n_hid;
         }
         Ok(())
+    }
+}
+
+/// Where the micro-batches of `batch` end: every `max` tokens, except where a token's mask
+/// looks ahead (attends to a slot a later token of its sequence fills). A layer writes its
+/// micro-batch's keys and values before any of them attends, so such a token must share its
+/// micro-batch with every slot it sees: the micro-batch ends at the last point before `max`
+/// where no mask looks past it, or, when there is none, at the first one after.
+fn ubatch_ends(
+    batch: &[BatchEntry],
+    masks: &[SlotMask],
+    start_len: &HashMap<SeqId, usize>,
+    max: usize,
+) -> Vec<usize> {
+    let n = batch.len();
+    // `closed[k]`: no mask of the tokens up to `k` sees a slot past those they append.
+    let mut closed = vec![true; n];
+    if batch.iter().any(|e| e.mask.is_some()) {
+        let mut filled: HashMap<SeqId, usize> = start_len.clone();
+        let mut reach: HashMap<SeqId, usize> = HashMap::new();
+        let mut open: std::collections::HashSet<SeqId> = std::collections::HashSet::new();
+        for (k, e) in batch.iter().enumerate() {
+            let f = filled.entry(e.seq).or_default();
+            *f += 1;
+            let last = e
+                .mask
+                .and_then(|m| masks.get(m as usize))
+                .and_then(SlotMask::last_visible);
+            let r = reach.entry(e.seq).or_default();
+            *r = (*r).max(last.unwrap_or(0));
+            match *r >= *f {
+                true => open.insert(e.seq),
+                false => open.remove(&e.seq),
+            };
+            closed[k] = open.is_empty();
+        }
+    }
+    let fits = |end: usize| end == n || closed[end - 1];
+    let mut ends = Vec::with_capacity(n.div_ceil(max.max(1)));
+    let mut start = 0;
+    while start < n {
+        let want = (start + max.max(1)).min(n);
+        let end = (start + 1..=want)
+            .rev()
+            .find(|&e| fits(e))
+            .or_else(|| (want + 1..=n).find(|&e| fits(e)))
+            .unwrap_or(n);
+        ends.push(end);
+        start = end;
+    }
+    ends
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seq: u32, mask: Option<u32>) -> BatchEntry {
+        BatchEntry {
+            token: 0,
+            pos: 0,
+            seq: SeqId(seq),
+            logits: false,
+            hidden: false,
+            mask,
+            embed: None,
+        }
+    }
+
+    /// A mask over `len` slots seeing `seen`.
+    fn sees(len: usize, seen: std::ops::Range<usize>) -> SlotMask {
+        SlotMask::new((0..len).map(|s| seen.contains(&s)).collect())
+    }
+
+    #[test]
+    fn micro_batches_keep_a_bidirectional_block_whole() {
+        let start: HashMap<SeqId, usize> = [(SeqId(0), 10), (SeqId(1), 0)].into();
+        // Causal: every `max` tokens.
+        let mut batch: Vec<BatchEntry> = (0..10).map(|_| entry(0, None)).collect();
+        assert_eq!(ubatch_ends(&batch, &[], &start, 4), [4, 8, 10]);
+        // Sequence 0's tokens 2..7 (slots 12..17) see each other: a micro-batch may end
+        // before the block or after it, not inside; with a budget of 4 the block runs whole
+        // in one micro-batch of 5.
+        let masks = [sees(17, 12..17), sees(13, 0..13)];
+        for e in &mut batch[2..7] {
+            e.mask = Some(0);
+        }
+        assert_eq!(ubatch_ends(&batch, &masks, &start, 4), [2, 7, 10]);
+        assert_eq!(ubatch_ends(&batch, &masks, &start, 3), [2, 7, 10]);
+        assert_eq!(ubatch_ends(&batch, &masks, &start, 8), [8, 10]);
+        assert_eq!(ubatch_ends(&batch, &masks, &start, 100), [10]);
+        // Masks that see only up to their own slot cut anywhere.
+        for e in &mut batch[2..7] {
+            e.mask = Some(1);
+        }
+        assert_eq!(ubatch_ends(&batch, &masks, &start, 4), [4, 8, 10]);
+        // Another sequence's tokens inside the block ride along.
+        let mut mixed = vec![entry(0, Some(0)), entry(1, None), entry(0, None)];
+        mixed.extend((0..3).map(|_| entry(1, None)));
+        let start: HashMap<SeqId, usize> = [(SeqId(0), 0), (SeqId(1), 0)].into();
+        assert_eq!(
+            ubatch_ends(&mixed, &[sees(2, 0..2)], &start, 1),
+            [3, 4, 5, 6]
+        );
     }
 }

@@ -233,7 +233,10 @@ impl Forward {
         Ok(())
     }
 
-    /// One boolean row per input token: which context positions it may attend to.
+    /// One boolean row per input token (pending tokens first): which tokens of the context
+    /// it attends to, replacing the causal rule. Row `i` covers at least the tokens up to
+    /// itself (`len(ctx) + i + 1`) and at most every token of the pass (`len(ctx) + n`): a
+    /// token may attend to later tokens of the same pass (a bidirectional block).
     fn attention_mask(&mut self, rows: Vec<Vec<bool>>) -> PyResult<()> {
         self.push(Op::AttentionMask(rows))
     }
@@ -257,7 +260,7 @@ impl Forward {
     }
 
     /// An additive attention bias: one row per input token, as long as an attention mask's
-    /// row (`len(ctx) + i + 1`); `-inf` hides a token.
+    /// row may be (`len(ctx) + i + 1` to `len(ctx) + n`); `-inf` hides a token.
     fn attention_bias(&mut self, rows: Vec<Vec<f32>>) -> PyResult<()> {
         self.push(Op::AttentionBias(rows))
     }

@@ -181,18 +181,36 @@ impl<'c> Forward<'c> {
     }
 
     /// An additive attention bias: one row per token of the pass (pending tokens first), of
-    /// the length an [`Forward::attention_mask`] has (`ctx.len() + i + 1` for the pass's
-    /// `i`-th token). Entry `j` is added to the token's score for the sequence's `j`-th
-    /// token; `-inf` hides it. Replaces the causal rule; combined with `attention_mask` if
-    /// both are given (a slot is visible when both allow it).
+    /// a length an [`Forward::attention_mask`] may have (from `ctx.len() + i + 1` for the
+    /// pass's `i`-th token to `ctx.len() + n`). Entry `j` is added to the token's score for
+    /// the sequence's `j`-th token; `-inf` hides it. Replaces the causal rule; combined with
+    /// `attention_mask` if both are given (a slot is visible when both allow it).
     pub fn attention_bias(&mut self, rows: Vec<Vec<f32>>) -> &mut Self {
         self.attn_bias = Some(rows);
         self
     }
 
-    /// Custom attention: one mask per token of the pass (pending tokens first). The mask of
-    /// the pass's `i`-th token covers the context's tokens up to and including itself (length
-    /// `ctx.len() + i + 1`) and says which of them it attends to, replacing the causal rule.
+    /// Custom attention: one mask per token of the pass (pending tokens first), saying which
+    /// of the sequence's tokens it attends to, replacing the causal rule. The mask of the
+    /// pass's `i`-th token covers at least the context's tokens up to and including itself
+    /// (length `ctx.len() + i + 1`) and at most every token of the pass (`ctx.len() + n` for
+    /// a pass of `n`): a token may attend to tokens after it in the same pass, so a block
+    /// can attend bidirectionally (a prefix-LM, or Gemma 3's image tokens). Slots past a
+    /// mask's end are hidden.
+    ///
+    /// ```no_run
+    /// # use weft::{Brle, Engine};
+    /// let engine = Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.context();
+    /// let prefix = engine.tokenize("A prefix every token of which sees all of it");
+    /// let n = prefix.len();
+    /// let mut fwd = ctx.forward();
+    /// fwd.input(&prefix);
+    /// // Every token of the prefix sees the whole prefix.
+    /// fwd.attention_mask(vec![Brle::all(n, true); n]);
+    /// weft::block_on(fwd.execute())?;
+    /// # Ok::<(), weft::Error>(())
+    /// ```
     pub fn attention_mask(&mut self, masks: Vec<Brle>) -> &mut Self {
         self.masks = Some(masks);
         self
@@ -403,11 +421,13 @@ impl<'c> Forward<'c> {
             history.extend_from_slice(&tokens);
             (p, history)
         });
+        let reach = masks.as_deref().map_or_else(Vec::new, |m| reach(base, m));
         let req = PassRequest {
             seq: ctx.seq(),
             tokens,
             positions: self.positions,
             masks,
+            reach,
             samplers: self.samplers,
             probes: self.probes,
             logit_mask,
@@ -502,6 +522,22 @@ pub(crate) fn bias_rows(bias: &[f32], base: usize, n: usize) -> Result<Vec<Vec<f
     Ok(out)
 }
 
+/// Per token `t` of a pass whose first token is slot `base`, the last token of the pass
+/// that a token up to `t` attends to (`t` or less when no mask looks ahead); empty when none
+/// does. The pass may be cut after token `t` (chunked prefill) only when `reach[t] <= t`.
+fn reach(base: usize, masks: &[SlotMask]) -> Vec<u32> {
+    let mut out = Vec::with_capacity(masks.len());
+    let mut far = 0usize;
+    for m in masks {
+        far = far.max(m.last_visible().map_or(0, |s| s.saturating_sub(base)));
+        out.push(far as u32);
+    }
+    if out.iter().enumerate().all(|(t, &r)| r as usize <= t) {
+        out.clear();
+    }
+    out
+}
+
 /// The pass's attention masks, one per token, when any token has a custom mask or bias (the
 /// pass's own `masks` / `bias`, one per token, or the pending tokens' bias rows recorded in
 /// the context by index in the sequence); `None` when every token is causal.
@@ -538,29 +574,34 @@ fn attention(
             b.len(),
         )?;
     }
+    // Token `i` covers at least the slots up to itself, at most those of the whole pass.
+    let fits = |i: usize, len: usize| (base + i + 1..=base + n).contains(&len);
+    let expected = |i: usize, len: usize| match len < base + i + 1 {
+        true => base + i + 1,
+        false => base + n,
+    };
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let expected = base + i + 1;
         let mut mask = match masks.map(|m| &m[i]) {
-            Some(m) if m.len() != expected => {
+            Some(m) if !fits(i, m.len()) => {
                 return Err(Error::MaskLength {
-                    what: "an attention mask (token i of a pass covers the len(ctx) + i + 1 slots up to itself)",
-                    expected,
+                    what: "an attention mask (token i of a pass of n covers from the len(ctx) + i + 1 slots up to itself to the len(ctx) + n of the whole pass)",
+                    expected: expected(i, m.len()),
                     got: m.len(),
                 })
             }
             Some(m) => SlotMask::new(m.to_bools()),
-            None => SlotMask::new(vec![true; expected]),
+            None => SlotMask::new(vec![true; base + i + 1]),
         };
         let row = match bias {
             Some(b) => Some(&b[i]),
             None => pending_bias.get(&(base + i)),
         };
         if let Some(row) = row {
-            if row.len() != expected {
+            if !fits(i, row.len()) {
                 return Err(Error::MaskLength {
-                    what: "an attention bias row (token i of a pass covers the len(ctx) + i + 1 slots up to itself)",
-                    expected,
+                    what: "an attention bias row (token i of a pass of n covers from the len(ctx) + i + 1 slots up to itself to the len(ctx) + n of the whole pass)",
+                    expected: expected(i, row.len()),
                     got: row.len(),
                 });
             }

@@ -78,13 +78,30 @@ fn token(seq: SeqId, slot: usize) -> BatchToken {
 
 /// Attention of the queries at `slots` (their query rows `q`, `N_KV·GROUP × D` each) in `layer`.
 fn run(f: &Fixture, pool: &ThreadPool, layer: usize, slots: &[usize], q: &[f32]) -> Vec<f32> {
+    run_masked(f, pool, layer, slots, &[], q)
+}
+
+/// [`run`] where the query at `slots[i]` attends as `masks[i]` says (causal when `masks` is
+/// empty).
+fn run_masked(
+    f: &Fixture,
+    pool: &ThreadPool,
+    layer: usize,
+    slots: &[usize],
+    masks: &[SlotMask],
+    q: &[f32],
+) -> Vec<f32> {
     let n_head = N_KV * GROUP;
-    let tokens: Vec<BatchToken> = slots.iter().map(|&s| token(f.seq, s)).collect();
+    let tokens: Vec<BatchToken> = (slots.iter().enumerate())
+        .map(|(i, &s)| BatchToken {
+            mask: (!masks.is_empty()).then_some(i as u32),
+            ..token(f.seq, s)
+        })
+        .collect();
     let mut out = vec![0f32; slots.len() * n_head * D];
-    let masks: [SlotMask; 0] = [];
     let scale = 1.0 / (D as f32).sqrt();
     attention(
-        pool, &f.kv, layer, &tokens, &masks, q, n_head, D, scale, &mut out,
+        pool, &f.kv, layer, &tokens, masks, q, n_head, D, scale, &mut out,
     )
     .expect("attention");
     out
@@ -92,11 +109,17 @@ fn run(f: &Fixture, pool: &ThreadPool, layer: usize, slots: &[usize], q: &[f32])
 
 /// A float64 softmax over the f16-rounded keys and values the query at `slot` sees.
 fn reference(f: &Fixture, layer: usize, slot: usize, q: &[f32]) -> Vec<f32> {
-    let round = |x: f32| f64::from(f16::from_f32(x).to_f32());
     let first = match layer {
         1 => (slot + 1).saturating_sub(WINDOW),
         _ => 0,
     };
+    reference_over(f, layer, first..slot + 1, q)
+}
+
+/// A float64 softmax of one query's rows `q` over the f16-rounded keys and values of `seen`.
+fn reference_over(f: &Fixture, layer: usize, seen: std::ops::Range<usize>, q: &[f32]) -> Vec<f32> {
+    let round = |x: f32| f64::from(f16::from_f32(x).to_f32());
+    let (first, slot) = (seen.start, seen.end - 1);
     let scale = 1.0 / (D as f64).sqrt();
     let mut out = vec![0f32; N_KV * GROUP * D];
     for h in 0..N_KV * GROUP {
@@ -163,6 +186,53 @@ fn decode_and_batch_rows_have_the_same_bits_and_match_float64() {
                     "layer {layer} slot {s}: {a} vs {b}"
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn masks_may_see_later_slots_bidirectionally() {
+    let f = fixture();
+    let mut rng = Rng::new(13);
+    let row = N_KV * GROUP * D;
+    // Queries that see slots after their own (the rest of a block a pass fills at once): on
+    // the full layer from far behind to far ahead, across pages and chunks; on the window
+    // layer a block at the end, inside the window on both sides.
+    for (layer, slots, seen) in [
+        (0, vec![300, 301, 420], 250..460),
+        (1, vec![560, 590], 550..N),
+    ] {
+        let mask = SlotMask::new((0..N).map(|s| seen.contains(&s)).collect());
+        let masks = vec![mask; slots.len()];
+        let q = rng.f32s(slots.len() * row, 1.0);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut first: Option<Vec<f32>> = None;
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads);
+            let batch = run_masked(&f, &pool, layer, &slots, &masks, &q);
+            for (i, &s) in slots.iter().enumerate() {
+                let q = &q[i * row..(i + 1) * row];
+                let alone = run_masked(&f, &pool, layer, &[s], &masks[..1], q);
+                let got = &batch[i * row..(i + 1) * row];
+                assert_eq!(
+                    bits(got),
+                    bits(&alone),
+                    "layer {layer} slot {s}, {threads} threads"
+                );
+                let want = reference_over(&f, layer, seen.clone(), q);
+                for (&a, &b) in got.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "layer {layer} slot {s}: {a} vs {b}"
+                    );
+                }
+            }
+            let first = first.get_or_insert_with(|| batch.clone());
+            assert_eq!(
+                bits(first),
+                bits(&batch),
+                "layer {layer}: 1 thread vs {threads}"
+            );
         }
     }
 }

@@ -75,7 +75,9 @@ pub struct BatchToken {
 
 /// Which KV slots of its sequence a token attends to: slot `i` (the `i`-th token appended to
 /// the sequence) is visible when `visible[i]`; slots past the end are not. Replaces the causal
-/// rule for that token (a sliding-window layer still applies its window). A mask may also
+/// rule for that token (a sliding-window layer still applies its window). A mask may reach
+/// past the token's own slot to slots later tokens of the same batch fill (bidirectional
+/// attention within a block, as Gemma 3's image tokens attend). A mask may also
 /// carry an additive attention bias: `bias[i]` is added to the token's (scaled) score for
 /// slot `i`, as Hugging Face's float attention masks are.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -134,6 +136,11 @@ impl SlotMask {
     #[inline]
     pub fn allows(&self, i: usize) -> bool {
         self.visible.get(i).copied().unwrap_or(false)
+    }
+
+    /// The last slot the mask lets through, if any.
+    pub fn last_visible(&self) -> Option<usize> {
+        self.visible.iter().rposition(|&v| v)
     }
 }
 

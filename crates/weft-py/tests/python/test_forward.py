@@ -111,3 +111,23 @@ def test_input_vectors_reproduce_their_tokens_and_a_bias_shapes_attention(smollm
     assert not np.allclose(last_logits(lambda f: (f.input(ids), f.attention_bias(hidden))), plain, atol=1e-2)
     with pytest.raises(weft.MaskLength):
         last_logits(lambda f: (f.input(ids), f.attention_bias([[0.0]] * len(ids))))
+
+
+def test_an_attention_mask_may_look_ahead_within_its_pass(smollm2):
+    ids = smollm2.tokenize("The capital of France is")
+    n = len(ids)
+
+    def first_logits(rows):
+        fwd = smollm2.context().forward()
+        fwd.input(ids)
+        fwd.attention_mask(rows)
+        h = fwd.probe(0, weft.Logits())
+        return fwd.run()[h]
+
+    causal = first_logits([[True] * (i + 1) for i in range(n)])
+    # A prefix-LM: every token sees the whole pass, the first one the tokens after it too.
+    both_ways = first_logits([[True] * n for _ in range(n)])
+    assert np.abs(both_ways - causal).max() > 1.0
+    # Not past the pass's last token.
+    with pytest.raises(weft.MaskLength, match="len\\(ctx\\) \\+ n"):
+        first_logits([[True] * (n + 1)] + [[True] * n for _ in range(n - 1)])

@@ -63,6 +63,10 @@ pub(crate) struct PassRequest {
     pub positions: Vec<u32>,
     /// One attention mask per token, when the pass has custom masks.
     pub masks: Option<Vec<SlotMask>>,
+    /// When a mask looks ahead (bidirectional blocks), per token `t` the last token of the
+    /// pass that tokens up to `t` attend to; a chunk may end after `t` only when
+    /// `reach[t] <= t`. Empty when no mask looks ahead.
+    pub reach: Vec<u32>,
     pub samplers: Vec<SampleSpec>,
     pub probes: Vec<(usize, ProbeKind)>,
     /// Allowed token ids for every sampler (`None`: all).
@@ -77,6 +81,23 @@ pub(crate) struct PassRequest {
     /// Per token of the pass, its input vector (`n_embd` values) when it has one instead of
     /// its id's embedding. Empty when no token has.
     pub embeds: Vec<Option<Arc<[f32]>>>,
+}
+
+impl PassRequest {
+    /// Where a chunk of the pass from token `start` that would end at `want` may end: there,
+    /// or at the last point before it where no token's mask looks past the chunk (a token
+    /// runs with every later token it attends to, as the layer writes their keys first); when
+    /// there is none, at the first such point after `want`.
+    fn chunk_end(&self, start: usize, want: usize) -> usize {
+        let n = self.tokens.len();
+        let fits =
+            |end: usize| end >= n || self.reach.get(end - 1).is_none_or(|&r| (r as usize) < end);
+        (start + 1..=want)
+            .rev()
+            .find(|&e| fits(e))
+            .or_else(|| (want + 1..=n).find(|&e| fits(e)))
+            .unwrap_or(n)
+    }
 }
 
 /// What a pass returns.
@@ -347,9 +368,9 @@ impl Shared {
                 if short && left > budget && !chosen.is_empty() {
                     continue; // a whole short pass or nothing; it goes first next step
                 }
-                let n = left.min(budget);
-                budget -= n;
-                chosen.push((i, a.done, a.done + n));
+                let end = a.req.chunk_end(a.done, a.done + left.min(budget));
+                budget = budget.saturating_sub(end - a.done);
+                chosen.push((i, a.done, end));
             }
         }
         chosen.sort_unstable_by_key(|c| c.0);
