@@ -233,7 +233,11 @@ fn extra_schema(body: &Body) -> Result<Option<Schema>, ApiError> {
         })?;
         match obj.get("type").and_then(|t| t.as_str()) {
             Some("text") => {}
-            Some("json_object") => found.push(Schema::AnyJson),
+            // OpenAI's JSON mode promises an object, not any JSON value (a bare number
+            // could run on digit after digit to the token limit).
+            Some("json_object") => {
+                found.push(Schema::JsonSchema(serde_json::json!({"type": "object"})))
+            }
             Some("json_schema") => {
                 let schema = obj
                     .get("json_schema")
