@@ -19,7 +19,7 @@ use crate::params::{GenParams, MAX_TOP_LOGPROBS};
 use crate::respond::{self, chat_logprob, usage, Chunker, Gathered, Meta};
 use crate::state::{unix_time, State};
 use crate::text::TokenLogprob;
-use crate::tools::{may_be_call, CallDelta, CallStream, ToolCall, Tools};
+use crate::tools::{may_be_call, partial_calls, CallDelta, CallStream, ToolCall, Tools};
 
 /// The handler.
 pub async fn handle(
@@ -147,7 +147,8 @@ fn messages(body: &Body, fold_tools: bool) -> Result<Vec<Value>, ApiError> {
         None => return Err(bad("'messages' is required.".into())),
         Some(_) => return Err(bad("'messages' must be a list of messages.".into())),
     };
-    let mut out = Vec::with_capacity(list.len());
+    let mut out: Vec<Value> = Vec::with_capacity(list.len());
+    let mut folded_tool_last = false;
     for (i, m) in list.iter().enumerate() {
         let obj = m
             .as_object()
@@ -219,12 +220,25 @@ fn messages(body: &Body, fold_tools: bool) -> Result<Vec<Value>, ApiError> {
         }
         if role == "tool" {
             if fold_tools {
-                msg = json!({"role": "user",
-                    "content": format!("<tool_response>\n{content}\n</tool_response>")});
+                let response = format!("<tool_response>\n{content}\n</tool_response>");
+                // The results of one turn's parallel calls go back as one user turn (two user
+                // turns in a row break templates that check roles alternate, as Gemma's).
+                if folded_tool_last {
+                    if let Some(Value::String(prev)) = out
+                        .last_mut()
+                        .and_then(|m: &mut Value| m.get_mut("content"))
+                    {
+                        prev.push('\n');
+                        prev.push_str(&response);
+                        continue;
+                    }
+                }
+                msg = json!({"role": "user", "content": response});
             } else if let Some(id) = obj.get("tool_call_id") {
                 msg["tool_call_id"] = id.clone();
             }
         }
+        folded_tool_last = fold_tools && role == "tool";
         out.push(msg);
     }
     Ok(out)
@@ -282,8 +296,13 @@ async fn collect(
                 json!({"content": lps[i].iter().map(chat_logprob).collect::<Vec<_>>()})
             };
             let call = tools.and_then(|t| t.parse_output(&text[i]));
-            let (message, reason) = match call {
-                Some(calls) => {
+            // A forced answer cut short is still calls, with the arguments written so far
+            // (as streamed), not the calls' JSON as content.
+            let cut = tools
+                .filter(|t| t.forced() && call.is_none())
+                .map(|_| partial_calls(&text[i]));
+            let (message, reason) = match (call, cut) {
+                (Some(calls), _) => {
                     let ids = call_ids(calls.len());
                     (
                         json!({"role": "assistant", "content": null,
@@ -291,7 +310,20 @@ async fn collect(
                         "tool_calls",
                     )
                 }
-                None => (
+                // Cut before any call's arguments began: nothing (a stream sends nothing).
+                (None, Some(calls)) if calls.is_empty() => (
+                    json!({"role": "assistant", "content": null}),
+                    finish[i].as_str(),
+                ),
+                (None, Some(calls)) => {
+                    let ids = call_ids(calls.len());
+                    (
+                        json!({"role": "assistant", "content": null,
+                            "tool_calls": calls_json(&calls, &ids, false)}),
+                        finish[i].as_str(),
+                    )
+                }
+                (None, None) => (
                     json!({"role": "assistant", "content": text[i]}),
                     finish[i].as_str(),
                 ),
@@ -439,5 +471,38 @@ impl Chunker for ChatChunker {
         let mut v = self.meta.chunk(json!([]), true);
         v["usage"] = usage(self.prompt_tokens, self.completion_tokens);
         vec![v]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folded_results_of_one_turn_make_one_user_turn() {
+        let body = Body::parse(
+            json!({"messages": [
+                {"role": "user", "content": "Paris and Rome?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "a", "type": "function", "function": {"name": "w", "arguments": "{}"}},
+                    {"id": "b", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+                {"role": "tool", "tool_call_id": "b", "content": "rainy"},
+                {"role": "user", "content": "Thanks"}]})
+            .to_string()
+            .as_bytes(),
+        )
+        .expect("body");
+        let folded = messages(&body, true).expect("messages");
+        let roles: Vec<&str> = folded.iter().filter_map(|m| m["role"].as_str()).collect();
+        assert_eq!(roles, ["user", "assistant", "user", "user"]);
+        assert_eq!(
+            folded[2]["content"],
+            "<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrainy\n</tool_response>"
+        );
+        // A template that reads tool messages gets each, with its call's id.
+        let native = messages(&body, false).expect("messages");
+        assert_eq!(native.len(), 5);
+        assert_eq!(native[3]["tool_call_id"], "b");
     }
 }

@@ -179,6 +179,17 @@ impl Tools {
                     root.insert(name, def);
                 }
             }
+            // The arguments hold the function's parameters and nothing else, unless its
+            // schema says otherwise: a function has no use for keys it does not declare, and
+            // a small model asked for `city` also wrote `"type"` and `"properties"` keys,
+            // copying the schema it was shown.
+            if let Some(p) = params.as_object_mut() {
+                let is_object = p.get("type").and_then(Value::as_str) == Some("object")
+                    || p.contains_key("properties");
+                if is_object && !p.contains_key("additionalProperties") {
+                    p.insert("additionalProperties".into(), Value::Bool(false));
+                }
+            }
             calls.push(json!({
                 "type": "object",
                 "properties": {"name": {"const": t.name}, "arguments": params},
@@ -233,6 +244,26 @@ impl Tools {
     }
 }
 
+/// The calls a forced answer cut short (by `max_tokens`) had begun: each with its name and
+/// the arguments text written so far, as a stream of it would have sent them.
+pub fn partial_calls(text: &str) -> Vec<ToolCall> {
+    let mut calls: Vec<ToolCall> = Vec::new();
+    for d in CallStream::default().push(text) {
+        match d {
+            CallDelta::Start { name, .. } => calls.push(ToolCall {
+                name,
+                arguments: String::new(),
+            }),
+            CallDelta::Arguments { index, text } => {
+                if let Some(c) = calls.get_mut(index) {
+                    c.arguments.push_str(&text);
+                }
+            }
+        }
+    }
+    calls
+}
+
 const TAG: &str = "<tool_call>";
 const END_TAG: &str = "</tool_call>";
 
@@ -284,7 +315,11 @@ fn tool(v: &Value) -> Result<Tool, ApiError> {
         Some(_) => return Err(bad("A function's 'description' must be a string.")),
     };
     let parameters = match f.get("parameters") {
-        None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+        // No parameters: the arguments are `{}` (an open object let a forced call's
+        // arguments run on with keys the model made up).
+        None | Some(Value::Null) => {
+            json!({"type": "object", "properties": {}, "additionalProperties": false})
+        }
         Some(p @ Value::Object(_)) => p.clone(),
         Some(_) => {
             return Err(bad(
@@ -404,6 +439,43 @@ impl CallStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forced_arguments_hold_declared_keys_only_unless_the_schema_says_so() {
+        let open = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+        let free = json!({"type": "object", "additionalProperties": true});
+        let body = Body::parse(
+            json!({"tool_choice": "required", "tools": [
+                {"type": "function", "function": {"name": "weather", "parameters": open}},
+                {"type": "function", "function": {"name": "free", "parameters": free}},
+                {"type": "function", "function": {"name": "now"}}]})
+            .to_string()
+            .as_bytes(),
+        )
+        .expect("body");
+        let tools = Tools::parse(&body).expect("tools").expect("some");
+        let schema = tools.schema().expect("schema");
+        let args = |i: usize| &schema["items"]["anyOf"][i]["properties"]["arguments"];
+        assert_eq!(args(0)["additionalProperties"], false);
+        assert_eq!(args(1)["additionalProperties"], true);
+        assert_eq!(
+            args(2),
+            &json!({"type": "object", "properties": {}, "additionalProperties": false})
+        );
+    }
+
+    #[test]
+    fn a_forced_answer_cut_short_gives_the_calls_begun() {
+        let cut = r#"[{"name": "weather", "arguments": {"city": "Pa"#;
+        assert_eq!(
+            partial_calls(cut),
+            vec![ToolCall {
+                name: "weather".into(),
+                arguments: r#"{"city": "Pa"#.into()
+            }]
+        );
+        assert!(partial_calls(r#"[{"na"#).is_empty());
+    }
 
     #[test]
     fn a_forced_answer_streams_names_then_argument_pieces() {

@@ -198,3 +198,78 @@ def test_tool_choice_auto_gives_content_or_valid_calls(client, model):
     else:
         assert isinstance(choice.message.content, str)
         assert choice.finish_reason in ("stop", "length")
+
+
+def test_a_forced_call_cut_short_is_a_call_streamed_or_not(client, model):
+    # Cut by max_tokens inside its arguments: the non-streamed answer used to put the calls'
+    # JSON in `content`, while the stream sent tool-call deltas.
+    def both(max_tokens):
+        req = dict(
+            model=model, messages=QUESTION, tools=TOOLS, tool_choice={"type": "function",
+            "function": {"name": "get_weather"}}, max_tokens=max_tokens, **greedy()
+        )
+        choice = client.chat.completions.create(**req).choices[0]
+        assert choice.finish_reason == "length", choice
+        assert choice.message.content is None, choice.message
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        streamed, content, finish = [], "", None
+        for chunk in client.chat.completions.create(stream=True, **req):
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                for d in c.delta.tool_calls or []:
+                    if d.function.name:
+                        streamed.append((d.function.name, ""))
+                    name, args = streamed[-1]
+                    streamed[-1] = (name, args + (d.function.arguments or ""))
+                finish = c.finish_reason or finish
+        assert (streamed, content, finish) == (calls, "", "length")
+        return calls
+
+    # Cut inside the arguments: the call begun, with its arguments so far.
+    [(name, args)] = both(24)
+    assert name == "get_weather" and args.startswith("{"), args
+    # Cut before they begin: no call and no content either way.
+    assert both(3) == []
+
+
+def test_a_function_without_parameters_gets_empty_arguments(client, model):
+    tools = [{"type": "function", "function": {"name": "now", "description": "Current time"}}]
+    r = client.chat.completions.create(
+        model=model, messages=user("What time is it?"), tools=tools, tool_choice="required",
+        parallel_tool_calls=False, max_tokens=40, **greedy()
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in
+            choice.message.tool_calls] == [("now", {})]
+
+
+def test_open_parameters_are_closed_to_undeclared_keys(client, model):
+    # A schema that does not say `additionalProperties`: the arguments hold its keys only (a
+    # small model copied "type" and "properties" keys from the schema it was shown).
+    params = {k: v for k, v in WEATHER_PARAMS.items() if k != "additionalProperties"}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}}]
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model=model, messages=QUESTION, tools=tools, tool_choice="required",
+            parallel_tool_calls=False, max_tokens=80, temperature=1.0, seed=seed
+        )
+        for c in r.choices[0].message.tool_calls or []:
+            assert set(json.loads(c.function.arguments)) <= {"city", "unit"}, c
+
+
+def test_parallel_tool_results_go_back_as_one_turn(client, model):
+    # Two results of one turn's calls: templates that check roles alternate (Gemma 3's) saw
+    # two user turns in a row and refused the conversation.
+    args = json.dumps({"city": "Paris", "unit": "celsius"})
+    messages = user("What is the weather in Paris and in Rome?") + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": "get_weather", "arguments": args}}
+            for i in ("a", "b")]},
+        {"role": "tool", "tool_call_id": "a", "content": "sunny, 21"},
+        {"role": "tool", "tool_call_id": "b", "content": "rainy, 14"},
+    ]
+    r = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, max_tokens=8, **greedy()
+    )
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
