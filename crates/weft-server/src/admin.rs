@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::body::Body;
 use crate::error::ApiError;
-use crate::state::{unix_time, State};
+use crate::state::State;
 
 /// `GET /health`: 200 once the model is loaded, 503 before.
 pub async fn health(Extract(state): Extract<Arc<State>>) -> Result<Json<Value>, ApiError> {
@@ -46,7 +46,7 @@ pub async fn model(
 /// Every model object `/v1/models` lists.
 fn model_list(state: &State) -> Vec<Value> {
     let mut model = json!({
-        "id": state.config.model_id, "object": "model", "created": unix_time(), "owned_by": "weft",
+        "id": state.config.model_id, "object": "model", "created": state.started, "owned_by": "weft",
     });
     if let Ok(engine) = state.engine() {
         model["meta"] = json!({
@@ -57,15 +57,15 @@ fn model_list(state: &State) -> Vec<Value> {
     }
     let base = &state.config.model_id;
     let mut data = vec![model];
-    for (name, adapter) in state.adapters() {
+    for (name, _) in state.adapters() {
         data.push(json!({
-            "id": format!("{base}:{name}"), "object": "model", "created": unix_time(),
-            "owned_by": "weft", "parent": base, "root": adapter.name(),
+            "id": format!("{base}:{name}"), "object": "model", "created": state.started,
+            "owned_by": "weft", "parent": base, "root": name,
         }));
     }
     if let Some(id) = state.embedding_id() {
         data.push(json!({
-            "id": id, "object": "model", "created": unix_time(), "owned_by": "weft",
+            "id": id, "object": "model", "created": state.started, "owned_by": "weft",
         }));
     }
     data

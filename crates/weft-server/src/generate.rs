@@ -222,7 +222,7 @@ async fn run_prompt(
 
 /// A scoring pass's probes: at each position, the log-probability of the token `next` holds
 /// for it and, for `k` > 0, the `k` most likely tokens there.
-type ScoringProbes = Vec<(ProbeHandle<Logprob>, Option<ProbeHandle<Distribution>>)>;
+type ScoringProbes = Vec<(u32, ProbeHandle<Logprob>, Option<ProbeHandle<Distribution>>)>;
 
 fn scoring_probes(pass: &mut weft::Forward<'_>, next: &[u32], k: usize) -> ScoringProbes {
     let top = Distribution {
@@ -233,6 +233,7 @@ fn scoring_probes(pass: &mut weft::Forward<'_>, next: &[u32], k: usize) -> Scori
         .enumerate()
         .map(|(i, &t)| {
             (
+                t,
                 pass.probe(i, Logprob(t)),
                 (k > 0).then(|| pass.probe(i, top)),
             )
@@ -245,19 +246,28 @@ fn scoring_probes(pass: &mut weft::Forward<'_>, next: &[u32], k: usize) -> Scori
 fn prompt_scores(out: &weft::ForwardOutput, probes: &ScoringProbes) -> Vec<PromptScore> {
     probes
         .iter()
-        .map(|&(own, top)| PromptScore {
-            logprob: clamp_logprob(
+        .map(|&(id, own, top)| {
+            let logprob = clamp_logprob(
                 out.logprobs(own)
                     .and_then(|v| v.first().copied())
                     .unwrap_or(f32::NEG_INFINITY),
-            ),
-            top: top
+            );
+            // The token among its alternatives with the same number as on its own (the log of
+            // a probability differs from a log-softmax in the last bits).
+            let top = top
                 .and_then(|h| out.distribution(h))
                 .map(|(ids, ps)| {
-                    let lps = ps.iter().map(|p| clamp_logprob(p.ln()));
-                    ids.iter().copied().zip(lps).collect()
+                    let lp = |(&t, p): (&u32, &f32)| match t == id {
+                        true => logprob,
+                        false => clamp_logprob(p.ln()),
+                    };
+                    ids.iter()
+                        .copied()
+                        .zip(ids.iter().zip(ps).map(lp))
+                        .collect()
                 })
-                .unwrap_or_default(),
+                .unwrap_or_default();
+            PromptScore { logprob, top }
         })
         .collect()
 }

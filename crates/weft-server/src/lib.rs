@@ -72,7 +72,20 @@ pub fn router(state: Arc<State>) -> Router {
             ApiError::method_not_allowed(&method, uri.path())
         })
         .layer(DefaultBodyLimit::max(state.config.body_limit))
+        .layer(cors())
         .with_state(state)
+}
+
+/// Browsers may call the server from any page (as llama-server and vLLM allow by default):
+/// preflight `OPTIONS` requests are answered, and responses say any origin may read them. An
+/// API key still guards the endpoints that run the model.
+fn cors() -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{Any, CorsLayer};
+    CorsLayer::new()
+        .allow_origin(Any)
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers(Any)
+        .expose_headers([header::RETRY_AFTER])
 }
 
 /// Serves `router(state)` on `listener` until Ctrl-C, SIGTERM or `stop` completes (the front

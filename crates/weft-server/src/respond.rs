@@ -204,7 +204,13 @@ pub fn check_length(
     }
     if let Some(m) = max_tokens {
         if prompt + m > n_ctx {
-            return Err(ApiError::context_length(param, prompt, Some(m), n_ctx));
+            // The prompt fits: what to lower is the completion asked for.
+            return Err(ApiError::context_length(
+                "max_tokens",
+                prompt,
+                Some(m),
+                n_ctx,
+            ));
         }
     }
     Ok(())

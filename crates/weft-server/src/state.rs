@@ -69,6 +69,8 @@ pub struct State {
     pub admission: Arc<Admission>,
     pub metrics: ServerMetrics,
     ids: AtomicU64,
+    /// When the server started (Unix seconds): the `created` of the models it lists.
+    pub started: u64,
 }
 
 impl State {
@@ -82,6 +84,7 @@ impl State {
             load_error: OnceLock::new(),
             metrics: ServerMetrics::default(),
             ids: AtomicU64::new(0),
+            started: unix_time(),
         }
     }
 
@@ -185,16 +188,17 @@ impl State {
         }
     }
 
-    /// The model id a response reports for a request that asked for `asked`: the id asked
-    /// for (an adapter's `NAME` or `BASE:NAME`, as vLLM answers), the base model's under its
-    /// own name rather than an alias (`alias:NAME` is reported as `BASE:NAME`).
+    /// The model id a response reports for a request that asked for `asked`: an adapter as
+    /// `BASE:NAME` however it was named (`NAME`, `alias:NAME`), as `/v1/models` lists it; the
+    /// base model under its own name rather than an alias.
     pub fn reported_model(&self, asked: Option<String>) -> String {
         let base = &self.config.model_id;
         match asked {
             Some(m) if canonical(&m) == base => base.clone(),
             Some(m) => {
                 let name = self.adapter_part(&m);
-                if name.len() < m.len() {
+                let adapter = self.adapters().iter().any(|(n, _)| n == name);
+                if name.len() < m.len() || adapter {
                     format!("{base}:{name}")
                 } else {
                     m

@@ -334,6 +334,35 @@ fn api_key_guards_the_api_but_not_health_or_models() {
             let resp = router(s.clone()).oneshot(req).await.expect("infallible");
             assert_eq!(resp.status(), want, "{header}");
         }
+        // A browser's preflight needs no key and is answered; answers (errors included) say
+        // any origin may read them.
+        let req = Request::builder()
+            .method("OPTIONS")
+            .uri("/v1/chat/completions")
+            .header("origin", "http://localhost:3000")
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .body(Body::empty())
+            .expect("request");
+        let resp = router(s.clone()).oneshot(req).await.expect("infallible");
+        assert!(resp.status().is_success(), "{}", resp.status());
+        let h = resp.headers();
+        assert_eq!(h["access-control-allow-origin"], "*");
+        assert!(h["access-control-allow-methods"]
+            .to_str()
+            .is_ok_and(|m| m.contains("POST")));
+        let req = Request::builder()
+            .method("POST")
+            .uri("/tokenize")
+            .header("origin", "http://localhost:3000")
+            .body(Body::from(json!({"content": "x"}).to_string()))
+            .expect("request");
+        let resp = router(s.clone()).oneshot(req).await.expect("infallible");
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(resp.headers()["access-control-allow-origin"], "*");
     });
 }
 
@@ -401,13 +430,19 @@ fn an_adapter_is_chosen_by_model_name_and_listed() {
         let v: Value = serde_json::from_slice(&body).expect("json");
         assert_eq!(v["data"][1]["id"], "smollm2-135m:weaver");
         assert_eq!(v["data"][1]["parent"], "smollm2-135m");
+        // The adapter by its name, not its file's path (the list answers without an API key).
+        assert_eq!(v["data"][1]["root"], "weaver");
         assert_eq!(v["data"][0]["meta"]["architecture"], "llama");
+        // `created`: when the server started, the same on every call.
+        assert_eq!(v["data"][0]["created"], json!(s.started));
         // One model by id, as the OpenAI client's `models.retrieve` asks.
         let ids = [
             "smollm2-135m",
             "smollm2-135m:weaver",
             "smollm2",
             "smollm2:weaver",
+            "smollm2-135m",
+            "weaver",
         ];
         for (i, id) in ids.iter().enumerate() {
             let (st, body) = call(&s, "GET", &format!("/v1/models/{id}"), "").await;
@@ -436,14 +471,12 @@ fn an_adapter_is_chosen_by_model_name_and_listed() {
                 Some(want.as_str()),
                 "{model}"
             );
-            // Adapters answer under the name asked; the base model under its own name.
-            let reported = model.replace("smollm2:", "smollm2-135m:");
-            let reported = if model == "smollm2" {
-                "smollm2-135m"
-            } else {
-                &reported
+            // Adapters answer as `/v1/models` lists them, the base model under its own name.
+            let reported = match want == &adapted {
+                true => "smollm2-135m:weaver",
+                false => "smollm2-135m",
             };
-            assert_eq!(v["model"], reported);
+            assert_eq!(v["model"], reported, "{model}");
         }
         let (st, v) = post(
             &s,

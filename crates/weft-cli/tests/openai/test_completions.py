@@ -220,6 +220,10 @@ def test_an_echoed_prompt_is_scored_as_llama_cpp_scores_it(http, model):
             assert len(ours) == 5, top
             if theirs[0] - theirs[1] >= 0.5:
                 assert abs(own - ours[0]) < 1e-3, (case["prompt"], s, own, top)
+            # A token among its alternatives has the number it has on its own.
+            tok = lp["tokens"][start + s]
+            if tok in top:
+                assert top[tok] == own, (tok, own, top)
             gaps += [abs((ours[0] - ours[j]) - (theirs[0] - theirs[j])) for j in range(1, 5)]
     # A long prompt is scored in parts; each position's scores are those of a shorter prompt.
     ids = (cases[0]["prompt_ids"] + cases[0]["greedy_ids"]) * 5

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import assert_error, kv_idle, make_client, start_server, tokenize, user
+from conftest import assert_error, greedy, kv_idle, make_client, start_server, tokenize, user
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -105,7 +105,17 @@ def test_completion_prompt_over_the_context_is_context_length_exceeded(server, h
 def test_prompt_plus_max_tokens_over_the_context_is_context_length_exceeded(server, http, model):
     _, n_ctx = _completion_context(server, http, model)
     body = {"model": model, "prompt": "hello " * (n_ctx // 2), "max_tokens": n_ctx}
-    _context_error(http.post(COMPLETIONS, json=body))
+    r = http.post(COMPLETIONS, json=body)
+    _context_error(r)
+    # The prompt fits: the parameter to lower is max_tokens.
+    assert r.json()["error"]["param"] == "max_tokens", r.json()
+
+
+def test_a_completion_without_max_tokens_writes_16_tokens_as_openai(client, model):
+    r = client.completions.create(
+        model=model, prompt="Once upon a time", extra_body={"ignore_eos": True}, **greedy()
+    )
+    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length", r
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
