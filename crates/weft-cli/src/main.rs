@@ -38,7 +38,7 @@ enum Command {
     /// Fetch a known model into the cache (`$WEFT_HOME`, default ~/.cache/weft).
     Pull(commands::pull::Args),
     /// List the known models and whether they are cached.
-    Models,
+    Models(commands::pull::ListArgs),
     /// Print a model file's architecture, hyper-parameters, tokenizer and tensors.
     Inspect(commands::inspect::Args),
     /// Tokenize text read from stdin; print the ids as one JSON array.
@@ -108,7 +108,7 @@ fn run() -> anyhow::Result<()> {
         Command::Embed(args) => commands::embed::run(args),
         Command::Perplexity(args) => commands::perplexity::run(args),
         Command::Pull(args) => commands::pull::run(args),
-        Command::Models => commands::pull::list(),
+        Command::Models(args) => commands::pull::list(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Tokenize(args) => commands::tokenize::run(args),
     }

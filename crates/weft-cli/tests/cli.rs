@@ -347,8 +347,9 @@ fn a_checkpoint_folder_is_converted_once_and_again_when_it_changes() {
     let converted = || -> Vec<(std::path::PathBuf, std::time::SystemTime)> {
         std::fs::read_dir(home.path().join("converted"))
             .expect("the cache of conversions")
-            .map(|e| {
-                let p = e.expect("entry").path();
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+            .map(|p| {
                 let t = std::fs::metadata(&p)
                     .and_then(|m| m.modified())
                     .expect("mtime");
@@ -392,6 +393,34 @@ fn a_checkpoint_folder_is_converted_once_and_again_when_it_changes() {
         ),
         "{report}"
     );
+    // `weft models` counts the conversion; once its folder is gone, `--prune` removes it.
+    let models = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .arg("models")
+            .args(args)
+            .env("WEFT_HOME", home.path())
+            .output()
+            .expect("run weft models");
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let listed = models(&[]);
+    assert!(listed.contains("conversions: 1 in "), "{listed}");
+    assert!(!listed.contains("will not be used again"), "{listed}");
+    assert_eq!(models(&["--prune"]), "0 files removed, 0 MiB freed\n");
+    assert_eq!(converted().len(), 1);
+    drop(folder);
+    assert!(models(&[]).contains("1 of them"));
+    let pruned = models(&["--prune"]);
+    assert!(
+        pruned.starts_with(&format!("removed {} (", again[0].0.display())),
+        "{pruned}"
+    );
+    assert!(converted().is_empty());
+    let left = std::fs::read_dir(home.path().join("converted"))
+        .expect("cache")
+        .count();
+    assert_eq!(left, 0, "the conversion's record went with it");
 }
 
 /// `weft run --json` output as (prompt ids, generated ids).

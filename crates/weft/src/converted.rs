@@ -9,7 +9,9 @@
 //! A cached file is named after the folder and keyed by the folder's path, the weight type, the
 //! conversion's version and every file of the folder (name, size, modification time): a change
 //! to any makes a new conversion, which replaces the folder's older one. Where the cache cannot
-//! be written, the conversion is used from memory.
+//! be written, the conversion is used from memory. Beside each conversion a `.source` file
+//! names its source, so that [`prune_conversions`] can tell the conversions no load will use
+//! again (their source moved, changed or gone) from the current ones.
 
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
@@ -50,7 +52,7 @@ pub fn open_model(path: &Path, weights: WeightType) -> Result<(GgufFile, Option<
         }
     };
     if let Some(file) = cached {
-        match store(&file, &bytes) {
+        match store(&file, &bytes, source) {
             Ok(()) => {
                 drop(bytes);
                 return Ok((GgufFile::open(&file)?, Some(file)));
@@ -111,15 +113,19 @@ fn cache_path(cache: &Path, source: &Path, weights: WeightType) -> Option<PathBu
     Some(cache.join(format!("{prefix}{}.gguf", hex(&contents.finalize()))))
 }
 
-/// Writes `bytes` to `file` (through a temporary name, so a reader never sees half a file) and
-/// removes the folder's older conversions to the same weight type.
-fn store(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `bytes` to `file` (through a temporary name, so a reader never sees half a file)
+/// with the sidecar naming `source`, and removes the folder's older conversions to the same
+/// weight type.
+fn store(file: &Path, bytes: &[u8], source: &Path) -> std::io::Result<()> {
     let dir = file.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let name = file.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, file)?;
+    if let Ok(source) = source.canonicalize() {
+        let _ = std::fs::write(sidecar(file), source.as_os_str().as_encoded_bytes());
+    }
     // The prefix is everything but the contents hash and the extension.
     let prefix = name.rsplit_once('-').map(|(p, _)| format!("{p}-"));
     if let (Some(prefix), Ok(entries)) = (prefix, std::fs::read_dir(dir)) {
@@ -127,8 +133,147 @@ fn store(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
             let other = e.file_name().to_string_lossy().into_owned();
             if other.starts_with(&prefix) && other.ends_with(".gguf") && other != name {
                 let _ = std::fs::remove_file(e.path());
+                let _ = std::fs::remove_file(sidecar(&e.path()));
             }
         }
     }
     Ok(())
+}
+
+/// The file beside conversion `file` that names its source.
+fn sidecar(file: &Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".source");
+    PathBuf::from(name)
+}
+
+/// One conversion in the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conversion {
+    /// The converted GGUF file.
+    pub file: PathBuf,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// The checkpoint folder or GGUF file it was made from (`None`: not recorded, as by
+    /// versions of weft before the record).
+    pub source: Option<PathBuf>,
+    /// Whether loading `source` now would use this file: the source is where it was, with
+    /// the same files.
+    pub current: bool,
+}
+
+/// The conversions in the cache under `home` (the hub's home: `converted/` in it), by name.
+pub fn conversions(home: &Path) -> Vec<Conversion> {
+    let cache = home.join("converted");
+    let Ok(entries) = std::fs::read_dir(&cache) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Conversion> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .filter_map(|file| {
+            let bytes = std::fs::metadata(&file).ok()?.len();
+            let source = std::fs::read(sidecar(&file))
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .map(PathBuf::from);
+            // The weight type is the name's second field from the end.
+            let name = file.file_stem()?.to_string_lossy().into_owned();
+            let weights = name.rsplitn(3, '-').nth(1).and_then(|w| w.parse().ok());
+            let current = match (&source, weights) {
+                (Some(src), Some(w)) => cache_path(&cache, src, w).is_some_and(|p| p == file),
+                _ => false,
+            };
+            Some(Conversion {
+                file,
+                bytes,
+                source,
+                current,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.file.cmp(&b.file));
+    out
+}
+
+/// Removes the conversions under `home` that no load will use again (see
+/// [`Conversion::current`]) and temporary files left by interrupted ones; returns what was
+/// removed. A removed conversion costs only a new conversion should its source come back.
+pub fn prune_conversions(home: &Path) -> std::io::Result<Vec<Conversion>> {
+    let mut removed = Vec::new();
+    for c in conversions(home).into_iter().filter(|c| !c.current) {
+        std::fs::remove_file(&c.file)?;
+        let _ = std::fs::remove_file(sidecar(&c.file));
+        removed.push(c);
+    }
+    // Temporary files of conversions whose writer is gone.
+    if let Ok(entries) = std::fs::read_dir(home.join("converted")) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .strip_suffix(".tmp")
+                .and_then(|n| n.rsplit('.').next())
+                .and_then(|p| p.parse::<u32>().ok());
+            let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            if name.starts_with('.') && pid.is_some() && !alive {
+                let bytes = e.metadata().map_or(0, |m| m.len());
+                std::fs::remove_file(e.path())?;
+                removed.push(Conversion {
+                    file: e.path(),
+                    bytes,
+                    source: None,
+                    current: false,
+                });
+            }
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prune_keeps_current_conversions_only() {
+        let home = std::env::temp_dir().join(format!("weft-prune-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&home);
+        let cache = home.join("converted");
+        std::fs::create_dir_all(&cache).expect("cache");
+        let source = |name: &str, text: &str| {
+            let p = home.join(name);
+            std::fs::write(&p, text).expect("source");
+            p
+        };
+        let (kept, changed, gone) = (
+            source("a.gguf", "a"),
+            source("b.gguf", "b"),
+            source("c.gguf", "c"),
+        );
+        let mut files = Vec::new();
+        for src in [&kept, &changed, &gone] {
+            let file = cache_path(&cache, src, WeightType::F32).expect("path");
+            store(&file, b"converted", src).expect("store");
+            files.push(file);
+        }
+        // Made by an older weft: no record of its source.
+        let unrecorded = cache.join("old-0123456789abcdef-f16-0123456789abcdef.gguf");
+        std::fs::write(&unrecorded, b"old").expect("old");
+        std::fs::write(&changed, "b, edited").expect("edit");
+        std::fs::remove_file(&gone).expect("remove");
+        let listed = conversions(&home);
+        assert_eq!(listed.len(), 4);
+        assert_eq!(listed.iter().filter(|c| c.current).count(), 1);
+        let removed = prune_conversions(&home).expect("prune");
+        let mut removed: Vec<PathBuf> = removed.into_iter().map(|c| c.file).collect();
+        removed.sort();
+        let mut want = vec![files[1].clone(), files[2].clone(), unrecorded];
+        want.sort();
+        assert_eq!(removed, want);
+        assert!(files[0].is_file() && sidecar(&files[0]).is_file());
+        assert!(!sidecar(&files[1]).exists());
+        assert_eq!(conversions(&home).len(), 1);
+        let _ = std::fs::remove_dir_all(&home);
+    }
 }

@@ -52,7 +52,7 @@ pub use brle::Brle;
 pub use chat::{ChatTemplate, Message};
 pub use constraint::{Constraint, Schema, TokenMask};
 pub use context::Context;
-pub use converted::open_model;
+pub use converted::{conversions, open_model, prune_conversions, Conversion};
 pub use embed::{
     ensure_decoder, is_gguf, open_embedding_model, EmbedOptions, EmbeddingModel, Pooling,
 };

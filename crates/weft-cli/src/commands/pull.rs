@@ -26,8 +26,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn list() -> anyhow::Result<()> {
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// Remove the cached conversions (checkpoint folders, widened GGUF files) that no load
+    /// will use again: their source moved, changed or is gone.
+    #[arg(long)]
+    prune: bool,
+}
+
+pub fn list(args: ListArgs) -> anyhow::Result<()> {
     let hub = Hub::from_env()?;
+    if args.prune {
+        let removed = weft::prune_conversions(hub.home())?;
+        for c in &removed {
+            println!("removed {} ({})", c.file.display(), size(c.bytes));
+        }
+        let freed = removed.iter().map(|c| c.bytes).sum();
+        println!("{} files removed, {} freed", removed.len(), size(freed));
+        return Ok(());
+    }
     for spec in weft::hub::known_models() {
         let status = match hub.cached_path(spec) {
             Some(p) => format!("cached at {}", p.display()),
@@ -43,5 +60,33 @@ pub fn list() -> anyhow::Result<()> {
         };
         println!("{}{notes}: {} — {status}", spec.name, spec.description);
     }
+    let conversions = weft::conversions(hub.home());
+    if !conversions.is_empty() {
+        let total = conversions.iter().map(|c| c.bytes).sum();
+        let stale: Vec<_> = conversions.iter().filter(|c| !c.current).collect();
+        print!(
+            "conversions: {} in {} ({})",
+            conversions.len(),
+            hub.home().join("converted").display(),
+            size(total)
+        );
+        match stale.len() {
+            0 => println!(),
+            n => println!(
+                "; {n} of them ({}) will not be used again (source moved, changed or gone) or \
+                 were made by an older weft: `weft models --prune` removes them",
+                size(stale.iter().map(|c| c.bytes).sum())
+            ),
+        }
+    }
     Ok(())
+}
+
+/// Bytes as MiB or GiB.
+fn size(bytes: u64) -> String {
+    let mib = bytes as f64 / (1024.0 * 1024.0);
+    match mib >= 1024.0 {
+        true => format!("{:.1} GiB", mib / 1024.0),
+        false => format!("{mib:.0} MiB"),
+    }
 }
