@@ -180,7 +180,7 @@ pub fn conversions(home: &Path) -> Vec<Conversion> {
                 .map(PathBuf::from);
             // The weight type is the name's second field from the end.
             let name = file.file_stem()?.to_string_lossy().into_owned();
-            let weights = name.rsplitn(3, '-').nth(1).and_then(|w| w.parse().ok());
+            let weights = name.rsplit('-').nth(1).and_then(|w| w.parse().ok());
             let current = match (&source, weights) {
                 (Some(src), Some(w)) => cache_path(&cache, src, w).is_some_and(|p| p == file),
                 _ => false,
