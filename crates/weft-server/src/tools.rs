@@ -268,14 +268,26 @@ const TAG: &str = "<tool_call>";
 const END_TAG: &str = "</tool_call>";
 
 /// Whether a streamed answer that starts with `text` may still turn out to be calls (the
-/// same rule as [`Tools::parse_output`]: calls are the whole answer).
+/// same rule as [`Tools::parse_output`]: calls are the whole answer, a tagged block or a
+/// JSON call or list of calls). A JSON answer is held back only while it can still be a call:
+/// an object whose first key is `name` or `arguments`, or a list of such objects; any other
+/// JSON (`{"answer": 4}`) streams as content as soon as its first key shows it.
 pub fn may_be_call(text: &str) -> bool {
     let t = text.trim_start();
-    t.is_empty()
-        || TAG.starts_with(t)
-        || t.starts_with(TAG)
-        || t.starts_with('[')
-        || t.starts_with('{')
+    if t.is_empty() || TAG.starts_with(t) || t.starts_with(TAG) {
+        return true;
+    }
+    let t = match t.strip_prefix('[') {
+        Some(rest) => rest.trim_start(),
+        None => t,
+    };
+    let Some(rest) = t.strip_prefix('{') else {
+        return t.is_empty();
+    };
+    let rest = rest.trim_start();
+    ["\"name\"", "\"arguments\""]
+        .iter()
+        .any(|key| key.starts_with(rest) || rest.starts_with(key))
 }
 
 /// The call objects of a JSON list or object.
@@ -533,6 +545,20 @@ mod tests {
             .parse_output("Sure.<tool_call>[{\"name\": \"f\"}]</tool_call>")
             .is_none());
         assert!(may_be_call("  <tool") && !may_be_call("Sure"));
+        // JSON is held only while it can be a call.
+        for held in [
+            "[",
+            " [ {",
+            "{\"na",
+            "{ \"name\": \"f",
+            "[{\"arguments\": {",
+            "{\n",
+        ] {
+            assert!(may_be_call(held), "{held:?}");
+        }
+        for content in ["{\"answer\"", "[1, 2]", "{\"n\": 1", "[\"a\"", "{}"] {
+            assert!(!may_be_call(content), "{content:?}");
+        }
         assert!(tools
             .parse_output("[{\"name\": \"g\", \"arguments\": {}}]")
             .is_none());
