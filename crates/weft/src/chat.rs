@@ -149,6 +149,8 @@ pub struct ChatTemplate {
     source: String,
     bos: String,
     eos: String,
+    /// Weft's template for the model's family, the file having none.
+    builtin: bool,
 }
 
 const NAME: &str = "chat";
@@ -176,7 +178,9 @@ impl ChatTemplate {
             }
         })?;
         let (bos, eos) = special_texts(tok);
-        ChatTemplate::from_source(src, &bos, &eos)
+        let mut t = ChatTemplate::from_source(src, &bos, &eos)?;
+        t.builtin = true;
+        Ok(t)
     }
 
     /// Compiles a Jinja chat template; `bos` and `eos` are the texts of `bos_token` and
@@ -214,12 +218,20 @@ impl ChatTemplate {
             source: source.to_string(),
             bos: bos.to_string(),
             eos: eos.to_string(),
+            builtin: false,
         })
     }
 
     /// The template's Jinja source.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// Whether this is weft's template for the model's family ([`ChatTemplate::builtin`]),
+    /// the model file having none of its own — as a pretrained base model has, which answers a
+    /// chat poorly.
+    pub fn is_builtin(&self) -> bool {
+        self.builtin
     }
 
     /// Renders a conversation. With `add_generation_prompt` the text ends with the opening of

@@ -70,6 +70,7 @@ const GEMMA3_OFFICIAL: &str = r#"{{ bos_token }}
 fn smollm2_template_from_gguf_is_chatml() {
     let (file, tok) = load("smollm2-135m");
     let t = ChatTemplate::from_gguf(&file, &tok).expect("template");
+    assert!(!t.is_builtin(), "the file's own template");
     let turns = "<|im_start|>system\nYou are terse.<|im_end|>\n\
                  <|im_start|>user\nWhat is 2+2?<|im_end|>\n\
                  <|im_start|>assistant\n4<|im_end|>\n\
@@ -95,6 +96,8 @@ fn gemma3_template_folds_system_into_first_turn() {
         "this GGUF now has a template: the built-in is no longer what from_gguf uses"
     );
     let t = ChatTemplate::from_gguf(&file, &tok).expect("template");
+    // What `weft chat` and `weft serve` warn about: a base model with weft's template.
+    assert!(t.is_builtin());
     let turns = "<bos><start_of_turn>user\nYou are terse.\n\nWhat is 2+2?<end_of_turn>\n\
                  <start_of_turn>model\n4<end_of_turn>\n\
                  <start_of_turn>user\nAnd 3+3?<end_of_turn>\n";

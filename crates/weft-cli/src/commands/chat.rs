@@ -65,12 +65,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let penalties = args.sampling.penalties()?;
     let path = args.model.path()?;
     let file = Arc::new(args.model.open_path(&path)?);
-    let own_template = file
-        .opt_str("tokenizer.chat_template")
-        .is_ok_and(|t| t.is_some_and(|t| !t.trim().is_empty()));
     let engine = args.context.engine_at(&args.threads, file, &path)?;
-    engine.chat_template()?;
-    if !own_template {
+    if engine.chat_template()?.is_builtin() {
         // Such as gemma3-270m: a pretrained model, which answers a chat poorly.
         eprintln!(
             "note: {} has no chat template of its own (a base model?): weft uses its family's \

@@ -171,6 +171,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             });
             match loaded {
                 Ok(engine) => {
+                    if engine.chat_template().is_ok_and(|t| t.is_builtin()) {
+                        // Such as gemma3-270m: /v1/completions is what it is for.
+                        tracing::warn!(
+                            target: "weft_server",
+                            "the model has no chat template of its own (a base model?): \
+                             /v1/chat/completions uses its family's built-in format, and a \
+                             pretrained model answers a chat poorly"
+                        );
+                    }
                     tracing::info!(target: "weft_server", "model loaded: ready");
                     loading.set_engine(engine);
                 }
