@@ -490,6 +490,37 @@ fn chat_in_a_terminal() {
     assert_eq!(loaded[..8], conversation[..]);
     assert_eq!(loaded[8], Message::user("Say my name again."));
 
+    // A line that is not UTF-8 (a terminal in Latin-1) loses that message, not the session.
+    s.tmux.type_text("caf");
+    s.tmux.run(&["send-keys", "-t", PANE, "-H", "e9"]);
+    s.tmux.press("Enter");
+    let screen = s.wait_prompt("the prompt after a line that is not UTF-8");
+    assert!(screen.contains("that line is not UTF-8 text"), "{screen}");
+
+    // Ctrl-C while the model reads a long conversation stops it within a pass (it was
+    // ignored until the reply began); the message is taken back out, no empty reply kept.
+    let long = dir.path().join("long.json");
+    let text = "The cat sat on the mat and looked at the door for a while. ".repeat(400);
+    let story = vec![Message::user(text), Message::assistant("It did.")];
+    std::fs::write(&long, serde_json::to_string(&story).expect("json")).expect("write");
+    let out = s.send(&format!("/load {}", long.display()));
+    assert!(out.contains("loaded 2 messages"), "{out}");
+    s.tmux.type_text("Why?");
+    s.tmux.press("Enter");
+    s.tmux.wait_for("the message to go", 30, |screen| {
+        screen.lines().last() == Some(">>> Why?")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    s.tmux.press("C-c");
+    let screen = s.wait_prompt("the prompt after Ctrl-C while the model reads");
+    assert!(
+        screen.contains("stopped before the reply began; the message was not kept"),
+        "{screen}"
+    );
+    let withdrawn = dir.path().join("withdrawn.json");
+    s.send(&format!("/save {}", withdrawn.display()));
+    assert_eq!(read_messages(&withdrawn), story);
+
     // /exit ends the program, successfully.
     s.tmux.type_text("/exit");
     s.tmux.press("Enter");
