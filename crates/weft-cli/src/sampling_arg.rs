@@ -69,7 +69,17 @@ impl SamplingArg {
             (self.min_p != 0.0).then_some(self.min_p),
             vocab,
         )
-        .map_err(|e| anyhow::anyhow!("{e} (--temp, --top-k, --top-p, --min-p)"))
+        .map_err(|e| {
+            use weft::sampling::SamplerError as E;
+            let flag = match e {
+                E::Temperature { .. } => " (--temp)",
+                E::TopP { .. } => " (--top-p)",
+                E::MinP { .. } => " (--min-p)",
+                E::TopK => " (--top-k)",
+                _ => "",
+            };
+            anyhow::anyhow!("{e}{flag}")
+        })
     }
 
     /// The repetition penalty, if one is asked for.

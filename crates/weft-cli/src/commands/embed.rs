@@ -56,9 +56,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut out = std::io::stdout().lock();
     let mut lines = Vec::with_capacity(args.batch);
+    // Input lines embedded so far, to name the lines of a batch that fails.
+    let mut done = 0;
     let mut flush = |lines: &mut Vec<String>| -> anyhow::Result<()> {
         let texts: Vec<&str> = lines.iter().map(String::as_str).collect();
-        for v in model.embed_texts(&texts, opts)? {
+        let (first, last) = (done + 1, done + lines.len());
+        let vectors = model
+            .embed_texts(&texts, opts)
+            .with_context(|| match first == last {
+                true => format!("cannot embed input line {first}"),
+                false => format!("cannot embed input lines {first} to {last}"),
+            })?;
+        done = last;
+        for v in vectors {
             let line = match opts.pooling {
                 // Every token's vector: one array of arrays a line.
                 Pooling::None => {

@@ -54,7 +54,8 @@ pub struct Args {
     /// (repeatable; the adapters' deltas add up).
     #[arg(long, value_name = "PATH[:SCALE]", value_parser = parse_lora)]
     lora: Vec<(std::path::PathBuf, f32)>,
-    /// The prompt, used as is (no chat template); `-` reads it from standard input.
+    /// The prompt, used as is (no chat template); `-` reads it from standard input, as does
+    /// no prompt at all when standard input is a pipe or a file (one final newline dropped).
     #[arg(default_value = "")]
     prompt: String,
 }
@@ -87,10 +88,18 @@ impl Args {
 }
 
 pub fn run(mut args: Args) -> anyhow::Result<()> {
-    if args.prompt == "-" {
+    let piped = || !std::io::IsTerminal::is_terminal(&std::io::stdin());
+    if args.prompt == "-" || (args.prompt.is_empty() && args.load_session.is_none() && piped()) {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
             .context("cannot read the prompt from standard input")?;
+        // `echo TEXT |` ends the text with a newline the user did not type.
+        if text.ends_with('\n') {
+            text.pop();
+            if text.ends_with('\r') {
+                text.pop();
+            }
+        }
         args.prompt = text;
     }
     let schemas = args.schemas()?;
@@ -128,7 +137,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let prompt_ids = ctx.pending().to_vec();
     anyhow::ensure!(
         !prompt_ids.is_empty() || !ctx.is_empty(),
-        "the prompt is empty"
+        "the prompt is empty (give it as an argument, or `-` to read it from standard input)"
     );
     let adapters = args
         .lora
