@@ -490,6 +490,28 @@ fn chat_in_a_terminal() {
     assert_eq!(loaded[..8], conversation[..]);
     assert_eq!(loaded[8], Message::user("Say my name again."));
 
+    // The line editor: arrow keys move in the line; a line longer than the 4,095 bytes a
+    // terminal's own line editing keeps arrives whole (it was cut there, silently).
+    s.send("/reset");
+    s.tmux.type_text("Sa hi");
+    for _ in 0..3 {
+        s.tmux.press("Left");
+    }
+    s.tmux.type_text("y");
+    s.tmux.press("Enter");
+    s.wait_prompt("the reply to an edited line");
+    let long = format!("Repeat: {}END", "abcdefghi ".repeat(600));
+    s.tmux.type_text(&long);
+    s.tmux.press("Enter");
+    s.wait_prompt("the reply to a long line");
+    let edited = dir.path().join("edited.json");
+    s.send(&format!("/save {}", edited.display()));
+    let kept = read_messages(&edited);
+    assert_eq!(roles(&kept), ["user", "assistant", "user", "assistant"]);
+    assert_eq!(kept[0].content, "Say hi");
+    assert_eq!(kept[2].content.len(), long.len());
+    assert_eq!(kept[2].content, long);
+
     // A line that is not UTF-8 (a terminal in Latin-1) loses that message, not the session.
     s.tmux.type_text("caf");
     s.tmux.run(&["send-keys", "-t", PANE, "-H", "e9"]);

@@ -13,9 +13,10 @@
 //! Ctrl-C during a reply stops it and returns to the prompt; the text already printed stays in
 //! the conversation as the assistant's message (what is on screen is what the model remembers,
 //! as in llama.cpp's interactive mode). Ctrl-C at the prompt discards the line and prints a hint,
-//! as ollama does; `/exit` or Ctrl-D quits. When stdin is not a terminal, each line is a user
-//! turn, only the replies are printed (one line break after each), a failing turn is an error
-//! and Ctrl-C ends the program.
+//! as ollama does; `/exit` or Ctrl-D quits. At a terminal the line is edited with rustyline
+//! (arrow keys, history; its prompts go to the terminal, not to standard output). When stdin
+//! is not a terminal, each line is a user turn, only the replies are printed (one line break
+//! after each), a failing turn is an error and Ctrl-C ends the program.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -90,12 +91,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.model.model
         );
     }
+    // At a terminal, rustyline edits the line (arrow keys, history, pastes past the 4,095
+    // bytes a terminal's own line editing keeps); where it cannot, the terminal's lines.
+    let mut editor = interactive.then(line_editor).flatten();
+    ctrl_c.line_editor.store(editor.is_some(), Ordering::SeqCst);
     let mut input = std::io::stdin().lock();
     loop {
-        if interactive {
-            print_flush(PROMPT)?;
-        }
-        let Some(message) = read_message(&mut input, interactive, &ctrl_c)? else {
+        let message = match &mut editor {
+            Some(ed) => edit_message(ed)?,
+            None => {
+                if interactive {
+                    print_flush(PROMPT)?;
+                }
+                read_message(&mut input, interactive, &ctrl_c)?
+            }
+        };
+        let Some(message) = message else {
             if interactive {
                 println!();
             }
@@ -149,6 +160,54 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 eprintln!("error: {e:#}");
             }
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A line editor on the terminal (its prompts go to the terminal, not to standard output),
+/// or `None` where there is none to be had.
+fn line_editor() -> Option<rustyline::DefaultEditor> {
+    let config = rustyline::Config::builder()
+        .behavior(rustyline::Behavior::PreferTerm)
+        .auto_add_history(false)
+        .build();
+    rustyline::DefaultEditor::with_config(config).ok()
+}
+
+/// Reads one message with the line editor: a line, joined with the next ones while a line
+/// ends in `\`. Ctrl-C drops the message being typed; Ctrl-D on an empty line is `None`.
+fn edit_message(ed: &mut rustyline::DefaultEditor) -> anyhow::Result<Option<String>> {
+    use rustyline::error::ReadlineError;
+    let mut message = String::new();
+    loop {
+        let prompt = if message.is_empty() {
+            PROMPT
+        } else {
+            CONTINUATION
+        };
+        match ed.readline(prompt) {
+            Ok(line) => match line.strip_suffix('\\') {
+                Some(start) => {
+                    message.push_str(start);
+                    message.push('\n');
+                }
+                None => {
+                    message.push_str(&line);
+                    let _ = ed.add_history_entry(message.as_str());
+                    return Ok(Some(message));
+                }
+            },
+            Err(ReadlineError::Interrupted) => {
+                eprintln!("^C\n(Use /exit or Ctrl-D to quit.)");
+                message.clear();
+            }
+            Err(ReadlineError::Eof) => return Ok(None),
+            // A terminal in another encoding: that message is lost, not the conversation.
+            Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                eprintln!("\nerror: that line is not UTF-8 text; the message was dropped");
+                message.clear();
+            }
+            Err(e) => return Err(e).context("cannot read the terminal"),
         }
     }
 }
@@ -463,6 +522,8 @@ struct CtrlC {
     stop: AtomicBool,
     /// Ctrl-C came at the prompt: drop the lines of the message typed so far.
     discard_input: AtomicBool,
+    /// Messages are read with the line editor, which takes Ctrl-C at the prompt itself.
+    line_editor: AtomicBool,
 }
 
 impl CtrlC {
@@ -500,6 +561,9 @@ impl CtrlC {
     fn on_ctrl_c(&self) {
         if self.replying.load(Ordering::SeqCst) {
             self.stop.store(true, Ordering::SeqCst);
+        } else if self.line_editor.load(Ordering::SeqCst) {
+            // Between two messages (a command running): the editor's prompt follows.
+            eprintln!("\n(Use /exit or Ctrl-D to quit.)");
         } else {
             self.discard_input.store(true, Ordering::SeqCst);
             let _ = print_flush(&format!("\n(Use /exit or Ctrl-D to quit.)\n{PROMPT}"));
