@@ -76,6 +76,11 @@ fn message(e: &anyhow::Error) -> String {
     out
 }
 
+/// "1 token", "3 tokens": `n` and the noun, in the plural unless `n` is 1.
+pub fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
 /// Whether `e` comes from writing to a pipe whose reader has closed it.
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {

@@ -459,8 +459,7 @@ fn run_reports_what_ran_and_checks_what_it_will_need() {
         "",
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("generated: 1 tokens"), "{stderr}");
-    assert!(!stderr.contains("generated: 1 tokens,"), "{stderr}");
+    assert!(stderr.contains("generated: 1 token\n"), "{stderr}");
     // `-` reads the prompt from standard input: the same output as the argument.
     let args = ["run", "-n", "6", "--temp", "0", "--json"];
     let given = weft(&[&args[..], &["The capital of France is"]].concat(), "");
@@ -1210,4 +1209,17 @@ fn run_reads_a_piped_prompt() {
         stderr.contains("`-` to read it from standard input"),
         "{stderr}"
     );
+}
+
+/// `weft chat -n 0` would keep empty replies; a command may have a space after its slash.
+#[test]
+fn chat_refuses_empty_replies_and_reads_spaced_commands() {
+    let out = weft(&["chat", "-n", "0"], "Hi\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("-n must be at least 1"), "{stderr}");
+    let out = weft(&["chat", "-n", "1"], "/ reset\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("(conversation cleared)"), "{stderr}");
 }

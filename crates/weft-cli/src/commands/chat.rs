@@ -64,6 +64,11 @@ End a line with \\ to go on with the message on the next line. Begin a message w
 send one that starts with /. Ctrl-C stops a reply.";
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Every reply would be empty, and kept so in the conversation.
+    anyhow::ensure!(
+        args.n_predict >= 1,
+        "-n must be at least 1 (the longest reply)"
+    );
     let sampler = args.sampling.sampler()?;
     let penalties = args.sampling.penalties()?;
     let path = args.model.path()?;
@@ -329,6 +334,7 @@ impl Chat {
 
     /// Runs a `/command` (without its slash).
     fn command(&mut self, line: &str) -> anyhow::Result<Flow> {
+        let line = line.trim_start(); // `/ reset` too
         let (name, arg) = line
             .split_once(char::is_whitespace)
             .map_or((line, ""), |(name, arg)| (name, arg.trim()));
@@ -622,5 +628,5 @@ impl Drop for KeepOutput {
 
 /// "1 message", "3 messages".
 fn messages(n: usize) -> String {
-    format!("{n} message{}", if n == 1 { "" } else { "s" })
+    crate::count(n, "message")
 }

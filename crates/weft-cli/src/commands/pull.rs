@@ -42,7 +42,11 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
             println!("removed {} ({})", c.file.display(), size(c.bytes));
         }
         let freed = removed.iter().map(|c| c.bytes).sum();
-        println!("{} files removed, {} freed", removed.len(), size(freed));
+        println!(
+            "{} removed, {} freed",
+            crate::count(removed.len(), "file"),
+            size(freed)
+        );
         return Ok(());
     }
     for spec in weft::hub::known_models() {

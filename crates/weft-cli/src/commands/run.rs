@@ -270,9 +270,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     };
     let _ = writeln!(
         std::io::stderr(),
-        "\nprompt: {} tokens{session_note}{prompt_rate} | generated: {} tokens{gen_rate}{seed_note}{spec_note}",
-        prompt_ids.len(),
-        ids.len(),
+        "\nprompt: {}{session_note}{prompt_rate} | generated: {}{gen_rate}{seed_note}{spec_note}",
+        crate::count(prompt_ids.len(), "token"),
+        crate::count(ids.len(), "token"),
     );
     Ok(())
 }
