@@ -1223,3 +1223,22 @@ fn chat_refuses_empty_replies_and_reads_spaced_commands() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("(conversation cleared)"), "{stderr}");
 }
+
+/// Options an encoder has no use for are refused, not silently ignored.
+#[test]
+fn embed_refuses_decoder_options_for_an_encoder() {
+    for flags in [
+        &["--weights", "f32"][..],
+        &["--kv-type", "q8_0"],
+        &["--resident-layers", "1"],
+    ] {
+        let args = [&["embed", "-m", "all-minilm-l6-v2"][..], flags].concat();
+        let out = weft(&args, "hello\n");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{} applies to decoders", flags[0])),
+            "{stderr}"
+        );
+    }
+}

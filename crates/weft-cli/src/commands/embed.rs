@@ -40,6 +40,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let file = Arc::new(args.model.open_path(&path)?);
         Arc::new(args.threads.engine_at(file, &path)?)
     } else {
+        // An encoder is read as its safetensors hold it, has no KV cache, and stays whole.
+        let ignored = [
+            (args.model.weights != Default::default(), "--weights"),
+            (args.threads.kv_type != Default::default(), "--kv-type"),
+            (args.threads.resident_layers.is_some(), "--resident-layers"),
+        ];
+        if let Some((_, flag)) = ignored.iter().find(|(set, _)| *set) {
+            anyhow::bail!(
+                "{flag} applies to decoders; {} is an encoder (its weights as stored, no KV cache)",
+                args.model.model
+            );
+        }
         let config = args.threads.engine_config()?;
         weft::open_embedding_model(&path, config)
             .with_context(|| format!("cannot load model {}", path.display()))?
