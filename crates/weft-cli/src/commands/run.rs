@@ -26,7 +26,9 @@ pub struct Args {
     n_predict: usize,
     #[command(flatten)]
     sampling: SamplingArg,
-    /// Print `{"prompt_ids":[...],"ids":[...],"text":"..."}` instead of streaming text.
+    /// Print `{"prompt_ids":[...],"ids":[...],"text":"..."}` instead of streaming text:
+    /// `prompt_ids` are the tokens this run computed before generating (with
+    /// `--load-session`, those the session did not hold: its last token, to continue it).
     #[arg(long)]
     json: bool,
     /// Constrain the output to JSON valid under the JSON Schema in FILE (one constraint at a
