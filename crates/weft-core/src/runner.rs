@@ -491,33 +491,16 @@ fn ubatch_ends(
     max: usize,
 ) -> Vec<usize> {
     let n = batch.len();
-    // `closed[k]`: no mask of the tokens up to `k` sees a slot past those they append.
-    let mut closed = vec![true; n];
-    if batch.iter().any(|e| e.mask.is_some()) {
-        let mut filled: HashMap<SeqId, usize> = start_len.clone();
-        let mut reach: HashMap<SeqId, usize> = HashMap::new();
-        let mut open: std::collections::HashSet<SeqId> = std::collections::HashSet::new();
-        for (k, e) in batch.iter().enumerate() {
-            let f = filled.entry(e.seq).or_default();
-            *f += 1;
-            let last = e
-                .mask
-                .and_then(|m| masks.get(m as usize))
-                .and_then(SlotMask::last_visible);
-            let r = reach.entry(e.seq).or_default();
-            *r = (*r).max(last.unwrap_or(0));
-            match *r >= *f {
-                true => open.insert(e.seq),
-                false => open.remove(&e.seq),
-            };
-            closed[k] = open.is_empty();
-        }
+    let max = max.max(1);
+    if batch.iter().all(|e| e.mask.is_none()) {
+        return (1..=n.div_ceil(max)).map(|i| (i * max).min(n)).collect();
     }
+    let closed = closed_after(batch, masks, start_len);
     let fits = |end: usize| end == n || closed[end - 1];
-    let mut ends = Vec::with_capacity(n.div_ceil(max.max(1)));
+    let mut ends = Vec::with_capacity(n.div_ceil(max));
     let mut start = 0;
     while start < n {
-        let want = (start + max.max(1)).min(n);
+        let want = (start + max).min(n);
         let end = (start + 1..=want)
             .rev()
             .find(|&e| fits(e))
@@ -527,6 +510,38 @@ fn ubatch_ends(
         start = end;
     }
     ends
+}
+
+/// Per token `k` of `batch`, whether no mask of the tokens up to `k` sees a slot past those
+/// they append (a micro-batch may end after `k`). Out of the decode path: only masked
+/// batches get here.
+#[cold]
+#[inline(never)]
+fn closed_after(
+    batch: &[BatchEntry],
+    masks: &[SlotMask],
+    start_len: &HashMap<SeqId, usize>,
+) -> Vec<bool> {
+    let mut closed = vec![true; batch.len()];
+    let mut filled: HashMap<SeqId, usize> = start_len.clone();
+    let mut reach: HashMap<SeqId, usize> = HashMap::new();
+    let mut open: std::collections::HashSet<SeqId> = std::collections::HashSet::new();
+    for (k, e) in batch.iter().enumerate() {
+        let f = filled.entry(e.seq).or_default();
+        *f += 1;
+        let last = e
+            .mask
+            .and_then(|m| masks.get(m as usize))
+            .and_then(SlotMask::last_visible);
+        let r = reach.entry(e.seq).or_default();
+        *r = (*r).max(last.unwrap_or(0));
+        match *r >= *f {
+            true => open.insert(e.seq),
+            false => open.remove(&e.seq),
+        };
+        closed[k] = open.is_empty();
+    }
+    closed
 }
 
 #[cfg(test)]
