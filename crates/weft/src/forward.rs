@@ -582,6 +582,10 @@ fn attention(
     };
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
+        let row = match bias {
+            Some(b) => Some(&b[i]),
+            None => pending_bias.get(&(base + i)),
+        };
         let mut mask = match masks.map(|m| &m[i]) {
             Some(m) if !fits(i, m.len()) => {
                 return Err(Error::MaskLength {
@@ -591,11 +595,8 @@ fn attention(
                 })
             }
             Some(m) => SlotMask::new(m.to_bools()),
-            None => SlotMask::new(vec![true; base + i + 1]),
-        };
-        let row = match bias {
-            Some(b) => Some(&b[i]),
-            None => pending_bias.get(&(base + i)),
+            // A bias row alone decides, up to its own length (it may look ahead too).
+            None => SlotMask::new(vec![true; row.map_or(base + i + 1, Vec::len)]),
         };
         if let Some(row) = row {
             if !fits(i, row.len()) {

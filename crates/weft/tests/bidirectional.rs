@@ -159,11 +159,35 @@ fn masks_reach_at_most_the_end_of_their_pass() {
         })
     ));
     assert_eq!(ctx.len(), 3, "a refused pass leaves the context as it was");
-    let mut fwd = ctx.forward();
-    fwd.input(&[4, 5])
-        .attention_mask(vec![Brle::all(5, true), Brle::all(5, true)]);
-    block_on(fwd.execute()).expect("a first token seeing the second");
-    assert_eq!(ctx.len(), 5);
+    // The first token of the pass sees the second, through a mask or a bias row alone.
+    let first_logits = |ctx: &mut weft::Context, how: &str| {
+        let mut fwd = ctx.forward();
+        fwd.input(&[4, 5]);
+        match how {
+            "mask" => fwd.attention_mask(vec![Brle::all(5, true); 2]),
+            "bias" => fwd.attention_bias(vec![vec![0.0; 5]; 2]),
+            _ => &mut fwd,
+        };
+        let h = fwd.probe(0, Logits);
+        let out = block_on(fwd.execute()).expect("pass");
+        let logits = out.logits(h).expect("logits").to_vec();
+        ctx.truncate(3).expect("rewind");
+        logits
+    };
+    let causal = first_logits(&mut ctx, "causal");
+    let (mask, bias) = (
+        first_logits(&mut ctx, "mask"),
+        first_logits(&mut ctx, "bias"),
+    );
+    assert!(
+        max_diff(&mask, &causal) > 0.5,
+        "the mask did not look ahead"
+    );
+    assert!(
+        max_diff(&bias, &mask) < 1e-3,
+        "a bias row of zeros is the mask"
+    );
+    assert_eq!(ctx.len(), 3);
     drop(ctx);
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
