@@ -215,7 +215,11 @@ pub fn prune_conversions(home: &Path) -> std::io::Result<Vec<Conversion>> {
                 .strip_suffix(".tmp")
                 .and_then(|n| n.rsplit('.').next())
                 .and_then(|p| p.parse::<u32>().ok());
-            let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            // Where there is no /proc to ask, every writer counts as alive: a temporary file
+            // a running conversion is writing is never taken from under it.
+            let alive = pid.is_some_and(|p| {
+                !Path::new("/proc/self").exists() || Path::new(&format!("/proc/{p}")).exists()
+            });
             if name.starts_with('.') && pid.is_some() && !alive {
                 let bytes = e.metadata().map_or(0, |m| m.len());
                 std::fs::remove_file(e.path())?;
