@@ -1,8 +1,12 @@
 //! The Python package's suite (`tests/python/`, pytest) against the real models.
 //!
-//! It builds the package the way a user installs it: `maturin build --release` into
-//! `target/py-wheels`, installed into a virtualenv under the target directory
-//! (`target/py-venv`, made on the first run and reused after) with the suite's packages.
+//! It installs the package as `maturin develop` does, into a virtualenv under the target
+//! directory (`target/py-venv`, made on the first run and reused after) with the suite's
+//! packages: the package's Python files (`python/weft/`) and the extension module `cargo test`
+//! built beside this test (the crate is also an rlib, so that the test build makes its cdylib
+//! with the workspace's features; `maturin build` would compile the whole engine a second time,
+//! three minutes on two cores), laid out as in the wheel (`weft/_weft.abi3.so`) and put on the
+//! virtualenv's path by a `.pth` file.
 //! Before that it writes the Rust API's greedy ids for llama.cpp's greedy cases, which the
 //! Python results must equal.
 
@@ -12,8 +16,7 @@ use std::process::Command;
 use weft_testkit::{pinned_venv, reference_dir, run, target_dir, workspace_root};
 
 /// The suite's Python packages, pinned.
-const PACKAGES: [&str; 6] = [
-    "maturin==1.16.0",
+const PACKAGES: [&str; 5] = [
     "numpy==2.4.6",
     // Writes llama.cpp's reference LoRA adapter (`shared/reference/gen_lora.py`).
     "gguf==0.19.0",
@@ -81,38 +84,7 @@ fn python_package_suite() {
     let checkpoint = weft_testkit::hf_checkpoint(&smollm2, "smollm2-135m", "f32");
 
     let python = pinned_venv("py-venv", &PACKAGES, "CPython 3.9+");
-    let wheels = target.join("py-wheels");
-    let _ = std::fs::remove_dir_all(&wheels);
-    let manifest = root.join("crates/weft-py/Cargo.toml");
-    run(
-        Command::new(&python)
-            .args(["-m", "maturin", "build", "--release", "--quiet", "-m"])
-            .arg(&manifest)
-            .arg("--out")
-            .arg(&wheels)
-            .arg("--interpreter")
-            .arg(&python)
-            .env("CARGO_TARGET_DIR", &target),
-        "maturin build",
-    );
-    let wheel = std::fs::read_dir(&wheels)
-        .expect("maturin wrote no wheel directory")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .expect("maturin wrote no wheel");
-    run(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--force-reinstall",
-                "--no-deps",
-            ])
-            .arg(&wheel),
-        "installing the wheel",
-    );
+    install_package(&python, &target.join("py-suite").join("site"));
     run(
         Command::new(&python)
             .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
@@ -123,4 +95,64 @@ fn python_package_suite() {
             .current_dir(&work),
         "the Python suite (pytest)",
     );
+}
+
+/// Lays the package out in `site` as the wheel holds it — `weft/` with the Python files and the
+/// extension module `weft/_weft.abi3.so` (`_weft.pyd` on Windows) — and puts `site` on the path
+/// of the virtualenv of `python` with a `.pth` file, a wheel installed there before removed.
+fn install_package(python: &Path, site: &Path) {
+    // The cdylib is built into the directory of this test's own binary (`target/<profile>/deps`).
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let deps = exe.parent().expect("the test binary's directory");
+    let cdylib = deps.join(format!(
+        "{}_weft{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    assert!(
+        cdylib.is_file(),
+        "{} is missing: `cargo test` builds it (weft-py's crate types include cdylib)",
+        cdylib.display()
+    );
+    let package = site.join("weft");
+    let _ = std::fs::remove_dir_all(&package);
+    std::fs::create_dir_all(&package)
+        .unwrap_or_else(|e| panic!("cannot make {}: {e}", package.display()));
+    let sources = workspace_root().join("crates/weft-py/python/weft");
+    for entry in std::fs::read_dir(&sources).expect("crates/weft-py/python/weft") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_file() {
+            let to = package.join(path.file_name().expect("a file name"));
+            std::fs::copy(&path, &to)
+                .unwrap_or_else(|e| panic!("cannot copy {}: {e}", path.display()));
+        }
+    }
+    let module = if cfg!(windows) {
+        "_weft.pyd"
+    } else {
+        "_weft.abi3.so"
+    };
+    std::fs::copy(&cdylib, package.join(module))
+        .unwrap_or_else(|e| panic!("cannot copy {}: {e}", cdylib.display()));
+
+    // A wheel installed by hand (`pip install ./crates/weft-py`) would come first on the path.
+    run(
+        Command::new(python).args(["-m", "pip", "uninstall", "--quiet", "--yes", "weft"]),
+        "uninstalling an installed weft wheel",
+    );
+    let purelib = Command::new(python)
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", python.display()));
+    assert!(
+        purelib.status.success(),
+        "cannot ask the virtualenv for its site-packages"
+    );
+    let purelib = String::from_utf8(purelib.stdout).expect("a UTF-8 path");
+    let pth = Path::new(purelib.trim()).join("weft-suite.pth");
+    std::fs::write(&pth, format!("{}\n", site.display()))
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", pth.display()));
 }
