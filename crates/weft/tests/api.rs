@@ -1,7 +1,7 @@
 //! The programmable API on the real models: scheduler batching, masks, probes, seeds, errors,
 //! and that every page goes back to the pool.
 
-mod common;
+use crate::common;
 
 use futures_util::future::join_all;
 use weft::{

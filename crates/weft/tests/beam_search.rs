@@ -4,7 +4,7 @@
 //! [`BeamScorer`] fed by independent passes; all beams of a step share one model call; no
 //! page is left behind; bad requests are typed errors.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Attention masks that look ahead: a block of a pass whose tokens attend to each other both
 //! ways (a prefix-LM, Gemma 3's image tokens), on the real models.
 
-mod common;
+use crate::common;
 
 use weft::checkpoint::WeightType;
 use weft::{block_on, Brle, Context, EngineConfig, Error, Logits};

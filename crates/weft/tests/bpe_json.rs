@@ -9,7 +9,7 @@
 //! `target/bpe-tokenizers/`, and checks their sha256 against the fixture
 //! (`tests/fixtures/bpe_tokenize.json`, HF's ids for every case). Later runs reuse them.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

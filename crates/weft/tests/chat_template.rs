@@ -1,7 +1,7 @@
 //! Chat templates on the real models (SmolLM2-135M-Instruct, Gemma 3 270M), checked against
 //! prompt strings written by hand from the models' published prompt formats.
 
-mod common;
+use crate::common;
 
 use weft::chat::{stop_tokens, ChatError, ChatTemplate, Message};
 use weft::{GgufFile, Tokenizer};

@@ -2,7 +2,7 @@
 //! grammar constraints hold on sampled outputs, constraints compose, a terminal constraint
 //! stops generation, bad schemas fail before any pass, and speculation keeps working.
 
-mod common;
+use crate::common;
 
 use futures_util::future::join_all;
 use weft::{block_on, Constraint, Engine, Error, Sampler, Schema, StopReason, TokenMask};

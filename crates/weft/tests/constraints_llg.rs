@@ -3,7 +3,7 @@
 //! Lark and a GBNF grammar always fit; rewinding the accepted tokens gives the masks of a fresh
 //! constraint; bad schemas fail in `compile`; Gemma 3's 262,144-token vocabulary is timed.
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

@@ -11,7 +11,7 @@
 //! it, as activations are quantized to 8 bits and the 262k-vocabulary model's last hidden
 //! state is sensitive; the Gemma bar is that shortfall with 2x headroom, 0.995.
 
-mod common;
+use crate::common;
 
 use weft::{EmbedOptions, Engine, Pooling};
 

@@ -1,6 +1,6 @@
 //! Runs every example in `examples/` on the real model and checks what it claims.
 
-mod common;
+use crate::common;
 
 #[path = "../examples/chat_sessions.rs"]
 mod chat_sessions;

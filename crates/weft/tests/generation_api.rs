@@ -2,7 +2,7 @@
 //! stop rules as one value, engine defaults, the horizon hint, reading outputs by handle,
 //! `Rewindable`, and rollouts from ids / padded batches with seed 003's padded output.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! attention bias agrees with the equivalent boolean mask; vectors never enter the prefix
 //! cache; bad shapes and values are typed errors that leave nothing allocated.
 
-mod common;
+use crate::common;
 
 use weft::{block_on, Brle, Engine, EngineConfig, Error, Logits, Sampler};
 

@@ -2,7 +2,7 @@
 //! mapped file, or from a user's `PagerSource`) a model gives exactly the logits and tokens it
 //! gives with every block resident; a failing source is a typed error, not a panic.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

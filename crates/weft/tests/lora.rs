@@ -9,7 +9,7 @@
 //! - Mixed batches, the engine's stack and `zo_seed` keep every row's result exactly what it is
 //!   alone.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

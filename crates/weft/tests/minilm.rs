@@ -2,7 +2,7 @@
 //! references: token ids from Hugging Face `tokenizers`, sentence vectors from a float64
 //! forward (`../shared/reference/minilm.json`, see its README), and a semantic sanity check.
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 

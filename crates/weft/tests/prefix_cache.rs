@@ -3,7 +3,7 @@
 //! count as free and are evicted when the pool needs them; passes under a custom attention
 //! mask are never shared.
 
-mod common;
+use crate::common;
 
 use weft::{block_on, Brle, Engine, EngineConfig, Sampler};
 

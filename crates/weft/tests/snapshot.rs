@@ -3,7 +3,7 @@
 //! sampling, a JSON-schema constraint mid-flight); another model's snapshot is refused; damaged
 //! snapshots give typed errors and leave the KV pool as it was.
 
-mod common;
+use crate::common;
 
 use common::engine;
 

@@ -1,7 +1,7 @@
 //! Speculative decoding in the generator: greedy output unchanged on llama.cpp's reference
 //! cases, sampled output keeps the target distribution, and the options are checked.
 
-mod common;
+use crate::common;
 
 use futures_util::future::join_all;
 use weft::{block_on, Distribution, Engine, Error, NgramSpeculator, Sampler};

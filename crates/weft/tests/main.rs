@@ -1,0 +1,26 @@
+//! weft's integration tests (the public API on the real models and on tiny synthetic ones),
+//! one module per file beside this one, built as one test binary: one compile and link instead
+//! of one per file, and the files' tests share the test threads (a file's slow test no longer
+//! runs alone while the other core waits).
+
+mod common;
+
+mod api;
+mod beam_search;
+mod bidirectional;
+mod bpe_json;
+mod chat_template;
+mod constrained_generation;
+mod constraints_llg;
+mod embeddings;
+mod encoder_files;
+mod examples;
+mod generation_api;
+mod input_embeds;
+mod layer_pager;
+mod lora;
+mod minilm;
+mod prefix_cache;
+mod readme;
+mod snapshot;
+mod speculative;
