@@ -1,26 +1,18 @@
 //! `weft serve` against the official `openai` Python client: the pytest suite in
-//! `tests/openai/` (see its README), run once per model. Its Python packages live in a virtualenv
-//! under the target directory (`target/openai-venv`), made on the first run and reused after.
+//! `tests/openai/` (see its README), run once per model, in the suites' virtualenv under the target
+//! directory (`target/py-venv`, see `weft_testkit::python`).
 
 use std::process::Command;
 use std::sync::Mutex;
 
-use weft_testkit::{pinned_venv, reference_dir, run, workspace_root};
+use weft_testkit::{reference_dir, run, workspace_root};
 
 /// The two suites would share the machine's cores: they run one at a time.
 static SUITE_LOCK: Mutex<()> = Mutex::new(());
 
-/// The suite's Python packages, pinned.
-const PACKAGES: [&str; 4] = [
-    "openai==2.54.0",
-    "pytest==9.2.0",
-    "jsonschema==4.26.0",
-    "httpx==0.28.1",
-];
-
 fn run_suite(model: &str) {
     let _one_at_a_time = SUITE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let python = pinned_venv("openai-venv", &PACKAGES, "Python 3.10+");
+    let python = weft_testkit::python();
     let weft = env!("CARGO_BIN_EXE_weft");
     // Fetched first, so that the suite's start-up timeouts only cover loading the model.
     run(

@@ -1,8 +1,7 @@
 //! The Python package's suite (`tests/python/`, pytest) against the real models.
 //!
-//! It installs the package as `maturin develop` does, into a virtualenv under the target
-//! directory (`target/py-venv`, made on the first run and reused after) with the suite's
-//! packages: the package's Python files (`python/weft/`) and the extension module `cargo test`
+//! It installs the package as `maturin develop` does, into the suites' virtualenv under the
+//! target directory (`target/py-venv`, see `weft_testkit::python`): the package's Python files (`python/weft/`) and the extension module `cargo test`
 //! built beside this test (the crate is also an rlib, so that the test build makes its cdylib
 //! with the workspace's features; `maturin build` would compile the whole engine a second time,
 //! three minutes on two cores), laid out as in the wheel (`weft/_weft.abi3.so`) and put on the
@@ -13,17 +12,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use weft_testkit::{pinned_venv, reference_dir, run, target_dir, workspace_root};
-
-/// The suite's Python packages, pinned.
-const PACKAGES: [&str; 5] = [
-    "numpy==2.4.6",
-    // Writes llama.cpp's reference LoRA adapter (`shared/reference/gen_lora.py`).
-    "gguf==0.19.0",
-    "pytest==9.2.0",
-    "jsonschema==4.26.0",
-    "mypy==1.19.1",
-];
+use weft_testkit::{reference_dir, run, target_dir, workspace_root};
 
 /// The Rust API's greedy ids for every case of llama.cpp's greedy.json: the same calls the
 /// Python test makes (fill the prompt, 32 argmax tokens, EOS ignored).
@@ -83,7 +72,7 @@ fn python_package_suite() {
         .expect("fetch smollm2-135m");
     let checkpoint = weft_testkit::hf_checkpoint(&smollm2, "smollm2-135m", "f32");
 
-    let python = pinned_venv("py-venv", &PACKAGES, "CPython 3.9+");
+    let python = weft_testkit::python();
     install_package(&python, &target.join("py-suite").join("site"));
     run(
         Command::new(&python)

@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 /// The workspace's root directory.
 pub fn workspace_root() -> PathBuf {
@@ -79,11 +80,37 @@ pub fn run(cmd: &mut Command, what: &str) {
 /// Written into a virtualenv once its packages are installed; names them.
 const MARKER: &str = "weft-packages.txt";
 
+/// The pinned Hugging Face packages (transformers, tokenizers, gguf-py) the reference scripts
+/// run with: transformers' own GGUF conversion makes the `tokenizer.json` files and checkpoint
+/// folders the tests compare weft against (what they make depends on these versions).
+pub const HF_PACKAGES: [&str; 3] = ["transformers==5.23.0", "tokenizers==0.23.3", "gguf==0.19.0"];
+
+/// The other suites' packages, pinned: pytest for the Python package's suite and the
+/// OpenAI-compatibility suite, the official `openai` client and `httpx` for the latter,
+/// `numpy`, `jsonschema` and `mypy` (stubtest, the example's strict check) for the former.
+pub const SUITE_PACKAGES: [&str; 6] = [
+    "numpy==2.4.6",
+    "pytest==9.2.0",
+    "jsonschema==4.26.0",
+    "mypy==1.19.1",
+    "openai==2.54.0",
+    "httpx==0.28.1",
+];
+
+/// The Python of the suites' one virtualenv, `target/py-venv`, with [`HF_PACKAGES`] and
+/// [`SUITE_PACKAGES`] (one install of what the suites share, not one per suite).
+pub fn python() -> PathBuf {
+    let packages: Vec<&str> = HF_PACKAGES.iter().chain(&SUITE_PACKAGES).copied().collect();
+    pinned_venv("py-venv", &packages, "Python 3.10+")
+}
+
 /// The Python of the virtualenv `target/<dir>` with `packages` (pinned `name==version`
 /// specifiers) installed: made on the first run (`needs` says what Python the suite needs, for
 /// the message if `python3 -m venv` fails), reused while its marker names the same packages,
-/// and the packages reinstalled when they change.
-pub fn pinned_venv(dir: &str, packages: &[&str], needs: &str) -> PathBuf {
+/// and the packages reinstalled when they change. Callers in one test binary take turns.
+fn pinned_venv(dir: &str, packages: &[&str], needs: &str) -> PathBuf {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let venv = target_dir().join(dir);
     let python = if cfg!(windows) {
         venv.join("Scripts").join("python.exe")
@@ -126,22 +153,14 @@ pub fn pinned_venv(dir: &str, packages: &[&str], needs: &str) -> PathBuf {
     python
 }
 
-/// The pinned Hugging Face packages (transformers, tokenizers, gguf-py) of the virtualenv
-/// `target/hf-venv` the reference scripts run in: transformers' own GGUF conversion makes the
-/// `tokenizer.json` files and checkpoint folders the tests compare weft against.
-pub const HF_PACKAGES: [&str; 3] = ["transformers==5.23.0", "tokenizers==0.23.3", "gguf==0.19.0"];
-
-/// The Python of `target/hf-venv` (see [`HF_PACKAGES`]).
-pub fn hf_python() -> PathBuf {
-    pinned_venv("hf-venv", &HF_PACKAGES, "Python 3.10+")
-}
-
 /// A Hugging Face checkpoint folder (`config.json`, `model.safetensors` in `dtype`,
 /// `tokenizer.json` …) made from the GGUF file `gguf` by transformers' GGUF conversion
 /// (`scripts/hf_checkpoint_from_gguf.py`), as `target/hf-checkpoints/<name>-<dtype>`: made on
-/// first use, and again when the script or the GGUF file changes. Not thread-safe: callers in
-/// one test binary serialize.
+/// first use, and again when the script or the GGUF file changes. Callers in one test binary
+/// take turns.
 pub fn hf_checkpoint(gguf: &Path, name: &str, dtype: &str) -> PathBuf {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let script = workspace_root().join("scripts/hf_checkpoint_from_gguf.py");
     let dir = target_dir()
         .join("hf-checkpoints")
@@ -171,7 +190,7 @@ pub fn hf_checkpoint(gguf: &Path, name: &str, dtype: &str) -> PathBuf {
     }
     let _ = std::fs::remove_dir_all(&dir);
     run(
-        Command::new(hf_python())
+        Command::new(python())
             .arg(&script)
             .arg(gguf)
             .arg(&dir)

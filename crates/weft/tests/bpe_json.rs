@@ -4,8 +4,8 @@
 //!
 //! The files are not committed (Gemma's is 33 MB): on first use this test makes them from the
 //! models' GGUF files with transformers' GGUF conversion (`scripts/bpe_tokenize_reference.py`)
-//! in a virtualenv under the target directory (`target/hf-venv`, pinned: the sha256s depend on
-//! its packages, `weft_testkit::HF_PACKAGES`), into
+//! in the suites' virtualenv under the target directory (`target/py-venv`, pinned: the sha256s
+//! depend on its packages, `weft_testkit::HF_PACKAGES`), into
 //! `target/bpe-tokenizers/`, and checks their sha256 against the fixture
 //! (`tests/fixtures/bpe_tokenize.json`, HF's ids for every case). Later runs reuse them.
 
@@ -19,7 +19,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use weft::tokenizer::PreTokenizer;
 use weft::{block_on, Engine, EngineConfig, Sampler, Tokenizer};
-use weft_testkit::{hf_python, run, target_dir, workspace_root};
+use weft_testkit::{python, run, target_dir, workspace_root};
 
 const NAMES: [&str; 3] = ["smollm2-135m", "smollm2-135m-digits", "gemma3-270m"];
 
@@ -53,7 +53,7 @@ fn tokenizer_path(name: &str) -> PathBuf {
             common::model_path("gemma3-270m"),
         );
         run(
-            Command::new(hf_python())
+            Command::new(python())
                 .arg(workspace_root().join("scripts/bpe_tokenize_reference.py"))
                 .arg("make")
                 .args([&smollm2, &gemma3, &dir])
