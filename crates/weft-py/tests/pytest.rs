@@ -1,11 +1,12 @@
 //! The Python package's suite (`tests/python/`, pytest) against the real models.
 //!
 //! It installs the package as `maturin develop` does, into the suites' virtualenv under the
-//! target directory (`target/py-venv`, see `weft_testkit::python`): the package's Python files (`python/weft/`) and the extension module `cargo test`
-//! built beside this test (the crate is also an rlib, so that the test build makes its cdylib
-//! with the workspace's features; `maturin build` would compile the whole engine a second time,
-//! three minutes on two cores), laid out as in the wheel (`weft/_weft.abi3.so`) and put on the
-//! virtualenv's path by a `.pth` file.
+//! target directory (`target/py-venv`, see `weft_testkit::python`): the package's Python files
+//! (`python/weft/`) and the extension module `cargo test` built beside this test (the crate is
+//! also an rlib, so that the test build makes its cdylib with the workspace's features;
+//! `maturin build` would compile the whole engine a second time, three minutes on two cores),
+//! laid out as in the wheel (`weft/_weft.abi3.so`) and put on the virtualenv's path by a `.pth`
+//! file.
 //! Before that it writes the Rust API's greedy ids for llama.cpp's greedy cases, which the
 //! Python results must equal.
 

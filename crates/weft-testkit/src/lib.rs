@@ -82,7 +82,9 @@ const MARKER: &str = "weft-packages.txt";
 
 /// The pinned Hugging Face packages (transformers, tokenizers, gguf-py) the reference scripts
 /// run with: transformers' own GGUF conversion makes the `tokenizer.json` files and checkpoint
-/// folders the tests compare weft against (what they make depends on these versions).
+/// folders the tests compare weft against (what they make depends on these versions); gguf-py
+/// also writes llama.cpp's reference LoRA adapter for the Python suite
+/// (`shared/reference/gen_lora.py`).
 pub const HF_PACKAGES: [&str; 3] = ["transformers==5.23.0", "tokenizers==0.23.3", "gguf==0.19.0"];
 
 /// The other suites' packages, pinned: pytest for the Python package's suite and the

@@ -1,7 +1,7 @@
 //! weft's integration tests (the public API on the real models and on tiny synthetic ones),
 //! one module per file beside this one, built as one test binary: one compile and link instead
-//! of one per file, and the files' tests share the test threads (a file's slow test no longer
-//! runs alone while the other core waits).
+//! of one per file (31 s against about 60 on two cores). `cargo test -p weft --test suite lora::`
+//! runs one file's tests.
 
 mod common;
 
