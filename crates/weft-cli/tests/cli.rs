@@ -554,6 +554,54 @@ fn run_takes_one_constraint_and_refuses_two() {
     assert!(stderr.contains("cannot be used with"), "{stderr}");
 }
 
+/// `--stop`: the greedy output is cut before the first place a stop string appears, in the
+/// streamed text and in `--json` alike, and generation ends there.
+#[test]
+fn run_stops_before_a_stop_string() {
+    let prompt = "The capital of France is";
+    let greedy = ["run", "--temp", "0", "-n", "24"];
+    let free = weft(&[&greedy[..], &["--json", prompt]].concat(), "");
+    assert!(free.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&free.stdout).expect("JSON output");
+    let text = v["text"].as_str().expect("text").to_string();
+    let free_ids = v["ids"].as_array().expect("ids").len();
+    // The streamed text is the same text after the prompt.
+    let streamed = weft(&[&greedy[..], &[prompt]].concat(), "");
+    assert_eq!(
+        String::from_utf8_lossy(&streamed.stdout),
+        format!("{prompt}{text}\n")
+    );
+    // Three characters from the middle of the output (likely across a token boundary).
+    let mid = (text.len() / 2..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .expect("a boundary");
+    let end = (mid + 3..=text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .expect("an end");
+    let stop = &text[mid..end];
+    let cut = &text[..text.find(stop).expect("the stop string")];
+    let out = weft(
+        &[&greedy[..], &["--stop", stop, "--json", prompt]].concat(),
+        "",
+    );
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+    assert_eq!(v["text"], cut, "stop {stop:?} in {text:?}");
+    assert!(v["ids"].as_array().expect("ids").len() < free_ids);
+    let out = weft(
+        &[&greedy[..], &["--stop", "zzz", "--stop", stop, prompt]].concat(),
+        "",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{prompt}{cut}\n")
+    );
+    let out = weft(&["run", "--stop", "", prompt], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--stop needs a string"), "{stderr}");
+}
+
 #[test]
 fn session_files_continue_and_reuse_a_run() {
     let dir = std::env::temp_dir().join(format!("weft-session-{}", std::process::id()));

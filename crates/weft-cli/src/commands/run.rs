@@ -42,6 +42,10 @@ pub struct Args {
     /// Constrain the output to match a regular expression.
     #[arg(long, value_name = "REGEX", group = "constraint")]
     regex: Option<String>,
+    /// Stop when the output contains STRING, which is left out of it (repeatable; as the
+    /// server's `stop`). Text that might be the start of one is printed once it is clear.
+    #[arg(long, value_name = "STRING")]
+    stop: Vec<String>,
     /// Speculative decoding with the built-in n-gram (prompt-lookup) drafter.
     #[arg(long)]
     speculate: bool,
@@ -167,6 +171,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     for (a, scale) in &adapters {
         g = g.adapter(a, *scale);
     }
+    for s in &args.stop {
+        anyhow::ensure!(!s.is_empty(), "--stop needs a string that is not empty");
+        g = g.stop_string(s);
+    }
     let constrained = !schemas.is_empty();
     for s in schemas {
         g = g.constrain_with(s);
@@ -174,9 +182,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     if args.speculate {
         g = g.system_speculation();
     }
-    let tok = engine.tokenizer();
     let mut out = std::io::stdout().lock();
-    let mut stream = tok.stream_decoder(false);
     let t0 = Instant::now();
     let mut t_prompt = None;
     // Tokens the prompt's pass gave: one, or more when it also checked drafts.
@@ -193,9 +199,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             first_tokens = step.accepted.len();
         }
         if !args.json {
-            for &id in &step.accepted {
-                write!(out, "{}", stream.push(id)?)?;
-            }
+            write!(out, "{}", g.ready_text())?;
             out.flush()?;
         }
     }
@@ -207,11 +211,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let ids = g.tokens().to_vec();
     let context_full = max_tokens < args.n_predict && ids.len() >= max_tokens;
     if args.json {
-        let text = tok.decode(&ids)?;
-        let json = serde_json::json!({ "prompt_ids": prompt_ids, "ids": ids, "text": text });
+        let json = serde_json::json!({ "prompt_ids": prompt_ids, "ids": ids, "text": g.text() });
         writeln!(out, "{json}")?;
     } else {
-        writeln!(out, "{}", stream.finish())?;
+        writeln!(out, "{}", g.ready_text())?;
     }
     let ran = t_prompt.is_some();
     let t_prompt = t_prompt.unwrap_or(total);

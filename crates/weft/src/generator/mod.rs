@@ -599,24 +599,50 @@ impl<'c> Generator<'c> {
     /// until it is clear.
     pub async fn next_text(&mut self) -> Result<Option<String>> {
         loop {
-            let done = self.is_done();
-            let visible = if done {
-                self.final_text().len()
-            } else {
-                self.text.len() - self.stop.stop_strings.held_back(&self.text)
-            };
-            if visible > self.streamed {
-                let delta = self.text[self.streamed..visible].to_string();
-                self.streamed = visible;
+            let delta = self.ready_text();
+            if !delta.is_empty() {
                 return Ok(Some(delta));
             }
-            if done {
+            if self.is_done() {
                 return Ok(None);
             }
             if let Some(step) = self.next()? {
                 step.execute().await?;
             }
         }
+    }
+
+    /// The text the steps run so far added since the last call (or [`Generator::next_text`])
+    /// that is ready to show: empty when there is none. Text that might still become a stop
+    /// string is held back until it is clear, and dropped when it is one. For a loop that runs
+    /// the steps itself and streams as [`Generator::next_text`] does:
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("Q: Name three colours.\nA:")?;
+    /// let mut gen = ctx.generate(weft::Sampler::Argmax).stop_string("\nQ:");
+    /// while let Some(step) = gen.next()? {
+    ///     let step = weft::block_on(step.execute())?;
+    ///     eprintln!("{} tokens this step", step.accepted.len());
+    ///     print!("{}", gen.ready_text());
+    /// }
+    /// print!("{}", gen.ready_text());
+    /// # Ok(()) }
+    /// ```
+    pub fn ready_text(&mut self) -> String {
+        let visible = if self.is_done() {
+            self.final_text().len()
+        } else {
+            self.text.len() - self.stop.stop_strings.held_back(&self.text)
+        };
+        if visible <= self.streamed {
+            return String::new();
+        }
+        let delta = self.text[self.streamed..visible].to_string();
+        self.streamed = visible;
+        delta
     }
 }
 
