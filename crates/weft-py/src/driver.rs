@@ -67,6 +67,8 @@ pub struct Stepped {
     pub values: Vec<Value>,
     /// How many of `values` are every-step probes.
     pub each_step: usize,
+    /// The constraints' allowed set at the sampled position.
+    pub allowed: Option<weft::TokenMask>,
 }
 
 pub struct Reply {
@@ -276,6 +278,7 @@ async fn step(
         accepted: out.accepted,
         values,
         each_step: each.len(),
+        allowed: out.allowed,
     }))
 }
 

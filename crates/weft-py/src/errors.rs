@@ -35,6 +35,7 @@ exceptions! {
     InvalidSampler(WeftError): "A sampler's parameters are out of range.";
     IndexOutOfRange(WeftError): "A sampler or probe refers to an index past the tokens of the pass.";
     TokenOutOfVocab(WeftError): "A token id past the model's vocabulary.";
+    TokenNotAllowed(WeftError): "Generation.accept got a token the generation's constraint does not allow there.";
     PositionCount(WeftError): "input_at got a different number of positions than tokens.";
     PositionOutOfRange(WeftError): "A position past the context length the engine allows.";
     MaskLength(WeftError): "A mask of the wrong length.";
@@ -69,6 +70,7 @@ pub fn to_py(e: weft::Error) -> PyErr {
         E::Sampler(_) => InvalidSampler::new_err(msg),
         E::IndexOutOfRange { .. } => IndexOutOfRange::new_err(msg),
         E::TokenOutOfVocab { .. } => TokenOutOfVocab::new_err(msg),
+        E::TokenNotAllowed { .. } => TokenNotAllowed::new_err(msg),
         E::PositionCount { .. } => PositionCount::new_err(msg),
         E::PositionOutOfRange { .. } => PositionOutOfRange::new_err(msg),
         E::MaskLength { .. } => MaskLength::new_err(msg),

@@ -508,7 +508,8 @@ impl Generation {
     /// Registers tokens chosen outside the loop (after a step whose sampler was cleared):
     /// they count against `max_tokens`, are checked against the stop rules and are run by
     /// the next step. Raises `weft.TokenOutOfVocab` (taking none of them) for an id past the
-    /// vocabulary; does nothing once the generation has stopped.
+    /// vocabulary, `weft.TokenNotAllowed` for one the constraint does not allow there; does
+    /// nothing once the generation has stopped.
     fn accept(&self, py: Python<'_>, tokens: Vec<u32>) -> PyResult<()> {
         self.done(py, Cmd::Accept(tokens), Ok(0)).map(|_| ())
     }

@@ -63,19 +63,23 @@ fn output(py: Python<'_>, gen: u64, id: u64, answer: Option<Item>) -> PyResult<S
         accepted,
         values,
         each_step,
+        allowed,
     } = s;
     let output = ForwardOutput::new(py, id, Vec::new(), values, Some((gen, each_step)))?;
     Ok(StepOutput {
         token,
         accepted,
         output: Py::new(py, output)?,
+        allowed,
     })
 }
 
 #[pymethods]
 impl Step {
     /// Runs the step without its automatic sampler: no token is chosen; pick one from a probe
-    /// and hand it to `Generation.accept`. (No speculative draft on such a step.)
+    /// and hand it to `Generation.accept`. (No speculative draft on such a step.) The
+    /// constraint's allowed set is the output's `allowed`; penalties, logit bias and the
+    /// `min_tokens` ban are the automatic sampler's, and the caller's to apply.
     fn clear_sampler(&mut self) -> PyResult<()> {
         if self.spent {
             return Err(PyRuntimeError::new_err("this step has already run"));
@@ -125,6 +129,7 @@ pub struct StepOutput {
     token: Option<u32>,
     accepted: Vec<u32>,
     output: Py<ForwardOutput>,
+    allowed: Option<weft::TokenMask>,
 }
 
 #[pymethods]
@@ -141,6 +146,16 @@ impl StepOutput {
     #[getter]
     fn accepted(&self) -> Vec<u32> {
         self.accepted.clone()
+    }
+
+    /// The token ids the generation's constraint allows at the sampled position (None
+    /// without a constraint): what to choose from after `clear_sampler()`, since probes
+    /// report the unconstrained distribution; `Generation.accept` raises
+    /// `weft.TokenNotAllowed` for any other.
+    #[getter]
+    fn allowed(&self) -> Option<Vec<u32>> {
+        let m = self.allowed.as_ref()?;
+        Some((0..m.len() as u32).filter(|&id| m.is_allowed(id)).collect())
     }
 
     /// A probe's value (as `ForwardOutput[handle]`).

@@ -286,8 +286,11 @@ pub async fn beam_search_from(
 /// use weft::beam::{beam_generate, BeamSearchConfig};
 /// # fn main() -> weft::Result<()> {
 /// let engine = weft::Engine::load("smollm2-135m")?;
-/// let prompt = engine.tokenize("The capital of France is");
-/// let eos = engine.stop_tokens()[0];
+/// // Token ids, with the BOS the model wants.
+/// let prompt = engine.tokenizer().encode("The capital of France is", true, true);
+/// let Some(eos) = engine.tokenizer().vocab().special().eos else {
+///     return Ok(()); // a model without an EOS: `beam_search` takes its stop set instead
+/// };
 /// let best = beam_generate(&engine, &prompt, &BeamSearchConfig::new(4), eos)?;
 /// println!("{}", engine.detokenize(best[0].generated())?);
 /// # Ok(()) }

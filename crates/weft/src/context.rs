@@ -378,7 +378,11 @@ impl Context {
     }
 
     /// Keeps the first `n` tokens already run and drops the rest (and the pending buffer).
-    /// Rewinding is cheap: pages past the new end go back to the pool.
+    /// Rewinding is cheap: pages past the new end go back to the pool. On a model with
+    /// sliding-window layers (Gemma 3), a rewind further back than the window from the end
+    /// needs keys the cache has already released: it fails (`RewindPastWindow`, see
+    /// [`Error::is_rewind_past_window`]) and leaves the context as it was; refill a new
+    /// context from [`Context::tokens`] then.
     pub fn truncate(&mut self, n: usize) -> Result<()> {
         self.settle();
         if n > self.tokens.len() {

@@ -62,6 +62,12 @@ pub enum Error {
     /// so nothing can be sampled.
     #[error("the logit mask allows no token (or every token's logit is -inf after the biases)")]
     NothingAllowed,
+    /// [`crate::Generator::accept`] got a token the generator's constraints do not allow at
+    /// that point of the output (none of the tokens passed is taken).
+    #[error(
+        "token id {id} is not allowed by the generator's constraint at this point of the output"
+    )]
+    TokenNotAllowed { id: u32 },
     /// The truncation length is longer than the context.
     #[error("cannot truncate a context of {len} tokens to {n} (tokens filled but not run yet do not count)")]
     TruncateTooLong { n: usize, len: usize },
@@ -103,6 +109,12 @@ impl Error {
     /// a retry once other contexts have given pages back (see [`crate::Context::evict`]).
     pub fn is_kv_full(&self) -> bool {
         matches!(self, Error::Core(weft_core::Error::KvCacheFull { .. }))
+    }
+
+    /// Whether a rewind ([`crate::Context::truncate`]) went further back than a
+    /// sliding-window model's cache still holds keys for.
+    pub fn is_rewind_past_window(&self) -> bool {
+        matches!(self, Error::Core(weft_core::Error::RewindPastWindow { .. }))
     }
 }
 

@@ -104,7 +104,7 @@ impl<'c> Forward<'c> {
         let start = self.next_position();
         self.inputs.extend_from_slice(tokens);
         self.positions
-            .extend((0..tokens.len() as u32).map(|i| start + i));
+            .extend((0..tokens.len() as u32).map(|i| start.saturating_add(i)));
         self
     }
 
@@ -175,7 +175,8 @@ impl<'c> Forward<'c> {
     /// The position the next [`Forward::input`] token gets (after the last one so far).
     pub fn next_position(&self) -> u32 {
         match self.positions.last() {
-            Some(&p) => p + 1,
+            // Saturating: a position past the context is refused at `execute`, not here.
+            Some(&p) => p.saturating_add(1),
             None => self.ctx.start_position(),
         }
     }

@@ -37,6 +37,7 @@ mod embed;
 mod embedder;
 mod engine;
 mod error;
+mod executor;
 mod forward;
 mod generator;
 mod output;
@@ -59,6 +60,7 @@ pub use embed::{
 pub use embedder::{Embedder, EmbedderConfig};
 pub use engine::{Engine, EngineConfig, GenerationDefaults, Metrics};
 pub use error::{Error, Result};
+pub use executor::block_on;
 pub use forward::Forward;
 pub use generator::{Generator, Step, StepOutput, StopReason, StopRules, StopStrings};
 pub use output::{ForwardOutput, OutputHandle, SampleHandle};
@@ -67,8 +69,10 @@ pub use probe::{
 };
 pub use rewind::Rewindable;
 pub use session::SNAPSHOT_VERSION;
-pub use speculate::{NgramSpeculator, Speculator};
+pub use speculate::{DraftModel, NgramSpeculator, Speculator};
 pub use weft_core::sampling::{Penalties, Sampler};
+/// The engine core's error, inside [`Error::Core`]: match its variants through this name.
+pub use weft_core::Error as CoreError;
 
 pub use weft_core::gguf::{self, GgmlType, GgufFile};
 pub use weft_core::kernels::{self, bandwidth};
@@ -77,9 +81,3 @@ pub use weft_core::runner::{BatchEntry, ModelRunner, RunnerConfig};
 pub use weft_core::tokenizer::{self, StreamDecoder, Tokenizer};
 pub use weft_core::{checkpoint, kv, lora, models, quant, runner, sampling};
 pub use weft_hub::{self as hub, Hub, HubError, NoProgress, Progress};
-
-/// Runs a future to completion on the current thread: the blocking way to call the async
-/// API (`weft::block_on(fwd.execute())`).
-pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    futures_executor::block_on(f)
-}

@@ -1,6 +1,8 @@
 //! Speculative decoding: a [`Speculator`] guesses the next few tokens, the generator checks
 //! them all in one forward pass and keeps the ones the target model agrees with.
 
+use crate::{Context, Sampler};
+
 /// Drafts tokens for the positions after the sequence so far.
 ///
 /// The generator calls [`Speculator::draft`] before each step, runs the sequence's next token
@@ -53,6 +55,82 @@ impl Speculator for NgramSpeculator {
             }
         }
         Vec::new()
+    }
+}
+
+/// Drafting with a smaller model: its own [`Context`] follows the sequence (rewound to the
+/// part it shares with it, then filled with the rest) and greedily generates the draft, in
+/// passes of its own run from inside the step ([`crate::block_on`] nests). The draft model
+/// must share the target's vocabulary (e.g. SmolLM2-135M drafting for SmolLM2-1.7B); it may
+/// run on its own [`crate::Engine`] or on the target's.
+///
+/// ```no_run
+/// use weft::{DraftModel, Engine, Sampler};
+/// let target = Engine::load("smollm2-135m")?;
+/// let draft = Engine::load("smollm2-135m")?; // in practice a smaller sibling
+/// let mut ctx = target.context();
+/// ctx.fill("def fib(n):")?;
+/// let g = ctx
+///     .generate(Sampler::Argmax)
+///     .max_tokens(64)
+///     .speculator(DraftModel::new(draft.context()))
+///     .draft_len(4);
+/// let text = weft::block_on(g.collect_text())?;
+/// # Ok::<(), weft::Error>(())
+/// ```
+pub struct DraftModel {
+    ctx: Context,
+}
+
+impl DraftModel {
+    /// Drafts with `ctx`'s model (an empty context, or one holding a prefix of what it will
+    /// follow: only the part it does not share is computed).
+    pub fn new(ctx: Context) -> Self {
+        DraftModel { ctx }
+    }
+
+    /// The draft model's context.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn try_draft(&mut self, tokens: &[u32], max: usize) -> crate::Result<Vec<u32>> {
+        // The last token is always filled, so the draft has a position to sample after.
+        let common = self
+            .ctx
+            .tokens()
+            .iter()
+            .zip(&tokens[..tokens.len().saturating_sub(1)])
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.ctx.truncate(common)?;
+        self.ctx.fill_tokens(&tokens[common..])?;
+        let room = self.ctx.engine().n_ctx().saturating_sub(tokens.len());
+        let g = self.ctx.generate(Sampler::Argmax).max_tokens(max.min(room));
+        crate::block_on(g.collect_tokens())
+    }
+}
+
+impl Speculator for DraftModel {
+    /// The draft model's greedy continuation; none when its context cannot follow (a window
+    /// it cannot rewind, a full cache): the target then goes on without a draft.
+    fn draft(&mut self, tokens: &[u32], max: usize) -> Vec<u32> {
+        if tokens.is_empty() || max == 0 {
+            return Vec::new();
+        }
+        self.try_draft(tokens, max).unwrap_or_else(|_| {
+            // Start over next time rather than from a context left half-way.
+            self.ctx = self.ctx.engine().context();
+            Vec::new()
+        })
+    }
+}
+
+impl std::fmt::Debug for DraftModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraftModel")
+            .field("tokens", &self.ctx.len())
+            .finish()
     }
 }
 

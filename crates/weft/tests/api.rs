@@ -317,6 +317,11 @@ fn bad_requests_are_typed_errors_and_leak_nothing() {
         matches!(err, Error::PositionOutOfRange { pos: 64, .. }),
         "{err}"
     );
+    // The largest position, then tokens after it: refused, not an overflow.
+    let mut fwd = ctx.forward();
+    fwd.input_at(&[1], &[u32::MAX]).input(&[2, 3]);
+    let err = block_on(fwd.execute()).expect_err("bad position");
+    assert!(matches!(err, Error::PositionOutOfRange { .. }), "{err}");
     // Positions and tokens of different lengths.
     let mut fwd = ctx.forward();
     fwd.input_at(&[1, 2], &[0]);
@@ -462,6 +467,27 @@ fn manual_stepping_fork_truncate_and_text_stream() {
         manual, auto,
         "manual stepping must equal the automatic loop"
     );
+    // A fork taken mid-generation holds every token accepted so far, the one not run yet
+    // included: greedy from there gives the rest of the same output.
+    {
+        let mut fork_src = ctx.fork().expect("fork");
+        fork_src.truncate(prompt_len).expect("truncate");
+        let mut g = fork_src.generate(Sampler::Argmax).max_tokens(8);
+        for _ in 0..3 {
+            let step = g.next().expect("next").expect("a step");
+            block_on(step.execute()).expect("step");
+        }
+        let mut branch = g.fork_context().expect("fork_context");
+        assert_eq!(branch.len() + branch.pending().len(), prompt_len + 3);
+        let rest = block_on(
+            branch
+                .generate(Sampler::Argmax)
+                .max_tokens(5)
+                .collect_tokens(),
+        )
+        .expect("branch");
+        assert_eq!(rest, auto[3..], "the branch's greedy continuation");
+    }
     // The context holds prompt + 8 tokens (the last one pending).
     assert_eq!(ctx.len() + ctx.pending().len(), prompt_len + 8);
     // Fork shares pages: a fork costs at most one page per KV group.

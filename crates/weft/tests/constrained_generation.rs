@@ -263,3 +263,63 @@ fn speculation_under_a_constraint_gives_the_same_greedy_output() {
     assert_eq!(fast, plain);
     assert!(accepted > 0, "no draft accepted under the constraint");
 }
+
+/// Stepping by hand under a constraint: the step's `allowed` set is the constraint's, the
+/// masked argmax of the Logits probe is what the automatic loop picks, and `accept` refuses
+/// a token outside the set (taking nothing).
+#[test]
+fn manual_steps_see_the_constraint_and_accept_refuses_what_it_forbids() {
+    let engine = engine();
+    let schema = Schema::JsonSchema(person_schema());
+    let prompt = "A person as JSON:\n";
+    let auto = {
+        let mut ctx = engine.context();
+        ctx.fill(prompt).expect("fill");
+        let g = ctx
+            .generate(Sampler::Argmax)
+            .max_tokens(60)
+            .constrain_with(schema.clone());
+        block_on(g.collect_tokens()).expect("generate")
+    };
+    let mut ctx = engine.context();
+    ctx.fill(prompt).expect("fill");
+    let mut g = ctx
+        .generate(Sampler::Argmax)
+        .max_tokens(60)
+        .constrain_with(schema);
+    let mut refused = 0;
+    while let Some(mut step) = g.next().expect("next") {
+        step.clear_sampler();
+        let h = step.probe(0, weft::Logits);
+        let out = block_on(step.execute()).expect("step");
+        let allowed = out.allowed.clone().expect("a constrained step has a set");
+        let logits = out.logits(h).expect("logits");
+        let best = (0..logits.len() as u32)
+            .filter(|&id| allowed.is_allowed(id))
+            .max_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]))
+            .expect("an allowed token");
+        // The unconstrained argmax, when the constraint forbids it, is refused.
+        let free = weft::sampling::argmax(logits);
+        if !allowed.is_allowed(free) {
+            let before = g.tokens_generated();
+            let r = g.accept(&[free]);
+            assert!(
+                matches!(r, Err(Error::TokenNotAllowed { id }) if id == free),
+                "{r:?}"
+            );
+            assert_eq!(g.tokens_generated(), before);
+            refused += 1;
+        }
+        g.accept(&[best]).expect("an allowed token");
+    }
+    assert!(refused > 0, "the constraint never overrode the model");
+    assert_eq!(
+        g.tokens(),
+        auto,
+        "manual masked argmax against the automatic loop"
+    );
+    assert_eq!(g.stop_reason(), Some(&StopReason::Constraint));
+    let text = engine.tokenizer().decode(g.tokens()).expect("decode");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert!(jsonschema::is_valid(&person_schema(), &json), "{text}");
+}

@@ -125,6 +125,63 @@ fn greedy_speculation_accepts_drafts_when_the_output_copies_the_input() {
     );
 }
 
+/// A draft model's speculator runs passes of its own context from inside the target's step
+/// (nested `block_on`). With the target's own weights as the draft, batch invariance makes
+/// every draft token the target's greedy choice: all are kept, and the output is unchanged.
+#[test]
+fn a_draft_model_speculator_runs_its_own_passes_inside_each_step() {
+    let refs = reference();
+    let target = engine("smollm2-135m");
+    let other = engine("smollm2-135m");
+    for draft_engine in [&other, &target] {
+        let (mut drafted, mut kept, mut steps, mut tokens) = (0, 0, 0, 0);
+        for case in refs["cases"].as_array().expect("cases") {
+            if case["model"] != "smollm2" {
+                continue;
+            }
+            let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("ids");
+            let n = case["greedy_ids"].as_array().map_or(32, Vec::len);
+            let run = |speculate: bool| {
+                let mut ctx = target.context();
+                ctx.fill_tokens(&ids).expect("fill");
+                let g = ctx.generate(Sampler::Argmax).max_tokens(n).ignore_eos();
+                let mut g = match speculate {
+                    true => g
+                        .speculator(weft::DraftModel::new(draft_engine.context()))
+                        .draft_len(4),
+                    false => g,
+                };
+                let mut steps = 0;
+                while let Some(step) = g.next().expect("next") {
+                    block_on(step.execute()).expect("step");
+                    steps += 1;
+                }
+                (g.tokens().to_vec(), steps, g.speculation_stats())
+            };
+            let (plain, _, _) = run(false);
+            let (fast, s, (d, k)) = run(true);
+            assert_eq!(
+                fast, plain,
+                "{:?}: the draft changed the output",
+                case["prompt"]
+            );
+            drafted += d;
+            kept += k;
+            steps += s;
+            tokens += fast.len();
+        }
+        println!("drafted {drafted}, kept {kept}, {tokens} tokens in {steps} steps");
+        assert!(drafted > 0);
+        assert_eq!(
+            kept, drafted,
+            "the same weights disagreed with their own draft"
+        );
+        assert!(steps * 3 < tokens, "{tokens} tokens took {steps} steps");
+    }
+    assert_eq!(target.metrics().kv_pages_used, 0);
+    assert_eq!(other.metrics().kv_pages_used, 0);
+}
+
 /// Exact next-token probabilities after `ids` (temperature 1, whole vocabulary).
 fn exact(engine: &Engine, ids: &[u32]) -> Vec<(u32, f64)> {
     let mut ctx = engine.context();

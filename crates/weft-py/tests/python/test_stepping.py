@@ -540,3 +540,37 @@ def test_accepting_by_hand_fills_the_context_as_sampling_does():
         top = step.probe(0, weft.Distribution(k=1))
         g.accept([int(step.run()[top][0][0])])
     assert g.tokens() == want and g.stop_reason == "context_full"
+
+
+def test_manual_steps_under_a_constraint_choose_from_its_allowed_set(smollm2):
+    def generation():
+        ctx = smollm2.context()
+        ctx.fill("The year the first moon landing happened:")
+        return ctx, ctx.generate(weft.Argmax(), max_tokens=8, regex="[0-9]{4}")
+
+    _, auto = generation()
+    assert "".join(auto).isdigit()
+    want = auto.tokens()
+    ctx, g = generation()
+    refused = 0
+    while (step := g.next_step()) is not None:
+        step.clear_sampler()
+        h = step.probe(0, weft.Logits())
+        out = step.run()
+        allowed = out.allowed
+        assert allowed and all(0 <= i < smollm2.vocab_size for i in allowed)
+        logits = out[h]
+        free = int(np.argmax(logits))
+        if free not in allowed:
+            with pytest.raises(weft.TokenNotAllowed):
+                g.accept([free])
+            refused += 1
+        g.accept([max(allowed, key=lambda i: logits[i])])
+    assert refused > 0
+    assert g.tokens() == want and g.stop_reason == "constraint"
+    assert len(g.text()) == 4 and g.text().isdigit()
+    # Without a constraint there is no set.
+    ctx.truncate(0)
+    ctx.fill("Hello")
+    plain = ctx.generate(max_tokens=1)
+    assert plain.next_step().run().allowed is None

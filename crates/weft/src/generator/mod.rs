@@ -352,9 +352,43 @@ impl<'c> Generator<'c> {
         Ok(())
     }
 
-    /// The context this generator runs on.
+    /// The context this generator runs on. The last token accepted waits in the generator
+    /// until the next step runs it, so the context lacks it while the generation goes on: to
+    /// branch from here, [`Generator::fork_context`].
     pub fn context(&self) -> &Context {
         self.ctx
+    }
+
+    /// A fork of the context with everything generated so far, the tokens accepted but not
+    /// run yet included (pending in the fork): branching a generation where it stands
+    /// (best-of-n, tree search), its KV pages shared until either side writes them. A step
+    /// whose future was dropped is undone first.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("Three ideas for a story:")?;
+    /// let mut gen = ctx.generate(weft::Sampler::Argmax).max_tokens(32);
+    /// for _ in 0..4 {
+    ///     if let Some(step) = gen.next()? {
+    ///         weft::block_on(step.execute())?;
+    ///     }
+    /// }
+    /// let mut branch = gen.fork_context()?;
+    /// let other = weft::block_on(
+    ///     branch
+    ///         .generate(weft::Sampler::TopP { p: 0.9, temperature: 1.0 })
+    ///         .max_tokens(28)
+    ///         .collect_text(),
+    /// )?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fork_context(&mut self) -> Result<Context> {
+        self.undo_dropped_step()?;
+        let mut fork = self.ctx.fork()?;
+        fork.push_pending(&self.next_input);
+        Ok(fork)
     }
 
     /// Stops here, as a stop rule would ([`StopReason::Ended`]): the tokens accepted but not
@@ -460,16 +494,32 @@ impl<'c> Generator<'c> {
 
     /// Registers tokens chosen outside the loop (after a step whose sampler was cleared):
     /// they count against `max_tokens`, are checked against the stop rules and are run by the
-    /// next step. An id past the vocabulary is [`Error::TokenOutOfVocab`], and more tokens
-    /// than the context has room for [`Error::ContextTooLong`]; then none of `tokens` is
-    /// taken. As with sampled tokens, the last one may fall one past the context: it is kept
-    /// (pending, never run) and the generation stops there ([`StopReason::ContextFull`]).
+    /// next step. An id past the vocabulary is [`Error::TokenOutOfVocab`], one the
+    /// generator's constraints do not allow there [`Error::TokenNotAllowed`] (the step's
+    /// [`StepOutput::allowed`] is the set to choose from), and more tokens than the context
+    /// has room for [`Error::ContextTooLong`]; then none of `tokens` is taken. As with sampled
+    /// tokens, the last one may fall one past the context: it is kept (pending, never run) and
+    /// the generation stops there ([`StopReason::ContextFull`]).
     pub fn accept(&mut self, tokens: &[u32]) -> Result<()> {
         self.ctx.engine().check_ids(tokens.iter().copied())?;
         let len = self.held() + tokens.len();
         let n_ctx = self.ctx.engine().n_ctx();
         if len > n_ctx + 1 && self.stopped.is_none() {
             return Err(Error::ContextTooLong { len, n_ctx });
+        }
+        if self.stopped.is_none() && !self.constraints.is_empty() {
+            let vocab = self.ctx.engine().info().vocab_size;
+            let mut after = self.generated.clone();
+            for &id in tokens {
+                let allowed = constraint_mask(&mut self.constraints, &after, vocab)?;
+                if !allowed.is_some_and(|m| m.is_allowed(id)) {
+                    return Err(Error::TokenNotAllowed { id });
+                }
+                if self.stop.is_stop_token(id, &self.eos) {
+                    break;
+                }
+                after.push(id);
+            }
         }
         self.accept_run(tokens, 0);
         Ok(())

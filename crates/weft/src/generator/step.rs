@@ -1,6 +1,7 @@
 //! One step of a generator: a forward pass over the next input (and a speculative draft),
 //! constraint masks, samplers, and folding the chosen tokens back into the loop.
 
+use crate::constraint::TokenMask;
 use crate::error::{Error, Result};
 use crate::forward::Forward;
 use crate::output::ForwardOutput;
@@ -28,6 +29,10 @@ pub struct StepOutput {
     pub accepted: Vec<u32>,
     /// The pass's outputs: read probes with their handles.
     pub output: ForwardOutput,
+    /// The tokens the generator's constraints allow at the sampled position (`None` without
+    /// constraints): the set a step whose sampler was cleared picks from, since probes
+    /// report the unconstrained distribution.
+    pub allowed: Option<TokenMask>,
 }
 
 impl std::ops::Deref for StepOutput {
@@ -39,7 +44,10 @@ impl std::ops::Deref for StepOutput {
 
 impl Step<'_, '_> {
     /// Drops the automatic sampler: the step runs without choosing a token; pick one from a
-    /// probe and hand it to [`Generator::accept`]. (No speculation on such a step.)
+    /// probe and hand it to [`Generator::accept`]. (No speculation on such a step.) What the
+    /// automatic sampler applied is then the caller's to apply: the constraints' allowed set
+    /// ([`StepOutput::allowed`]; `accept` refuses a token outside it), penalties, logit bias
+    /// and the `min_tokens` ban on stop tokens.
     pub fn clear_sampler(&mut self) {
         self.auto = false;
     }
@@ -86,6 +94,7 @@ async fn run(
         }
         masks.push(mask);
     }
+    let allowed = masks.first().cloned();
     let draft = if auto {
         draft(gen, input, &mut masks)?
     } else {
@@ -131,6 +140,7 @@ async fn run(
             token: None,
             accepted: Vec::new(),
             output,
+            allowed,
         });
     };
     let accepted = settle_draft(gen, &draft, &chosen)?;
@@ -138,6 +148,7 @@ async fn run(
         token: accepted.last().copied(),
         accepted,
         output,
+        allowed,
     })
 }
 

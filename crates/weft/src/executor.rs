@@ -1,0 +1,108 @@
+//! [`block_on`]: the blocking way to call the async API.
+//!
+//! The engine's passes are computed on its scheduler thread, which only wakes the waiting
+//! task, so a blocking call needs no runtime: poll, park the thread until woken, poll again.
+//! Unlike `futures::executor::block_on`, calls may nest — a [`crate::Speculator`] whose draft
+//! runs passes of its own context, or [`crate::Engine::embed`] inside a future — since nothing
+//! here is tied to the thread beyond the one `park`.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
+
+/// Wakes one `block_on` call: its own flag (a nested call parking on the same thread may
+/// take the thread's unpark token, never this flag), then the thread.
+struct Wakeup {
+    woken: AtomicBool,
+    thread: Thread,
+}
+
+impl Wake for Wakeup {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
+}
+
+/// Runs a future to completion on the current thread: the blocking way to call the async
+/// API (`weft::block_on(fwd.execute())`). Calls may nest (a blocking call inside a future
+/// that is itself run by `block_on`). Inside an async runtime, `.await` instead: this blocks
+/// the runtime's thread until the future is done.
+///
+/// ```no_run
+/// let engine = weft::Engine::load("smollm2-135m")?;
+/// let mut ctx = engine.context();
+/// ctx.fill("The capital of France is")?;
+/// let text = weft::block_on(ctx.generate(weft::Sampler::Argmax).max_tokens(8).collect_text())?;
+/// # Ok::<(), weft::Error>(())
+/// ```
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    let wakeup = Arc::new(Wakeup {
+        woken: AtomicBool::new(false),
+        thread: std::thread::current(),
+    });
+    let waker = Waker::from(wakeup.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+        // A wake-up that came while polling is in the flag: poll again without parking.
+        while !wakeup.woken.swap(false, Ordering::Acquire) {
+            std::thread::park();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::block_on;
+    use std::future::Future;
+    use std::task::Poll;
+
+    #[test]
+    fn runs_futures_woken_from_other_threads_and_nests() {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            tx.send(7).ok();
+        });
+        assert_eq!(block_on(rx), Ok(7));
+        t.join().ok();
+        // The inner call consumes the thread's unpark token while the outer future waits on
+        // its own channel: the outer wake-up is not lost.
+        let (tx1, rx1) = futures_channel::oneshot::channel::<u32>();
+        let (tx2, rx2) = futures_channel::oneshot::channel::<u32>();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            tx1.send(1).ok();
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            tx2.send(2).ok();
+        });
+        // First poll: register on rx1, block on rx2 (rx1's wake-up arrives meanwhile and the
+        // inner park takes the thread's token), then wait without polling rx1 again: only
+        // the wake-up rx1 sent can bring the second poll.
+        let (mut rx1, mut rx2) = (rx1, Some(rx2));
+        let outer = std::future::poll_fn(move |cx| {
+            let one = std::pin::Pin::new(&mut rx1).poll(cx);
+            match rx2.take() {
+                Some(rx2) => {
+                    assert!(one.is_pending());
+                    let two = block_on(rx2);
+                    assert_eq!(two, Ok(2));
+                    Poll::Pending
+                }
+                None => one,
+            }
+        });
+        assert_eq!(block_on(outer), Ok(1));
+        t.join().ok();
+    }
+}
