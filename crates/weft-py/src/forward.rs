@@ -40,7 +40,8 @@ enum Op {
     Mask(Vec<u32>),
     LogitBias(Vec<(u32, f32)>),
     Horizon(usize),
-    Sample(Vec<usize>, weft::Sampler),
+    /// Indices, sampler, and a list of allowed ids per index.
+    Sample(Vec<usize>, weft::Sampler, Option<Vec<Vec<u32>>>),
     Probe(usize, ProbeKind),
     Adapter(weft::Adapter, f32),
     ZoSeed(u64, f32),
@@ -200,7 +201,19 @@ impl Prepared {
                 Op::AttentionBias(rows) => {
                     f.attention_bias(rows);
                 }
-                Op::Sample(i, s) => samples.push(f.sample(&i, s)),
+                Op::Sample(i, s, None) => samples.push(f.sample(&i, s)),
+                Op::Sample(i, s, Some(sets)) => {
+                    engine.check_ids(sets.iter().flatten().copied())?;
+                    let masks = sets
+                        .iter()
+                        .map(|ids| {
+                            let mut m = weft::TokenMask::none(vocab);
+                            ids.iter().for_each(|&id| m.allow(id));
+                            m
+                        })
+                        .collect();
+                    samples.push(f.sample_with_masks(&i, s, masks))
+                }
                 Op::Probe(i, kind) => probes.push(attach!(kind, |p| f.probe(i, p))),
             }
         }
@@ -293,13 +306,17 @@ impl Forward {
         self.push(Op::Horizon(n))
     }
 
-    /// Samples a token with `sampler` after each of the input `indices`.
+    /// Samples a token with `sampler` after each of the input `indices`; with `masks` (one
+    /// list of allowed ids per index), each position chooses within its own list (and the
+    /// pass's `mask`): verifying a draft under a constraint.
+    #[pyo3(signature = (indices, sampler, masks = None))]
     fn sample(
         &mut self,
         indices: Vec<usize>,
         sampler: PyRef<'_, Sampler>,
+        masks: Option<Vec<Vec<u32>>>,
     ) -> PyResult<SampleHandle> {
-        self.push(Op::Sample(indices, sampler.inner.clone()))?;
+        self.push(Op::Sample(indices, sampler.inner.clone(), masks))?;
         self.samples += 1;
         Ok(SampleHandle {
             pass: self.id,

@@ -307,6 +307,47 @@ impl<'c> Forward<'c> {
         ProbeHandle::new(self.probes.len() - 1)
     }
 
+    /// Samples with `sampler` after each listed index, each under its own logit mask
+    /// (`masks[k]` for `indices[k]`, each as long as the vocabulary; both it and the pass's
+    /// [`Forward::mask`] apply): verifying a draft under a constraint, one allowed set per
+    /// drafted position. Masks of another count or length fail the pass
+    /// ([`Error::MaskLength`]).
+    ///
+    /// ```no_run
+    /// # use weft::{Engine, Sampler, TokenMask};
+    /// let engine = Engine::load("smollm2-135m")?;
+    /// let vocab = engine.info().vocab_size;
+    /// let mut ctx = engine.context();
+    /// ctx.fill("Yes or no:")?;
+    /// let (yes, no) = (engine.tokenize(" yes")[0], engine.tokenize(" no")[0]);
+    /// let mut fwd = ctx.forward();
+    /// fwd.input(&[yes]);
+    /// let last = fwd.len() - 1;
+    /// let (mut first, mut second) = (TokenMask::none(vocab), TokenMask::none(vocab));
+    /// first.allow(yes);
+    /// first.allow(no);
+    /// second.allow(engine.tokenize(".")[0]);
+    /// let h = fwd.sample_with_masks(&[last - 1, last], Sampler::Argmax, vec![first, second]);
+    /// let out = weft::block_on(fwd.execute())?;
+    /// let [answer, stop] = out.tokens(h).expect("sampled")[..] else { unreachable!() };
+    /// # Ok::<(), weft::Error>(())
+    /// ```
+    pub fn sample_with_masks(
+        &mut self,
+        indices: &[usize],
+        sampler: Sampler,
+        masks: Vec<TokenMask>,
+    ) -> SampleHandle {
+        if masks.len() != indices.len() {
+            self.error.get_or_insert(Error::MaskLength {
+                what: "the list of per-index logit masks",
+                expected: indices.len(),
+                got: masks.len(),
+            });
+        }
+        self.sample_masked(indices, sampler, masks.into_iter().map(Some).collect())
+    }
+
     /// Samples after each listed index, each with its own allowed set (the generator's
     /// speculative verification under constraints).
     pub(crate) fn sample_masked(
@@ -374,6 +415,13 @@ impl<'c> Forward<'c> {
             s.sampler.validate(vocab_size)?;
             for &i in &s.indices {
                 check("sampler", i)?;
+            }
+            if let Some(m) = s.masks.iter().flatten().find(|m| m.len() != vocab_size) {
+                return Err(Error::MaskLength {
+                    what: "a sampler's logit mask",
+                    expected: vocab_size,
+                    got: m.len(),
+                });
             }
         }
         for (i, p) in &self.probes {

@@ -588,3 +588,63 @@ fn a_dropped_execute_future_settles_before_the_next_pass() {
     drop(ctx);
     assert_pool_free(&engine);
 }
+
+/// Per-index logit masks: each sampled position chooses within its own set (the masked
+/// argmax of the position's logits), and masks of the wrong count or length are refused.
+#[test]
+fn samplers_take_one_logit_mask_per_index() {
+    let engine = engine("smollm2-135m", small());
+    let vocab = engine.info().vocab_size;
+    let mut ctx = engine.context();
+    ctx.fill("One, two, three,").expect("fill");
+    let draft = engine.tokenize(" four, five");
+    let mut fwd = ctx.forward();
+    fwd.input(&draft);
+    let n = fwd.len();
+    let indices: Vec<usize> = (n - 3..n).collect();
+    let probes: Vec<_> = indices.iter().map(|&i| fwd.probe(i, Logits)).collect();
+    // Each set: two arbitrary tokens (unlikely to hold the unmasked argmax); the pick must be
+    // the one of the two with the higher logit.
+    let sets: Vec<[u32; 2]> = vec![[11, 2000], [30, 700], [4000, 12]];
+    let masks = sets
+        .iter()
+        .map(|set| {
+            let mut m = weft::TokenMask::none(vocab);
+            set.iter().for_each(|&t| m.allow(t));
+            m
+        })
+        .collect();
+    let h = fwd.sample_with_masks(&indices, Sampler::Argmax, masks);
+    let out = block_on(fwd.execute()).expect("pass");
+    let got = out.tokens(h).expect("sampled").to_vec();
+    for ((set, p), t) in sets.iter().zip(&probes).zip(&got) {
+        let logits = out.logits(*p).expect("logits");
+        let best = *set
+            .iter()
+            .max_by(|&&a, &&b| logits[a as usize].total_cmp(&logits[b as usize]))
+            .expect("a set");
+        assert_eq!(*t, best, "the masked argmax of {set:?}");
+    }
+    ctx.truncate(0).expect("truncate");
+    ctx.fill("Hello").expect("fill");
+    let mut fwd = ctx.forward();
+    fwd.sample_with_masks(&[0], Sampler::Argmax, Vec::new());
+    let err = block_on(fwd.execute()).expect_err("no mask for the index");
+    assert!(
+        matches!(
+            err,
+            Error::MaskLength {
+                expected: 1,
+                got: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut fwd = ctx.forward();
+    fwd.sample_with_masks(&[0], Sampler::Argmax, vec![weft::TokenMask::all(5)]);
+    let err = block_on(fwd.execute()).expect_err("a short mask");
+    assert!(matches!(err, Error::MaskLength { got: 5, .. }), "{err}");
+    drop(ctx);
+    assert_pool_free(&engine);
+}

@@ -131,3 +131,28 @@ def test_an_attention_mask_may_look_ahead_within_its_pass(smollm2):
     # Not past the pass's last token.
     with pytest.raises(weft.MaskLength, match="len\\(ctx\\) \\+ n"):
         first_logits([[True] * (n + 1)] + [[True] * n for _ in range(n - 1)])
+
+
+def test_each_sampled_index_may_take_its_own_mask(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("One, two, three,")
+    fwd = ctx.forward()
+    fwd.input(smollm2.tokenize(" four, five"))
+    n = len(fwd)
+    indices = [n - 3, n - 2, n - 1]
+    logits = [fwd.probe(i, weft.Logits()) for i in indices]
+    sets = [[11, 2000], [30, 700], [4000, 12]]
+    h = fwd.sample(indices, weft.Argmax(), masks=sets)
+    out = fwd.run()
+    for s, p, t in zip(sets, logits, out[h]):
+        assert t == max(s, key=lambda i: out[p][i])
+    ctx.truncate(0)
+    ctx.fill("Hello")
+    fwd = ctx.forward()
+    fwd.sample([0], weft.Argmax(), masks=[])
+    with pytest.raises(weft.MaskLength):
+        fwd.run()
+    fwd = ctx.forward()
+    fwd.sample([0], weft.Argmax(), masks=[[smollm2.vocab_size]])
+    with pytest.raises(weft.TokenOutOfVocab):
+        fwd.run()
