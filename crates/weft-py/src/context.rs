@@ -313,42 +313,14 @@ impl Context {
                 ))
             }
         };
-        // One string or a list of them, as OpenAI's `stop` takes; token ids in the list stop
-        // as `stop_token_ids` do (seed 000's `stop=[id, ...]`).
-        let mut stop_ids = stop_token_ids.unwrap_or_default();
-        let stop = match stop {
-            None => Vec::new(),
-            Some(s) => match s.extract::<String>() {
-                Ok(one) => vec![one],
-                Err(_) => {
-                    let items: Vec<Bound<'_, PyAny>> = s.extract().map_err(|_| not_a_stop())?;
-                    let mut strings = Vec::new();
-                    for item in items {
-                        match item.extract::<String>() {
-                            Ok(text) => strings.push(text),
-                            Err(_) => stop_ids.push(item.extract().map_err(|_| not_a_stop())?),
-                        }
-                    }
-                    strings
-                }
-            },
-        };
-        let penalties = [repeat_penalty, presence_penalty, frequency_penalty]
-            .iter()
-            .any(Option::is_some)
-            .then(|| {
-                let off = weft::Penalties::default();
-                weft::Penalties {
-                    repetition: repeat_penalty.unwrap_or(off.repetition),
-                    presence: presence_penalty.unwrap_or(off.presence),
-                    frequency: frequency_penalty.unwrap_or(off.frequency),
-                    last_n: penalty_last_n.unwrap_or(off.last_n),
-                }
-            });
-        if let Some(p) = &penalties {
-            p.validate()
-                .map_err(|e| crate::errors::to_py(weft::Error::Sampler(e)))?;
-        }
+        let (stop, mut stop_ids) = stop_arg(stop)?;
+        stop_ids.extend(stop_token_ids.unwrap_or_default());
+        let penalties = penalties_arg(
+            repeat_penalty,
+            presence_penalty,
+            frequency_penalty,
+            penalty_last_n,
+        )?;
         let opts = GenOptions {
             sampler: sampler.map(|s| s.inner.clone()),
             max_tokens,
@@ -409,6 +381,49 @@ impl Context {
 }
 
 /// The error for a `stop` that is neither a string nor a list of strings and token ids.
+/// `stop=`: one string or a list of them, as OpenAI's `stop` takes; token ids in the list
+/// stop as `stop_token_ids` do (seed 000's `stop=[id, ...]`). Returns (strings, ids).
+pub(crate) fn stop_arg(stop: Option<&Bound<'_, PyAny>>) -> PyResult<(Vec<String>, Vec<u32>)> {
+    let Some(s) = stop else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    if let Ok(one) = s.extract::<String>() {
+        return Ok((vec![one], Vec::new()));
+    }
+    let items: Vec<Bound<'_, PyAny>> = s.extract().map_err(|_| not_a_stop())?;
+    let (mut strings, mut ids) = (Vec::new(), Vec::new());
+    for item in items {
+        match item.extract::<String>() {
+            Ok(text) => strings.push(text),
+            Err(_) => ids.push(item.extract().map_err(|_| not_a_stop())?),
+        }
+    }
+    Ok((strings, ids))
+}
+
+/// The penalties of `repeat_penalty=`, `presence_penalty=`, `frequency_penalty=` and
+/// `penalty_last_n=` (llama.cpp's defaults for those not given; none given: no penalties).
+pub(crate) fn penalties_arg(
+    repeat: Option<f32>,
+    presence: Option<f32>,
+    frequency: Option<f32>,
+    last_n: Option<usize>,
+) -> PyResult<Option<weft::Penalties>> {
+    if [repeat, presence, frequency].iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let off = weft::Penalties::default();
+    let p = weft::Penalties {
+        repetition: repeat.unwrap_or(off.repetition),
+        presence: presence.unwrap_or(off.presence),
+        frequency: frequency.unwrap_or(off.frequency),
+        last_n: last_n.unwrap_or(off.last_n),
+    };
+    p.validate()
+        .map_err(|e| crate::errors::to_py(weft::Error::Sampler(e)))?;
+    Ok(Some(p))
+}
+
 fn not_a_stop() -> PyErr {
     pyo3::exceptions::PyTypeError::new_err(
         "stop must be a string, or a list of strings and token ids",

@@ -69,6 +69,9 @@ fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 /// `seed + i`. `pad_token_id` defaults to the model's first end-of-generation token
 /// (`engine.stop_tokens[0]`: SmolLM2's `<|im_end|>`, Gemma 3's `<eos>`).
 ///
+/// `stop`, `min_tokens`, `ignore_eos`, `logit_bias`, the penalties and `adapters` apply to
+/// every rollout as `Context.generate` takes them.
+///
 /// `every` > 0 with `on_partial` streams (seed 003's `generate_streaming`): after every
 /// `every` tokens of the unfinished rollouts, `on_partial` gets the list of every `Rollout` so
 /// far (`stop_reason` None). It runs on the batch's thread and cannot call weft; an exception
@@ -77,7 +80,9 @@ fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 #[pyo3(signature = (
     engine, prompts, sampler = None, *, max_tokens = 128, max_length = None,
     stop_sequences = None, seed = 0, attention_mask = None, padded = false, pad_token_id = None,
-    every = 0, on_partial = None
+    every = 0, on_partial = None, stop = None, min_tokens = 0, ignore_eos = false,
+    logit_bias = None, repeat_penalty = None, presence_penalty = None,
+    frequency_penalty = None, penalty_last_n = None, adapters = None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn generate_batch<'py>(
@@ -94,7 +99,29 @@ pub fn generate_batch<'py>(
     pad_token_id: Option<u32>,
     every: usize,
     on_partial: Option<Py<PyAny>>,
+    stop: Option<&Bound<'py, PyAny>>,
+    min_tokens: usize,
+    ignore_eos: bool,
+    logit_bias: Option<std::collections::HashMap<u32, f32>>,
+    repeat_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    penalty_last_n: Option<usize>,
+    adapters: Option<Vec<(PyRef<'py, crate::adapter::Adapter>, f32)>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let (stop_strings, stop_ids) = crate::context::stop_arg(stop)?;
+    let penalties = crate::context::penalties_arg(
+        repeat_penalty,
+        presence_penalty,
+        frequency_penalty,
+        penalty_last_n,
+    )?;
+    let logit_bias: Vec<(u32, f32)> = logit_bias.unwrap_or_default().into_iter().collect();
+    let adapters: Vec<(weft::Adapter, f32)> = adapters
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(a, s)| (a.inner.clone(), s))
+        .collect();
     use weft::rollout::{Prompt, RolloutRequest};
     let sampler = sampler.map_or(weft::Sampler::Argmax, |s| s.inner.clone());
     let mut requests: Vec<RolloutRequest> = match attention_mask {
@@ -128,6 +155,13 @@ pub fn generate_batch<'py>(
         r.max_tokens = max_tokens;
         r.max_length = max_length;
         r.stop_sequences = stop_sequences.clone().unwrap_or_default();
+        r.stop_strings = stop_strings.clone();
+        r.stop_ids = stop_ids.clone();
+        r.min_tokens = min_tokens;
+        r.ignore_eos = ignore_eos;
+        r.logit_bias = logit_bias.clone();
+        r.penalties = penalties.clone();
+        r.adapters = adapters.clone();
         r.seed = seed.wrapping_add(i as u64);
     }
     let inner = engine.inner.clone();

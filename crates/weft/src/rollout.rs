@@ -8,12 +8,13 @@
 
 use futures_util::future::join_all;
 
+use crate::adapter::Adapter;
 use crate::context::Context;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::generator::{Generator, StopReason};
 use weft_core::kv::PAGE_SIZE;
-use weft_core::sampling::Sampler;
+use weft_core::sampling::{Penalties, Sampler};
 
 /// A prompt: text (tokenized with a BOS when the model wants one) or token ids, used as given.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,12 +60,30 @@ pub struct RolloutRequest {
     pub max_length: Option<usize>,
     /// Stop when the output ends with one of these id sequences (multi-token stops).
     pub stop_sequences: Vec<Vec<u32>>,
+    /// Stop on these ids too, besides the model's end-of-turn set (left out of the tokens,
+    /// as an end of turn is).
+    pub stop_ids: Vec<u32>,
+    /// Stop when the output text contains one of these strings (the rollout's tokens keep
+    /// the one that completed it; its `text` is cut before it).
+    pub stop_strings: Vec<String>,
+    /// Generate past the model's end-of-turn set (until `max_tokens` or another stop).
+    pub ignore_eos: bool,
+    /// Generate at least this many tokens before a stop token may be sampled.
+    pub min_tokens: usize,
+    /// Repetition / presence / frequency penalties of this request.
+    pub penalties: Option<Penalties>,
+    /// Logit bias of this request (`-inf` bans an id).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Adapters this request runs with, scaled (a policy's LoRA; none: the engine's stack).
+    /// Requests with different adapters still share model calls.
+    pub adapters: Vec<(Adapter, f32)>,
     /// Sampling seed of this request.
     pub seed: u64,
 }
 
 impl RolloutRequest {
-    /// A request with `max_tokens` 128, no `max_length`, seed 0 and no extra stop sequences.
+    /// A request with `max_tokens` 128, no `max_length`, seed 0, no extra stops, penalties,
+    /// bias or adapters.
     pub fn new(prompt: impl Into<Prompt>, sampler: Sampler) -> RolloutRequest {
         RolloutRequest {
             prompt: prompt.into(),
@@ -72,6 +91,13 @@ impl RolloutRequest {
             max_tokens: 128,
             max_length: None,
             stop_sequences: Vec::new(),
+            stop_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            ignore_eos: false,
+            min_tokens: 0,
+            penalties: None,
+            logit_bias: Vec::new(),
+            adapters: Vec::new(),
             seed: 0,
         }
     }
@@ -139,7 +165,7 @@ pub struct Rollout {
     pub prompt_tokens: Vec<u32>,
     /// The generated tokens (a stop token excluded, a stop sequence included).
     pub tokens: Vec<u32>,
-    /// The generated text.
+    /// The generated text (cut before a stop string).
     pub text: String,
     /// Why it stopped (`None` in a partial result).
     pub stop: Option<StopReason>,
@@ -296,7 +322,13 @@ pub async fn generate_batch_streaming(
     for r in requests {
         // A stop sequence with an id past the vocabulary could never match: refused, as
         // `Generator` callers' ids are.
-        engine.check_ids(r.stop_sequences.iter().flatten().copied())?;
+        engine.check_ids(
+            r.stop_sequences
+                .iter()
+                .flatten()
+                .chain(&r.stop_ids)
+                .copied(),
+        )?;
         let mut ctx: Context = engine.context();
         ctx.set_seed(r.seed);
         match &r.prompt {
@@ -314,10 +346,27 @@ pub async fn generate_batch_streaming(
             let room = r
                 .max_length
                 .map_or(usize::MAX, |m| m.saturating_sub(prompt.len()));
-            let g = ctx
+            let mut g = ctx
                 .generate(r.sampler.clone())
-                .max_tokens(r.max_tokens.min(room));
-            r.stop_sequences.iter().fold(g, |g, s| g.stop_sequence(s))
+                .max_tokens(r.max_tokens.min(room))
+                .min_tokens(r.min_tokens)
+                .logit_bias(&r.logit_bias);
+            if r.ignore_eos {
+                g = g.ignore_eos();
+            }
+            if let Some(p) = &r.penalties {
+                g = g.penalties(p.clone());
+            }
+            for (a, scale) in &r.adapters {
+                g = g.adapter(a, *scale);
+            }
+            for s in &r.stop_sequences {
+                g = g.stop_sequence(s);
+            }
+            for s in &r.stop_strings {
+                g = g.stop_string(s);
+            }
+            g.stop(&r.stop_ids)
         })
         .collect();
     let snapshot = |gens: &[Generator<'_>], done: bool| -> Result<Vec<Rollout>> {
@@ -327,7 +376,10 @@ pub async fn generate_batch_streaming(
                 Ok(Rollout {
                     prompt_tokens: p.clone(),
                     tokens: g.tokens().to_vec(),
-                    text: engine.detokenize(g.tokens())?,
+                    text: match g.stop_reason() {
+                        Some(StopReason::StopString(_)) => g.text().to_string(),
+                        _ => engine.detokenize(g.tokens())?,
+                    },
                     stop: if done { g.stop_reason().cloned() } else { None },
                 })
             })

@@ -623,3 +623,89 @@ fn sampling_parameters_are_checked_in_the_library() {
     drop(ctx);
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
+
+/// Each rollout of a batch takes its own generator options — stop strings, `ignore_eos`,
+/// `min_tokens`, logit bias, penalties — and gives what one generator with those options
+/// gives alone.
+#[test]
+fn rollouts_take_each_requests_generator_options() {
+    let engine = common::engine_with("smollm2-135m", config());
+    let chat = chat_prompt(&engine).pending().to_vec();
+    let greedy = |max_tokens| RolloutRequest {
+        max_tokens,
+        ..RolloutRequest::new(chat.clone(), Sampler::Argmax)
+    };
+    let plain = block_on(generate_batch(&engine, &[greedy(48)])).expect("plain");
+    let plain = &plain[0];
+    assert!(matches!(plain.stop, Some(StopReason::StopToken(_))));
+    let text = plain.text.clone();
+    let cut = text.len() / 2;
+    let cut = (cut..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .expect("a boundary");
+    let stop = text[cut..].chars().take(2).collect::<String>();
+    let first = plain.tokens[0];
+    let reqs = vec![
+        RolloutRequest {
+            stop_strings: vec![stop.clone()],
+            ..greedy(48)
+        },
+        RolloutRequest {
+            ignore_eos: true,
+            ..greedy(24)
+        },
+        RolloutRequest {
+            min_tokens: plain.tokens.len() + 3,
+            ..greedy(48)
+        },
+        RolloutRequest {
+            logit_bias: vec![(first, f32::NEG_INFINITY)],
+            ..greedy(8)
+        },
+        RolloutRequest {
+            // So large that no token of the window (the whole history) comes again.
+            penalties: Some(weft::Penalties {
+                presence: 1000.0,
+                last_n: 0,
+                ..weft::Penalties::default()
+            }),
+            ..greedy(24)
+        },
+    ];
+    let out = block_on(generate_batch(&engine, &reqs)).expect("batch");
+    assert_eq!(
+        out[0].text,
+        text[..text.find(&stop).expect("stop")],
+        "{stop:?}"
+    );
+    assert!(matches!(out[0].stop, Some(StopReason::StopString(_))));
+    assert_eq!(out[1].tokens.len(), 24);
+    assert!(out[2].tokens.len() > plain.tokens.len() + 2);
+    assert_ne!(out[3].tokens[0], first);
+    // Each against a generator with the same options, alone.
+    let alone = |f: &dyn Fn(weft::Generator<'_>) -> weft::Generator<'_>| {
+        let mut ctx = engine.context();
+        ctx.fill_tokens(&chat).expect("fill");
+        block_on(f(ctx.generate(Sampler::Argmax)).collect_tokens()).expect("alone")
+    };
+    assert_eq!(out[1].tokens, alone(&|g| g.max_tokens(24).ignore_eos()));
+    let min = plain.tokens.len() + 3;
+    assert_eq!(out[2].tokens, alone(&|g| g.max_tokens(48).min_tokens(min)));
+    assert_eq!(
+        out[3].tokens,
+        alone(&|g| g.max_tokens(8).logit_bias(&[(first, f32::NEG_INFINITY)]))
+    );
+    let p = reqs[4].penalties.clone().expect("penalties");
+    assert_eq!(
+        out[4].tokens,
+        alone(&|g| g.max_tokens(24).penalties(p.clone()))
+    );
+    // `<|im_end|>` is in the prompt: the penalty bans it, so the reply runs to max_tokens.
+    assert_eq!(out[4].tokens.len(), 24);
+    let mut seen = chat.clone();
+    for &t in &out[4].tokens {
+        assert!(!seen.contains(&t), "{t} came again: {:?}", out[4].tokens);
+        seen.push(t);
+    }
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}

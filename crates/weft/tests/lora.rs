@@ -236,6 +236,51 @@ fn follows_llama_cpp_with_the_reference_adapter() {
     assert!(changed > 0, "the adapter changed no greedy continuation");
 }
 
+/// A batch of rollouts where each request names its own adapter (RLHF: the policy's LoRA
+/// beside the base model) gives each rollout what a generator with that adapter gives alone,
+/// and the reference adapter changes at least one greedy continuation.
+#[test]
+fn rollouts_run_each_requests_own_adapter() {
+    use weft::rollout::{generate_batch, RolloutRequest};
+    let engine = engine("smollm2-135m");
+    let adapter = engine.load_adapter(&reference_adapter()).unwrap();
+    let reference = json(&common::reference_dir().join("lora.json"));
+    let prompts: Vec<&str> = reference["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["prompt"].as_str().unwrap())
+        .collect();
+    let request = |p: &str, with: bool| RolloutRequest {
+        max_tokens: 16,
+        adapters: if with {
+            vec![(adapter.clone(), 1.0)]
+        } else {
+            Vec::new()
+        },
+        ..RolloutRequest::new(p, Sampler::Argmax)
+    };
+    let reqs: Vec<RolloutRequest> = prompts
+        .iter()
+        .flat_map(|p| [request(p, true), request(p, false)])
+        .collect();
+    let out = block_on(generate_batch(&engine, &reqs)).unwrap();
+    let mut changed = 0;
+    for (pair, p) in out.chunks(2).zip(&prompts) {
+        let alone = |with: bool| {
+            let mut ctx = engine.context();
+            ctx.fill(p).unwrap();
+            let g = ctx.generate(Sampler::Argmax).max_tokens(16);
+            let g = if with { g.adapter(&adapter, 1.0) } else { g };
+            block_on(g.collect_tokens()).unwrap()
+        };
+        assert_eq!(pair[0].tokens, alone(true), "{p:?} with the adapter");
+        assert_eq!(pair[1].tokens, alone(false), "{p:?} without");
+        changed += usize::from(pair[0].tokens != pair[1].tokens);
+    }
+    assert!(changed > 0, "the adapter changed no rollout");
+}
+
 /// Synthetic adapters (ranks 8 and 64, every attention and MLP projection) on both models
 /// against llama.cpp with the same files: `tests/fixtures/lora_synthetic.json`, made by
 /// `scripts/lora_reference.py` from the adapters this file writes (their SHA-256 is checked).

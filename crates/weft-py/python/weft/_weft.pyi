@@ -454,6 +454,15 @@ def generate_batch(
     pad_token_id: Optional[int] = None,
     every: int = 0,
     on_partial: Optional[Callable[[List[Rollout]], object]] = None,
+    stop: Optional[Union[str, Sequence[Union[str, int]]]] = None,
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
+    logit_bias: Optional[Mapping[int, float]] = None,
+    repeat_penalty: Optional[float] = None,
+    presence_penalty: Optional[float] = None,
+    frequency_penalty: Optional[float] = None,
+    penalty_last_n: Optional[int] = None,
+    adapters: Optional[Sequence[Tuple[Adapter, float]]] = None,
 ) -> List[Rollout]: ...
 @overload
 def generate_batch(
@@ -470,6 +479,15 @@ def generate_batch(
     pad_token_id: Optional[int] = None,
     every: int = 0,
     on_partial: Optional[Callable[[List[Rollout]], object]] = None,
+    stop: Optional[Union[str, Sequence[Union[str, int]]]] = None,
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
+    logit_bias: Optional[Mapping[int, float]] = None,
+    repeat_penalty: Optional[float] = None,
+    presence_penalty: Optional[float] = None,
+    frequency_penalty: Optional[float] = None,
+    penalty_last_n: Optional[int] = None,
+    adapters: Optional[Sequence[Tuple[Adapter, float]]] = None,
 ) -> Tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint8]]: ...
 
 @final

@@ -86,3 +86,17 @@ def test_an_adapter_of_another_model_raises_and_the_engine_goes_on(smollm2, adap
         gemma3.push_lora(adapter)
     assert gemma3.pop_lora() is None
     assert len(ctx.generate(weft.Argmax(), max_tokens=3, ignore_eos=True).tokens()) == 3
+
+
+def test_generate_batch_runs_with_adapters(smollm2, reference, adapter_file):
+    adapter = smollm2.load_adapter(adapter_file)
+    prompts = [c["prompt"] for c in reference("lora.json")["cases"] if c["model"] == "smollm2"]
+    with_ = weft.generate_batch(smollm2, prompts, max_tokens=12, adapters=[(adapter, 1.0)])
+    without = weft.generate_batch(smollm2, prompts, max_tokens=12)
+    for p, a in zip(prompts, with_):
+        ctx = smollm2.context()
+        ctx.fill(p)
+        g = ctx.generate(weft.Argmax(), max_tokens=12, adapters=[(adapter, 1.0)])
+        g.text()
+        assert a.tokens == g.tokens()
+    assert any(a.tokens != b.tokens for a, b in zip(with_, without))

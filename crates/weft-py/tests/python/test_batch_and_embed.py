@@ -16,6 +16,27 @@ def test_generate_batch_equals_single_generations(smollm2):
         assert repr(r) == f"weft.Rollout(text={r.text!r}, stop_reason={r.stop_reason!r})"
 
 
+def test_generate_batch_takes_the_generation_options(smollm2):
+    def alone(prompt, **opts):
+        ctx = smollm2.context()
+        ctx.fill(prompt)
+        g = ctx.generate(weft.Argmax(), **opts)
+        g.text()
+        return g.tokens()
+
+    opts = dict(max_tokens=12, ignore_eos=True, logit_bias={13: -5.0}, repeat_penalty=1.3)
+    rollouts = weft.generate_batch(smollm2, PROMPTS, weft.Argmax(), **opts)
+    assert [r.tokens for r in rollouts] == [alone(p, **opts) for p in PROMPTS]
+    assert all(len(r.tokens) == 12 for r in rollouts)
+    # A stop string cuts the text.
+    plain = weft.generate_batch(smollm2, PROMPTS[:1], weft.Argmax(), max_tokens=12)[0]
+    stop = plain.text[len(plain.text) // 2 :][:2]
+    cut = weft.generate_batch(smollm2, PROMPTS[:1], weft.Argmax(), max_tokens=12, stop=[stop])[0]
+    assert cut.text == plain.text[: plain.text.index(stop)] and cut.stop_reason == "stop_string"
+    with pytest.raises(TypeError):
+        weft.generate_batch(smollm2, PROMPTS, stop=[1.5])
+
+
 def test_generate_batch_padded_arrays(smollm2):
     pad = 0
     rows = [smollm2.tokenize(p) for p in PROMPTS]
