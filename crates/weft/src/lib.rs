@@ -68,6 +68,9 @@ pub use probe::{
     Distribution, Entropy, Hidden, Logits, Logprob, LogprobProbe, Logprobs, Probe, ProbeHandle,
 };
 pub use rewind::Rewindable;
+/// The schemars (1.x) that [`Generator::collect_json`] derives schemas with: derive
+/// `JsonSchema` from this one (`#[schemars(crate = "weft::schemars")]`) to match its version.
+pub use schemars;
 pub use session::SNAPSHOT_VERSION;
 pub use speculate::{DraftModel, NgramSpeculator, Speculator};
 pub use weft_core::sampling::{Penalties, Sampler};

@@ -39,7 +39,8 @@ pub trait Rewindable {
     /// Tokens in the history (for a [`Context`]: tokens already run).
     fn len(&self) -> usize;
 
-    /// Whether the history is empty.
+    /// Whether the history is empty (for a [`Context`], as [`Context::is_empty`]: nothing run
+    /// or filled).
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -51,6 +52,10 @@ pub trait Rewindable {
 impl Rewindable for Context {
     fn len(&self) -> usize {
         Context::len(self)
+    }
+
+    fn is_empty(&self) -> bool {
+        Context::is_empty(self)
     }
 
     fn truncate(&mut self, n: usize) -> Result<()> {

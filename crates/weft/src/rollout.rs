@@ -198,7 +198,7 @@ pub struct PaddedBatch {
 }
 
 impl PaddedBatch {
-    /// Row `i` (padding included).
+    /// Row `i` (padding included). Panics when `i >= batch`, as indexing a slice does.
     pub fn row(&self, i: usize) -> &[u32] {
         &self.ids[i * self.total_len..(i + 1) * self.total_len]
     }

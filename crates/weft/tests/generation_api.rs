@@ -394,6 +394,8 @@ fn rewindable_lets_generic_code_look_ahead_and_come_back() {
     let engine = common::engine_with("smollm2-135m", config());
     let mut ctx = engine.context();
     ctx.fill("The capital of France is").expect("fill");
+    // Filled but not run: empty to neither generic nor direct code.
+    assert!(Rewindable::len(&ctx) == 0 && !Rewindable::is_empty(&ctx) && !ctx.is_empty());
     block_on(ctx.flush_logits()).expect("prefill");
     let before = ctx.tokens().to_vec();
     let greedy_step = |c: &mut weft::Context| {

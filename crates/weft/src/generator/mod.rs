@@ -609,7 +609,8 @@ impl<'c> Generator<'c> {
     /// Runs to the end under a JSON Schema derived from `T` and parses the output into `T`.
     ///
     /// ```no_run
-    /// #[derive(serde::Deserialize, schemars::JsonSchema)]
+    /// #[derive(serde::Deserialize, weft::schemars::JsonSchema)]
+    /// #[schemars(crate = "weft::schemars")] // or derive with your own schemars 1.x
     /// struct City { name: String, population: u32 }
     /// # fn main() -> weft::Result<()> {
     /// let engine = weft::Engine::load("smollm2-135m")?;
