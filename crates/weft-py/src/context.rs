@@ -93,11 +93,10 @@ impl Context {
         self.with(|c| c.fill_tokens(&ids).py())
     }
 
-    /// Buffers `messages` (`[{"role": ..., "content": ...}]`) rendered by the model's chat
-    /// template, with the assistant's turn opened. They are rendered as a whole new
-    /// conversation (BOS, the template's default system prompt): call it on an empty context,
-    /// and to go on with a conversation render all of it again on a new one (the prefix cache
-    /// finds the turns already computed).
+    /// Makes the context hold `messages` (`[{"role": ..., "content": ...}]`) rendered by the
+    /// model's chat template, with the assistant's turn opened. Call it with the whole
+    /// conversation at every turn: a context holding an earlier turn keeps the start of its
+    /// tokens the new rendering shares and buffers only the rest.
     fn fill_chat(&self, messages: &Bound<'_, PyAny>) -> PyResult<()> {
         use pyo3::exceptions::{PyKeyError, PyTypeError};
         let shape = "fill_chat takes a list of messages: [{\"role\": ..., \"content\": ...}]";

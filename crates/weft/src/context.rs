@@ -334,19 +334,52 @@ impl Context {
         Ok(())
     }
 
-    /// Buffers a conversation rendered with the model's chat template, ending with the
-    /// assistant's turn opened (the template's generation prompt). The template writes its
+    /// Makes the context hold `messages` rendered with the model's chat template, ending with
+    /// the assistant's turn opened (the template's generation prompt). The template writes its
     /// own BOS and markers, so no BOS is added here.
     ///
-    /// `messages` is the whole conversation, rendered as a new one (BOS, default system
-    /// prompt): call it on an empty context. To go on with a conversation, render it all
-    /// again on a fresh context — the prefix cache finds the turns already computed — or
-    /// truncate this one to the longest start it shares with the new rendering, as `weft chat`
-    /// does.
+    /// On an empty context this buffers the rendering. On one that holds an earlier turn of
+    /// the same conversation (its rendering and the reply generated into it), it keeps the
+    /// longest start of the context's tokens that the new rendering shares and buffers only
+    /// the rest: call it with the whole conversation at every turn, and each turn computes
+    /// only its new tokens. A sliding-window model (Gemma 3) that cannot rewind that far
+    /// starts again from nothing (the prefix cache still holds the conversation's full pages).
+    ///
+    /// ```no_run
+    /// use weft::{Engine, Message, Sampler};
+    /// let engine = Engine::load("smollm2-135m")?;
+    /// let mut ctx = engine.context();
+    /// let mut messages = vec![Message::user("Name a colour.")];
+    /// for next in ["Another one.", "And a third."] {
+    ///     ctx.fill_chat(&messages)?;
+    ///     let reply = weft::block_on(ctx.generate(Sampler::Argmax).collect_text())?;
+    ///     messages.push(Message::assistant(reply));
+    ///     messages.push(Message::user(next));
+    /// }
+    /// # Ok::<(), weft::Error>(())
+    /// ```
     pub fn fill_chat(&mut self, messages: &[Message]) -> Result<()> {
         let text = self.engine.chat_template()?.render(messages, true)?;
         let ids = self.engine.inner.tokenizer.encode(&text, false, true);
-        self.pending.extend(ids);
+        let shared = self
+            .tokens
+            .iter()
+            .chain(&self.pending)
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // Pending tokens cost nothing to buffer again: keep only run ones.
+        let mut keep = shared.min(self.tokens.len());
+        if keep < self.tokens.len() || !self.pending.is_empty() {
+            match self.truncate(keep) {
+                Err(e) if e.is_rewind_past_window() => {
+                    self.truncate(0)?;
+                    keep = 0;
+                }
+                other => other?,
+            }
+        }
+        self.pending.extend_from_slice(&ids[keep..]);
         Ok(())
     }
 

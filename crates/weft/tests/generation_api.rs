@@ -711,3 +711,73 @@ fn rollouts_take_each_requests_generator_options() {
     }
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
+
+/// The tokens a context holds, run and pending.
+fn held(ctx: &weft::Context) -> Vec<u32> {
+    ctx.tokens().iter().chain(ctx.pending()).copied().collect()
+}
+
+/// `fill_chat` with the whole conversation at every turn, on one context: the context holds
+/// exactly the new rendering, keeps the computed start it shares with it, and replies as a
+/// fresh context does. On Gemma 3, a conversation whose start changed past the sliding window
+/// starts over instead of failing.
+#[test]
+fn fill_chat_carries_a_conversation_turn_after_turn() {
+    use weft::Message;
+    for model in ["smollm2-135m", "gemma3-270m"] {
+        let engine = common::engine_with(model, config());
+        let render = |m: &[Message]| {
+            let text = engine.chat_template().expect("template").render(m, true);
+            engine.tokenize(&text.expect("render"))
+        };
+        let reply_fresh = |m: &[Message]| {
+            let mut c = engine.context();
+            c.fill_chat(m).expect("fill_chat");
+            block_on(c.generate(Sampler::Argmax).max_tokens(16).collect_text()).expect("fresh")
+        };
+        let mut ctx = engine.context();
+        let mut messages = vec![Message::user("Name a colour.")];
+        let mut before = 0;
+        for next in ["Another one.", "And a third."] {
+            ctx.fill_chat(&messages).expect("fill_chat");
+            assert_eq!(held(&ctx), render(&messages), "{model}");
+            assert!(
+                ctx.len() >= before,
+                "{model}: {} of {before} kept",
+                ctx.len()
+            );
+            before = render(&messages).len();
+            let reply = block_on(ctx.generate(Sampler::Argmax).max_tokens(16).collect_text())
+                .expect("reply");
+            assert_eq!(reply, reply_fresh(&messages), "{model}");
+            messages.push(Message::assistant(reply));
+            messages.push(Message::user(next));
+        }
+        drop(ctx);
+        assert_eq!(engine.metrics().kv_pages_used, 0, "{model}");
+    }
+    // Gemma 3 keeps a sliding-window layer's keys up to two windows (1,024 tokens) back: a
+    // conversation longer than that whose first message changed cannot rewind to its start.
+    let engine = common::engine_with("gemma3-270m", config());
+    let render = |m: &[Message]| {
+        let text = engine.chat_template().expect("template").render(m, true);
+        engine.tokenize(&text.expect("render"))
+    };
+    let mut ctx = engine.context();
+    {
+        let long = |w: &str| Message::user(format!("{w} {}", "and again ".repeat(700)));
+        ctx.fill_chat(&[long("First")]).expect("long");
+        block_on(ctx.generate(Sampler::Argmax).max_tokens(8).collect_text()).expect("long reply");
+        let other = [long("Second")];
+        ctx.fill_chat(&other).expect("a changed start");
+        assert_eq!(held(&ctx), render(&other));
+        let reply = block_on(ctx.generate(Sampler::Argmax).max_tokens(8).collect_text());
+        assert_eq!(reply.expect("reply"), {
+            let mut c = engine.context();
+            c.fill_chat(&other).expect("fill_chat");
+            block_on(c.generate(Sampler::Argmax).max_tokens(8).collect_text()).expect("fresh")
+        });
+    }
+    drop(ctx);
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}

@@ -3,9 +3,8 @@
 //! `/load FILE` (the conversation as JSON messages), `/exit`.
 //!
 //! Key design decision: one [`weft::Context`] lives through the whole conversation. Before a
-//! reply the conversation is rendered with the template and tokenized exactly as
-//! [`weft::Context::fill_chat`] does; the context keeps the longest start of its tokens that
-//! the new prompt shares and runs only the rest. So the prompt is always the full rendering of
+//! reply the whole conversation goes to [`weft::Context::fill_chat`]: the context keeps the
+//! longest start of its tokens that the new rendering shares and runs only the rest. So the prompt is always the full rendering of
 //! the history (what a fresh context would be given, whatever the template does to earlier
 //! turns), yet a follow-up turn computes only its own tokens, plus whatever tail of the last
 //! reply tokenizes differently from how it was generated.
@@ -300,7 +299,6 @@ enum Ending {
 struct Chat {
     engine: Engine,
     ctx: Context,
-    seed: u64,
     system: Option<String>,
     messages: Vec<Message>,
     sampler: Sampler,
@@ -316,7 +314,6 @@ impl Chat {
         let mut chat = Chat {
             engine,
             ctx,
-            seed,
             system: args.system.clone(),
             messages: Vec::new(),
             sampler,
@@ -496,24 +493,12 @@ impl Chat {
     /// Buffers the prompt of the conversation in the context: the tokens of its rendering, of
     /// which the context keeps the longest start it already holds.
     fn fill_prompt(&mut self) -> anyhow::Result<()> {
-        let text = self.engine.chat_template()?.render(&self.messages, true)?;
-        let ids = self.engine.tokenize(&text);
-        let mut kept = self
-            .ctx
-            .tokens()
-            .iter()
-            .zip(&ids)
-            .take_while(|(a, b)| a == b)
-            .count();
-        if self.ctx.truncate(kept).is_err() {
-            // A sliding-window model cannot always rewind that far: start afresh (the prefix
-            // cache still holds the full pages of the conversation's start).
-            self.ctx = self.engine.context();
-            self.ctx.set_seed(self.seed);
-            kept = 0;
-        }
-        self.ctx.fill_tokens(&ids[kept..])?;
-        tracing::debug!(prompt = ids.len(), kept, "chat prompt");
+        self.ctx.fill_chat(&self.messages)?;
+        tracing::debug!(
+            prompt = self.ctx.len() + self.ctx.pending().len(),
+            kept = self.ctx.len(),
+            "chat prompt"
+        );
         Ok(())
     }
 }

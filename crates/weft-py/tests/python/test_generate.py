@@ -283,3 +283,18 @@ def test_prefill_and_decode_step_as_a_greedy_generation_does(smollm2):
         logits = ctx.decode(chosen[-1])
     assert chosen == greedy
     assert len(ctx) == len(ctx.tokens) and ctx.tokens[-6:] == greedy
+
+
+def test_fill_chat_goes_on_with_a_conversation_on_one_context(smollm2):
+    def reply(ctx, messages):
+        ctx.fill_chat(messages)
+        return ctx.generate(weft.Argmax(), max_tokens=12).text()
+
+    messages = [{"role": "user", "content": "Name a colour."}]
+    ctx = smollm2.context()
+    first = reply(ctx, messages)
+    run_before = len(ctx)
+    messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "Another."}]
+    ctx.fill_chat(messages)
+    assert len(ctx) >= run_before - 2  # the first turn's computed tokens are kept
+    assert ctx.generate(weft.Argmax(), max_tokens=12).text() == reply(smollm2.context(), messages)
