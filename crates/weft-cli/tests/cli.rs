@@ -1098,6 +1098,17 @@ fn run_stops_at_the_end_of_the_context_it_was_given() {
 /// vocabulary) trained, so its file says, on a context of 64 tokens: cheap enough to fill
 /// 16,000 positions.
 fn tiny_llama_file(dir: &std::path::Path) -> std::path::PathBuf {
+    tiny_llama_file_with(dir, "tiny.gguf", None, 1.0)
+}
+
+/// [`tiny_llama_file`] with an RMS-norm epsilon in its metadata and `norm` as every value of
+/// the final norm's weight (NaN: broken weights), written to `dir/name`.
+fn tiny_llama_file_with(
+    dir: &std::path::Path,
+    name: &str,
+    eps: Option<f32>,
+    norm: f32,
+) -> std::path::PathBuf {
     use weft_core::gguf::{Array, GgmlType, GgufWriter, Value};
     let (d, ff, vocab) = (16u64, 32u64, 32u64);
     let f32s = |n: u64| -> Vec<u8> {
@@ -1113,6 +1124,9 @@ fn tiny_llama_file(dir: &std::path::Path) -> std::path::PathBuf {
         .metadata("llama.feed_forward_length", Value::U32(ff as u32))
         .metadata("llama.attention.head_count", Value::U32(2))
         .metadata("llama.context_length", Value::U32(64));
+    if let Some(eps) = eps {
+        w.metadata("llama.attention.layer_norm_rms_epsilon", Value::F32(eps));
+    }
     let tokens = ["<unk>", "<s>", "</s>"].into_iter().map(String::from);
     let tokens: Vec<String> = tokens
         .chain((3..vocab).map(|i| format!("\u{2581}{}", char::from(b'a' + (i % 26) as u8))))
@@ -1133,7 +1147,12 @@ fn tiny_llama_file(dir: &std::path::Path) -> std::path::PathBuf {
         &[d, vocab],
         f32s(vocab * d),
     )
-    .tensor("output_norm.weight", GgmlType::F32, &[d], ones(d))
+    .tensor(
+        "output_norm.weight",
+        GgmlType::F32,
+        &[d],
+        (0..d).flat_map(|_| norm.to_le_bytes()).collect(),
+    )
     .tensor("blk.0.attn_norm.weight", GgmlType::F32, &[d], ones(d))
     .tensor("blk.0.ffn_norm.weight", GgmlType::F32, &[d], ones(d));
     for (name, rows, cols) in [
@@ -1148,9 +1167,59 @@ fn tiny_llama_file(dir: &std::path::Path) -> std::path::PathBuf {
         let t = format!("blk.0.{name}.weight");
         w.tensor(&t, GgmlType::F32, &[cols, rows], f32s(rows * cols));
     }
-    let path = dir.join("tiny.gguf");
+    let path = dir.join(name);
     std::fs::write(&path, w.to_bytes()).expect("write the tiny model");
     path
+}
+
+/// Broken numbers in a model file: a NaN hyper-parameter is refused at load, NaN weights
+/// when they make NaN logits; both say what is wrong, neither runs on silently.
+#[test]
+fn a_model_with_nan_numbers_is_an_error_not_garbage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ok = tiny_llama_file(dir.path());
+    let out = weft(
+        &[
+            "run",
+            "-m",
+            ok.to_str().unwrap(),
+            "-n",
+            "2",
+            "--temp",
+            "0",
+            "a b",
+        ],
+        "",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cases = [
+        (Some(f32::NAN), 1.0, "layer_norm_rms_epsilon = NaN"),
+        (Some(-1.0), 1.0, "layer_norm_rms_epsilon = -1"),
+        (None, f32::NAN, "NaN logits"),
+    ];
+    for (i, (eps, norm, why)) in cases.into_iter().enumerate() {
+        let path = tiny_llama_file_with(dir.path(), &format!("bad{i}.gguf"), eps, norm);
+        let out = weft(
+            &[
+                "run",
+                "-m",
+                path.to_str().unwrap(),
+                "-n",
+                "2",
+                "--temp",
+                "0",
+                "a b",
+            ],
+            "",
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{why}: {stderr}");
+        assert!(stderr.contains(why), "{why}: {stderr}");
+    }
 }
 
 /// `weft bench -d` sizes the KV cache to its deepest test, as llama-bench sizes each test's

@@ -65,6 +65,7 @@ pub fn to_py(e: weft::Error) -> PyErr {
     match e {
         _ if e.is_kv_full() => KvCacheFull::new_err(msg),
         E::Core(_) => ModelError::new_err(msg),
+        E::NanLogits => ModelError::new_err(msg),
         E::Hub(_) => HubError::new_err(msg),
         E::Chat(_) => ChatTemplateError::new_err(msg),
         E::Sampler(_) => InvalidSampler::new_err(msg),

@@ -62,6 +62,9 @@ pub enum Error {
     /// so nothing can be sampled.
     #[error("the logit mask allows no token (or every token's logit is -inf after the biases)")]
     NothingAllowed,
+    /// The model computed NaN logits: its weights are broken (a corrupt file, a NaN scale).
+    #[error("the model computed NaN logits: its weights are probably corrupt (check the file)")]
+    NanLogits,
     /// [`crate::Generator::accept`] got a token the generator's constraints do not allow at
     /// that point of the output (none of the tokens passed is taken).
     #[error(

@@ -234,6 +234,22 @@ fn bad_schemas_fail_before_any_pass_and_leak_nothing() {
         assert!(matches!(err, Error::Grammar { .. }), "{schema:?}: {err}");
         println!("{err}");
     }
+    // Schemas that compile but that no text matches say so, in a line.
+    for schema in [
+        Schema::JsonSchema(serde_json::json!({"$ref": "#"})),
+        Schema::Regex(r"[^\s\S]".into()),
+        Schema::Lark("start: x\nx: x \"a\"\n".into()),
+        Schema::Gbnf("root ::= root".into()),
+    ] {
+        let mut ctx = engine.context();
+        ctx.fill("Hello").expect("fill");
+        let mut g = ctx.generate(Sampler::Argmax).constrain_with(schema.clone());
+        let err = g.next().err().expect("no text matches it").to_string();
+        assert!(
+            err.contains("no text matches it") && !err.contains('\n'),
+            "{schema:?}: {err}"
+        );
+    }
     let after = engine.metrics();
     assert_eq!(after.passes, before.passes, "a pass was submitted");
     assert_eq!(after.kv_pages_used, 0);

@@ -163,11 +163,14 @@ impl KvCache {
                     .map(|_| alloc())
                     .collect::<Result<Vec<_>>>()
             };
+            // The storage first: it fails cleanly on a size no machine holds, where the
+            // pool's bookkeeping (8 bytes a page) would be the first to exhaust memory.
+            let (keys, values) = (storage()?, storage()?);
             groups.push(Group {
                 window: spec.window,
-                pool: PagePool::new(n_pages),
-                keys: storage()?,
-                values: storage()?,
+                pool: PagePool::new(n_pages).ok_or(Error::KvTooLarge { max_tokens })?,
+                keys,
+                values,
             });
         }
         Ok(KvCache {
@@ -557,6 +560,15 @@ pub(crate) mod tests {
                 },
             ],
             kv_type: KvType::F16,
+        }
+    }
+
+    /// A cache size no machine holds is an error, not an abort in an allocation.
+    #[test]
+    fn an_impossible_size_is_an_error() {
+        for max_tokens in [1usize << 40, 1 << 50, usize::MAX] {
+            let err = KvCache::new(layout(None), max_tokens).expect_err("too large");
+            assert!(matches!(err, Error::KvTooLarge { .. }), "{err}");
         }
     }
 

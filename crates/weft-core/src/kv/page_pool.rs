@@ -25,12 +25,21 @@ pub struct PagePool {
 }
 
 impl PagePool {
-    /// A pool of `n_pages` free pages.
-    pub fn new(n_pages: usize) -> PagePool {
-        PagePool {
-            refcounts: vec![0; n_pages],
-            free: (0..n_pages as PageId).map(Reverse).collect(),
-        }
+    /// A pool of `n_pages` free pages; `None` when page ids cannot number them or their
+    /// bookkeeping cannot be allocated.
+    pub fn new(n_pages: usize) -> Option<PagePool> {
+        let last = PageId::try_from(n_pages.checked_sub(1)?).ok()?;
+        let mut refcounts = Vec::new();
+        refcounts.try_reserve_exact(n_pages).ok()?;
+        refcounts.resize(n_pages, 0);
+        let mut free = Vec::new();
+        free.try_reserve_exact(n_pages).ok()?;
+        // Ascending ids are already a min-heap of `Reverse` ids.
+        free.extend((0..=last).map(Reverse));
+        Some(PagePool {
+            refcounts,
+            free: BinaryHeap::from(free),
+        })
     }
 
     /// Total number of pages.
@@ -81,7 +90,7 @@ mod tests {
 
     #[test]
     fn allocate_retain_release() {
-        let mut pool = PagePool::new(2);
+        let mut pool = PagePool::new(2).unwrap();
         let a = pool.allocate().unwrap();
         let b = pool.allocate().unwrap();
         assert_eq!((a, b), (0, 1));
@@ -97,10 +106,17 @@ mod tests {
         assert_eq!(pool.n_free(), 2);
     }
 
+    /// More pages than ids can number (or none) is no pool, not a wrapped or empty one.
+    #[test]
+    fn page_ids_bound_the_pool() {
+        assert!(PagePool::new(0).is_none());
+        assert!(PagePool::new(PageId::MAX as usize + 2).is_none());
+    }
+
     /// Pages come back lowest first, whatever order they were released in.
     #[test]
     fn lowest_free_page_first() {
-        let mut pool = PagePool::new(8);
+        let mut pool = PagePool::new(8).unwrap();
         let pages: Vec<PageId> = (0..6).map(|_| pool.allocate().unwrap()).collect();
         assert_eq!(pages, [0, 1, 2, 3, 4, 5]);
         for &p in pages.iter().rev() {

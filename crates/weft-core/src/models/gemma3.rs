@@ -111,11 +111,13 @@ impl Gemma3 {
             head_dim,
             n_ff: l.usize("feed_forward_length")?,
             eps: l
-                .opt_f32("attention.layer_norm_rms_epsilon")?
+                .opt_f32_where("attention.layer_norm_rms_epsilon", "a number >= 0", |v| {
+                    v >= 0.0
+                })?
                 .unwrap_or(1e-6),
             window: l.opt_usize("attention.sliding_window")?.unwrap_or(512),
             attn_scale: l
-                .opt_f32("attention.scale")?
+                .opt_f32_where("attention.scale", "a number > 0", |v| v > 0.0)?
                 .unwrap_or(1.0 / (head_dim as f32).sqrt()),
         };
         let embd_info = l.file.tensor("token_embd.weight")?;
@@ -129,7 +131,9 @@ impl Gemma3 {
             });
         }
         let token_embd = l.tied("token_embd.weight", vocab, n_embd)?; // also the LM head
-        let base = l.opt_f32("rope.freq_base")?.unwrap_or(1_000_000.0);
+        let base = l
+            .opt_f32_where("rope.freq_base", "a number > 0", |v| v > 0.0)?
+            .unwrap_or(1_000_000.0);
         let scale = l
             .opt_f32("rope.scaling.factor")?
             .filter(|&f| f > 0.0)

@@ -82,7 +82,9 @@ impl Llama {
             head_dim,
             n_ff: l.usize("feed_forward_length")?,
             eps: l
-                .opt_f32("attention.layer_norm_rms_epsilon")?
+                .opt_f32_where("attention.layer_norm_rms_epsilon", "a number >= 0", |v| {
+                    v >= 0.0
+                })?
                 .unwrap_or(1e-5),
         };
         let embd_info = l.file.tensor("token_embd.weight")?;
@@ -111,7 +113,9 @@ impl Llama {
         } else {
             None
         };
-        let base = l.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
+        let base = l
+            .opt_f32_where("rope.freq_base", "a number > 0", |v| v > 0.0)?
+            .unwrap_or(10000.0);
         let scale = l
             .opt_f32("rope.scaling.factor")?
             .filter(|&f| f > 0.0)

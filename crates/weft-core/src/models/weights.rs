@@ -166,10 +166,26 @@ impl Loader {
         }
     }
 
-    /// An optional float hyper-parameter.
+    /// An optional float hyper-parameter, which must be finite (a NaN epsilon or RoPE base
+    /// would turn every logit into NaN or zero, silently).
     pub fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
+        self.opt_f32_where(key, "a finite number", |_| true)
+    }
+
+    /// [`Loader::opt_f32`] that must also pass `ok` (described by `what`, for the error).
+    pub fn opt_f32_where(
+        &self,
+        key: &str,
+        what: &str,
+        ok: impl Fn(f32) -> bool,
+    ) -> Result<Option<f32>> {
         let full = format!("{}.{key}", self.arch);
-        Ok(self.file.opt_f64(&full)?.map(|v| v as f32))
+        match self.file.opt_f64(&full)?.map(|v| v as f32) {
+            Some(v) if !(v.is_finite() && ok(v)) => {
+                Err(bad(format!("{full} = {v}, where {what} is expected")))
+            }
+            v => Ok(v),
+        }
     }
 
     /// A weight matrix `name` of shape `rows × cols` (ggml `[cols, rows]`) for matmuls only:

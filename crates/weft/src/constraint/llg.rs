@@ -196,7 +196,7 @@ pub fn compile(engine: &Engine, schema: &Schema) -> Result<GrammarConstraint> {
     let initial = matcher.clone();
     let mask = matcher
         .compute_mask_or_eos()
-        .map_err(|e| grammar_error(kind, e))?;
+        .map_err(|e| first_mask_error(kind, e))?;
     Ok(GrammarConstraint {
         matcher,
         initial,
@@ -231,6 +231,21 @@ fn json(schema: &serde_json::Value) -> serde_json::Value {
         }
     }
     schema
+}
+
+/// The error of the first mask of a compiled grammar: llguidance's message is its first line
+/// (a dump of the parser's state follows it); `NoExtensionBias` there means that no token can
+/// start an output the grammar accepts, not even an end of text.
+fn first_mask_error(kind: &'static str, e: impl std::fmt::Display) -> Error {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default().trim();
+    let message = match first {
+        "NoExtensionBias" => "no text matches it (not even an empty output): check for a rule \
+             that never ends, a reference to itself, or a set that excludes everything"
+            .to_string(),
+        _ => first.to_string(),
+    };
+    Error::Grammar { kind, message }
 }
 
 fn grammar_error(kind: &'static str, e: impl std::fmt::Display) -> Error {

@@ -155,6 +155,12 @@ fn sample_row(
     rng: &mut Rng,
     scratch: &mut Scratch,
 ) -> Result<u32> {
+    // NaN logits come from broken weights (a corrupt file, a NaN scale) and would make every
+    // sampler answer some fixed token, silently. One vectorized read of a row already in cache:
+    // about 3 µs for SmolLM2's 49,152 logits, against milliseconds for the pass.
+    if logits.iter().fold(false, |nan, l| nan | l.is_nan()) {
+        return Err(Error::NanLogits);
+    }
     let plain = req.bias.is_empty()
         && req.penalties.is_none()
         && req.logit_mask.is_none()
