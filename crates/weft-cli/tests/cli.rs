@@ -1085,6 +1085,11 @@ fn run_stops_at_the_end_of_the_context_it_was_given() {
         stderr.contains("leaves no room in the context of"),
         "{stderr}"
     );
+    // A cache no machine holds is an error, not an abort.
+    let out = weft(&["run", "-c", "1000000000000", "-n", "2", "Hi"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot allocate a KV cache"), "{stderr}");
     let out = weft(&["run", "-c", "3", "Hi"], "");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

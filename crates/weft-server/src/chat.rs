@@ -43,6 +43,7 @@ pub async fn handle(
     }
     params.logprobs = logprobs.then_some(top.unwrap_or(0) as usize);
     let tools = Tools::parse(&body)?;
+    let forced = tools.as_ref().is_some_and(Tools::forced);
     if let Some(t) = tools.as_ref().filter(|t| t.forced()) {
         if params.schema.is_some() {
             return Err(ApiError::param(
@@ -54,7 +55,7 @@ pub async fn handle(
     }
     let prompt = render(&engine, &body, tools.as_ref())?;
     respond::check_length("messages", prompt.len(), params.max_tokens, engine.n_ctx())?;
-    respond::check_schema(&engine, params.schema.as_ref())?;
+    respond::check_schema(&engine, params.schema.as_ref(), forced)?;
     let id = state.new_id("chatcmpl");
     let job = Job {
         prompts: vec![prompt],

@@ -83,7 +83,7 @@ pub async fn handle(
     // base model given a short prompt wrote 8,188 tokens, two minutes on 2 cores); chat's
     // answers end at the end of a turn, and there the context is the limit.
     params.max_tokens.get_or_insert(DEFAULT_MAX_TOKENS);
-    respond::check_schema(&engine, params.schema.as_ref())?;
+    respond::check_schema(&engine, params.schema.as_ref(), false)?;
     let id = state.new_id("cmpl");
     let prompt_tokens = prompts.iter().map(|p| p.0.len()).sum();
     let n = params.n;

@@ -217,11 +217,17 @@ pub fn check_length(
 }
 
 /// Compiles the request's constraint once up front, so an invalid schema, grammar or regex
-/// is a 400 before anything runs.
-pub fn check_schema(engine: &Engine, schema: Option<&weft::Schema>) -> Result<(), ApiError> {
+/// is a 400 before anything runs. `from_tools`: the schema is the forced tool call's, made
+/// from the tools' parameters (so the error names `tools`).
+pub fn check_schema(
+    engine: &Engine,
+    schema: Option<&weft::Schema>,
+    from_tools: bool,
+) -> Result<(), ApiError> {
     let Some(schema) = schema else { return Ok(()) };
     weft::constraint::compile(engine, schema).map_err(|e| {
         let param = match schema {
+            _ if from_tools => "tools",
             weft::Schema::Regex(_) => "regex",
             weft::Schema::Lark(_) | weft::Schema::Gbnf(_) => "grammar",
             _ => "response_format",

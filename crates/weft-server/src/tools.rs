@@ -86,6 +86,16 @@ impl Tools {
                     .to_string(),
             ),
         };
+        if let Some((i, t)) = list
+            .iter()
+            .enumerate()
+            .find(|(i, t)| list[..*i].iter().any(|u| u.name == t.name))
+        {
+            return Err(ApiError::param(
+                "tools",
+                format!("tools[{i}] is named '{}', as an earlier tool is.", t.name),
+            ));
+        }
         let parallel = body
             .get::<bool>("parallel_tool_calls", "a boolean")?
             .unwrap_or(true);
@@ -474,6 +484,20 @@ mod tests {
             args(2),
             &json!({"type": "object", "properties": {}, "additionalProperties": false})
         );
+    }
+
+    #[test]
+    fn two_tools_of_one_name_are_refused() {
+        let f = |name: &str| json!({"type": "function", "function": {"name": name}});
+        let body = Body::parse(
+            json!({"tools": [f("a"), f("b"), f("a")]})
+                .to_string()
+                .as_bytes(),
+        )
+        .expect("body");
+        let err = Tools::parse(&body).expect_err("a duplicate");
+        let text = format!("{err:?}");
+        assert!(text.contains("tools[2] is named 'a'"), "{text}");
     }
 
     #[test]

@@ -284,7 +284,7 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| ChatError::Render(e.to_string()))?;
-        template.render(ctx).map_err(|e| {
+        let text = template.render(ctx).map_err(|e| {
             let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
             while let Some(c) = cause {
                 if let Some(Raised(msg)) = c.downcast_ref::<Raised>() {
@@ -293,7 +293,16 @@ impl ChatTemplate {
                 cause = c.source();
             }
             ChatError::Render(e.to_string())
-        })
+        })?;
+        // A prompt to generate from that holds nothing: no pass could say why.
+        if text.is_empty() && add_generation_prompt {
+            return Err(ChatError::Render(
+                "the template rendered the conversation as empty text (the model file's \
+                 chat template is broken)"
+                    .into(),
+            ));
+        }
+        Ok(text)
     }
 }
 

@@ -194,6 +194,18 @@ fn invalid_template_fails_at_construction() {
     }
 }
 
+/// A template that renders a prompt as nothing says so (the pass would only say that it has
+/// no input tokens).
+#[test]
+fn an_empty_rendering_is_a_render_error() {
+    let t = ChatTemplate::from_source("", "<s>", "</s>").expect("an empty template compiles");
+    let err = t.render(&[Message::user("Hi")], true).expect_err("empty");
+    assert!(
+        matches!(&err, ChatError::Render(m) if m.contains("empty text")),
+        "{err}"
+    );
+}
+
 #[test]
 fn raise_exception_is_typed() {
     let t = ChatTemplate::from_source(

@@ -14,6 +14,11 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 LONG_TEXT = "hello " * 50_000  # more tokens than any served model's context
 
+def TOOL(name, parameters=None):
+    function = {"name": name, **({"parameters": parameters} if parameters else {})}
+    return {"type": "function", "function": function}
+
+
 BAD_CHAT_PARAMS = {
     "temperature_negative": ({"temperature": -1}, "temperature"),
     "n_zero": ({"n": 0}, "n"),
@@ -23,6 +28,11 @@ BAD_CHAT_PARAMS = {
     "top_logprobs_above_20": ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"),
     "messages_empty": ({"messages": []}, "messages"),
     "message_without_role": ({"messages": [{"content": "hi"}]}, "messages"),
+    "tools_of_one_name": ({"tools": [TOOL("f"), TOOL("f")]}, "tools"),
+    "forced_call_of_an_invalid_schema": (
+        {"tools": [TOOL("f", {"type": "frob"})], "tool_choice": "required"},
+        "tools",
+    ),
 }
 BAD_COMPLETION_PARAMS = {
     "temperature_negative": ({"temperature": -1}, "temperature"),
