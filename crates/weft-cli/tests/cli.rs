@@ -1182,45 +1182,25 @@ fn tiny_llama_file_with(
 #[test]
 fn a_model_with_nan_numbers_is_an_error_not_garbage() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ok = tiny_llama_file(dir.path());
-    let out = weft(
-        &[
-            "run",
-            "-m",
-            ok.to_str().unwrap(),
-            "-n",
-            "2",
-            "--temp",
-            "0",
-            "a b",
-        ],
-        "",
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let run = |path: &std::path::Path| {
+        let path = path.to_str().expect("a UTF-8 path");
+        weft(&["run", "-m", path, "-n", "2", "--temp", "0", "a b"], "")
+    };
+    let out = run(&tiny_llama_file(dir.path()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
     let cases = [
         (Some(f32::NAN), 1.0, "layer_norm_rms_epsilon = NaN"),
         (Some(-1.0), 1.0, "layer_norm_rms_epsilon = -1"),
         (None, f32::NAN, "NaN logits"),
     ];
     for (i, (eps, norm, why)) in cases.into_iter().enumerate() {
-        let path = tiny_llama_file_with(dir.path(), &format!("bad{i}.gguf"), eps, norm);
-        let out = weft(
-            &[
-                "run",
-                "-m",
-                path.to_str().unwrap(),
-                "-n",
-                "2",
-                "--temp",
-                "0",
-                "a b",
-            ],
-            "",
-        );
+        let out = run(&tiny_llama_file_with(
+            dir.path(),
+            &format!("bad{i}.gguf"),
+            eps,
+            norm,
+        ));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{why}: {stderr}");
         assert!(stderr.contains(why), "{why}: {stderr}");
