@@ -4,10 +4,11 @@
 //!
 //! Key design decision: one [`weft::Context`] lives through the whole conversation. Before a
 //! reply the whole conversation goes to [`weft::Context::fill_chat`]: the context keeps the
-//! longest start of its tokens that the new rendering shares and runs only the rest. So the prompt is always the full rendering of
-//! the history (what a fresh context would be given, whatever the template does to earlier
-//! turns), yet a follow-up turn computes only its own tokens, plus whatever tail of the last
-//! reply tokenizes differently from how it was generated.
+//! longest start of its tokens that the new rendering shares and runs only the rest. So the
+//! prompt is always the full rendering of the history (what a fresh context would be given,
+//! whatever the template does to earlier turns), yet a follow-up turn computes only its own
+//! tokens, plus whatever tail of the last reply tokenizes differently from how it was
+//! generated.
 //!
 //! Ctrl-C during a reply stops it and returns to the prompt; the text already printed stays in
 //! the conversation as the assistant's message (what is on screen is what the model remembers,
