@@ -361,26 +361,32 @@ impl Context {
     pub fn fill_chat(&mut self, messages: &[Message]) -> Result<()> {
         let text = self.engine.chat_template()?.render(messages, true)?;
         let ids = self.engine.inner.tokenizer.encode(&text, false, true);
+        let keep = match self.rewind_to_shared(&ids) {
+            Err(e) if e.is_rewind_past_window() => {
+                self.truncate(0)?;
+                0
+            }
+            other => other?,
+        };
+        self.pending.extend_from_slice(&ids[keep..]);
+        Ok(())
+    }
+
+    /// Keeps the longest start of the tokens already run that `ids` shares and drops the rest
+    /// (and the pending buffer), as [`Context::truncate`] does; returns how many it kept.
+    /// Buffering `ids[kept..]` then makes the context hold `ids`, computing only what it did
+    /// not hold. Fails as `truncate` does (a sliding window that cannot rewind that far),
+    /// leaving the context as it was.
+    pub fn rewind_to_shared(&mut self, ids: &[u32]) -> Result<usize> {
+        self.settle();
         let shared = self
             .tokens
             .iter()
-            .chain(&self.pending)
-            .zip(&ids)
+            .zip(ids)
             .take_while(|(a, b)| a == b)
             .count();
-        // Pending tokens cost nothing to buffer again: keep only run ones.
-        let mut keep = shared.min(self.tokens.len());
-        if keep < self.tokens.len() || !self.pending.is_empty() {
-            match self.truncate(keep) {
-                Err(e) if e.is_rewind_past_window() => {
-                    self.truncate(0)?;
-                    keep = 0;
-                }
-                other => other?,
-            }
-        }
-        self.pending.extend_from_slice(&ids[keep..]);
-        Ok(())
+        self.truncate(shared)?;
+        Ok(shared)
     }
 
     /// A copy of this context (tokens, pending buffer, random state) that shares every KV page

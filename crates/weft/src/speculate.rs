@@ -98,12 +98,7 @@ impl DraftModel {
         // The last token is always filled, so the draft has a position to sample after.
         let common = self
             .ctx
-            .tokens()
-            .iter()
-            .zip(&tokens[..tokens.len().saturating_sub(1)])
-            .take_while(|(a, b)| a == b)
-            .count();
-        self.ctx.truncate(common)?;
+            .rewind_to_shared(&tokens[..tokens.len().saturating_sub(1)])?;
         self.ctx.fill_tokens(&tokens[common..])?;
         let room = self.ctx.engine().n_ctx().saturating_sub(tokens.len());
         let g = self.ctx.generate(Sampler::Argmax).max_tokens(max.min(room));

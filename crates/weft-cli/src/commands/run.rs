@@ -300,18 +300,12 @@ fn load_session(
         return Ok((ctx, n));
     }
     let ids = engine.tokenizer().encode(prompt, true, true);
-    let common = ctx
-        .tokens()
-        .iter()
-        .zip(&ids)
-        .take_while(|(a, b)| a == b)
-        .count();
-    if ctx.truncate(common).is_err() {
+    let Ok(common) = ctx.rewind_to_shared(&ids) else {
         // A sliding-window model cannot rewind far back: start over.
         ctx = engine.context();
         ctx.fill_tokens(&ids)?;
         return Ok((ctx, 0));
-    }
+    };
     ctx.fill_tokens(&ids[common..])?;
     Ok((ctx, common))
 }
