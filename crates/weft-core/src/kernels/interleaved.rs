@@ -116,28 +116,6 @@ impl Legacy {
     pub fn qs_at(self) -> usize {
         self.qh_at() + 32 * usize::from(self.high)
     }
-
-    /// The 32 unsigned quants of one block in the file's layout (`d`, then `m` for offset
-    /// types, then `qh: u32` for 5-bit types, then `qs[16]`; element `e < 16` in the low
-    /// nibble of `qs[e]`, `e ≥ 16` in the high nibble of `qs[e - 16]`, the 5th bit in bit `e`
-    /// of `qh`).
-    fn unpack_block(self, b: &[u8]) -> [u8; QK8] {
-        let at = 2 + 2 * usize::from(self.min);
-        let (qh, qs) = if self.high {
-            let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-            (qh, &b[at + 4..at + 20])
-        } else {
-            (0, &b[at..at + 16])
-        };
-        std::array::from_fn(|e| {
-            let nibble = if e < 16 {
-                qs[e] & 0x0F
-            } else {
-                qs[e - 16] >> 4
-            };
-            nibble | (((qh >> e) & 1) as u8) << 4
-        })
-    }
 }
 
 /// Repacks `rows × cols` weights of `dtype` from the file's row layout into groups of
@@ -191,15 +169,21 @@ pub fn repack_into(dtype: GgmlType, data: &[u8], rows: usize, cols: usize, out: 
                 if kind.min {
                     dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
                 }
-                let q = kind.unpack_block(src);
-                for k in 0..4 {
-                    let lane = 4 * r + k;
-                    if kind.high {
-                        dst[qh0 + lane] = (0..8).fold(0, |m, j| m | ((q[4 * j + k] >> 4) << j));
-                    }
-                    for c in 0..4 {
-                        let (lo, hi) = (q[4 * c + k] & 0x0F, q[16 + 4 * c + k] & 0x0F);
-                        dst[qs0 + 32 * c + lane] = lo | hi << 4;
+                // Row r's lanes of the interleaved block are 4r..4r+4 of each 32-byte column
+                // group. Lane 4r+k, byte c of `qs` holds elements 4c+k (low nibble) and
+                // 16+4c+k (high nibble): those of the file's `qs[4c+k]`, so `qs` moves in
+                // 4-byte pieces; bit j of `qh` byte 4r+k is the 5th bit of element 4j+k.
+                let at = 2 + 2 * usize::from(kind.min);
+                let qs = &src[at + 4 * usize::from(kind.high)..][..16];
+                for c in 0..4 {
+                    let lanes = qs0 + 32 * c + 4 * r;
+                    dst[lanes..lanes + 4].copy_from_slice(&qs[4 * c..4 * c + 4]);
+                }
+                if kind.high {
+                    let qh = u32::from_le_bytes([src[at], src[at + 1], src[at + 2], src[at + 3]]);
+                    for k in 0..4 {
+                        dst[qh0 + 4 * r + k] =
+                            (0..8).fold(0, |m, j| m | (((qh >> (4 * j + k)) & 1) as u8) << j);
                     }
                 }
             }

@@ -190,6 +190,8 @@ pub fn load_paged(file: Arc<GgufFile>, pager: Option<Arc<LayerPager>>) -> Result
         file,
         arch,
         source: None,
+        // Loading is the only work running: all the cores (up to 4) repack.
+        repack_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
     };
     match loader.arch.as_str() {
         "llama" => Ok(Box::new(llama::Llama::load(&loader, pager)?)),

@@ -179,6 +179,8 @@ impl<B> Blocks<B> {
     {
         let loader = Loader {
             source: pager.as_ref().and_then(|p| p.source().cloned()),
+            // A pager loads its layers beside running passes: on the loading thread alone.
+            repack_threads: if pager.is_some() { 1 } else { l.repack_threads },
             ..l.clone()
         };
         let cfg = cfg.clone();
