@@ -45,8 +45,14 @@ fn gemma3_with_four_resident_layers_matches_all_resident() {
     assert_eq!(paged.1, resident.1);
     let n_layers = paged_engine.info().n_layers as u64;
     let stats = pager.stats();
-    // 17 passes (prompt + 16 decode steps) over 18 blocks, 4 resident: every pass reloads.
-    assert!(stats.loads > 10 * n_layers, "{stats:?}");
+    // Loading the model loads every block once; each model call then walks them with 4
+    // resident, loading at most the n - 3 beside the 3 that stay (dropping the least recently
+    // used block instead would reload all n every call).
+    let steps = paged_engine.metrics().steps;
+    assert!(
+        stats.loads <= n_layers + steps * (n_layers - 3),
+        "{stats:?}, {steps} steps"
+    );
     assert_eq!(stats.loads - stats.evictions, 4, "{stats:?}");
     assert!(Arc::ptr_eq(paged_engine.layer_pager().unwrap(), &pager));
 }

@@ -4,9 +4,12 @@
 //! A paged model keeps its embeddings, output projection and norms resident and loads each
 //! block when a forward pass reaches it: the block's tensors are read (from the mapped model
 //! file, or from a user [`PagerSource`]) and repacked exactly as at a normal load, so outputs
-//! are bit-identical with and without paging. When K blocks are resident, the least recently
-//! used one is dropped first. A forward pass walks every block in order, so with K smaller than
-//! the block count each pass loads the blocks it lacks: paging trades speed for memory.
+//! are bit-identical with and without paging. A forward pass walks every block in order, so
+//! when K blocks are resident the most recently used one is dropped first (the one whose next
+//! use is furthest away): K − 1 blocks stay resident from pass to pass and each pass loads at
+//! most the other n − K + 1 (dropping the least recently used block would drop each block just
+//! before the next pass needs it, and reload all n every pass). Paging trades speed for
+//! memory.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -187,7 +190,7 @@ impl<B> Blocks<B> {
         Blocks::load(n, pager, move |i| load(&loader, &cfg, i))
     }
 
-    /// Block `i`, loading it (and dropping the least recently used one) if needed.
+    /// Block `i`, loading it (and dropping the most recently used one) if needed.
     pub fn get(&self, i: usize) -> Result<Arc<B>> {
         let Some(p) = &self.paged else {
             return Ok(self.resident[i].clone());
@@ -202,7 +205,7 @@ impl<B> Blocks<B> {
         }
         // Make room first, so at most K blocks are ever held by the pager.
         while lru.len() >= p.pager.resident {
-            let Some(old) = lru.pop_front() else { break };
+            let Some(old) = lru.pop_back() else { break };
             slots[old] = None;
             p.pager.evictions.fetch_add(1, Ordering::Relaxed);
         }
