@@ -189,13 +189,15 @@ fn prompts(body: &Body, engine: &weft::Engine) -> Result<Vec<(Vec<u32>, String)>
     Ok(out)
 }
 
-/// Log-probabilities in the legacy completions shape; offsets count from `start` bytes.
+/// Log-probabilities in the legacy completions shape; offsets count characters from `start`.
+/// Each `top_logprobs` map holds the sampled token besides the most likely ones (so up to
+/// `logprobs + 1` entries, as OpenAI documents), under its name in `tokens`.
 fn legacy_logprobs(lps: &[TokenLogprob], start: usize) -> Value {
     let mut offset = start;
     let mut offsets = Vec::with_capacity(lps.len());
     for t in lps {
         offsets.push(offset);
-        offset += t.text_len;
+        offset += t.text_chars;
     }
     // An echoed prompt's first token has no log-probability (NaN) and no alternatives.
     let unscored = |t: &TokenLogprob| t.logprob.is_nan();
@@ -210,6 +212,7 @@ fn legacy_logprobs(lps: &[TokenLogprob], start: usize) -> Value {
             for (tok, _, lp) in &t.top {
                 m.entry(tok.clone()).or_insert(json!(lp));
             }
+            m.entry(t.token.clone()).or_insert(json!(t.logprob));
             Value::Object(m)
         }).collect::<Vec<_>>(),
         "text_offset": offsets,
@@ -233,7 +236,7 @@ async fn collect(
     let choices: Vec<Value> = (0..n)
         .map(|i| {
             let lp = if logprobs {
-                legacy_logprobs(&lps[i], echoes[i].len())
+                legacy_logprobs(&lps[i], echoes[i].chars().count())
             } else {
                 Value::Null
             };
@@ -248,7 +251,7 @@ async fn collect(
 }
 
 struct CompletionChunker {
-    /// Per choice, bytes of text sent so far (for `text_offset`).
+    /// Per choice, characters of text sent so far (for `text_offset`).
     offsets: Vec<usize>,
     meta: Meta,
     include_usage: bool,
@@ -258,7 +261,7 @@ struct CompletionChunker {
 
 impl CompletionChunker {
     fn chunk(&mut self, i: usize, text: String, logprobs: Value, finish: Option<&str>) -> Value {
-        self.offsets[i] += text.len();
+        self.offsets[i] += text.chars().count();
         let mut v = json!({
             "id": self.meta.id, "object": "text_completion", "created": self.meta.created,
             "model": self.meta.model, "system_fingerprint": null,

@@ -12,9 +12,11 @@ pub struct TokenLogprob {
     /// The token's share of the output text (cut where a stop string starts), or for a piece
     /// of a character its [`token_name`] (`bytes:\xf0\x9f`).
     pub token: String,
-    /// The length in bytes of the token's share of the output text (`text_offset` steps).
-    pub text_len: usize,
-    /// The token's own bytes.
+    /// The characters of the token's share of the output text (`text_offset` steps, which
+    /// count characters as OpenAI's and vLLM's do): a character split over tokens counts at
+    /// the token that completes it.
+    pub text_chars: usize,
+    /// The token's own bytes (cut as its text is, where a stop string starts).
     pub bytes: Vec<u8>,
     /// NaN for an echoed prompt's first token, which nothing predicted (`null` in JSON).
     pub logprob: f32,
@@ -22,11 +24,15 @@ pub struct TokenLogprob {
     pub top: Vec<(String, Vec<u8>, f32)>,
 }
 
-/// One token's place in the text.
+/// One token's place in the text: the text `start..end` became whole with it; its bytes are
+/// that text but for the first `pre` bytes (pieces of a character earlier tokens began),
+/// followed by `post` bytes of a character a later token completes.
 #[derive(Debug, Clone)]
 struct Entry {
     start: usize,
     end: usize,
+    pre: usize,
+    post: usize,
     logprob: Option<TokenLogprob>,
 }
 
@@ -64,6 +70,7 @@ impl TextTracker {
     /// Appends a generated token (control tokens add no text).
     pub fn push(&mut self, tok: &Tokenizer, id: u32, logprob: Option<TokenLogprob>) {
         let start = self.text.len();
+        let pre = self.bytes.pending_mut().len();
         if tok
             .append_piece(id, false, self.bytes.pending_mut())
             .is_ok()
@@ -73,6 +80,8 @@ impl TextTracker {
         self.entries.push(Entry {
             start,
             end: self.text.len(),
+            pre: pre.min(self.text.len() - start),
+            post: self.bytes.pending_mut().len(),
             logprob,
         });
     }
@@ -89,45 +98,66 @@ impl TextTracker {
             Some(c) => c,
             None => self.text.len() - self.stops.held_back(&self.text),
         };
-        self.emit(visible, false)
+        self.emit(visible, None)
     }
 
     /// The rest of the text once generation has ended: cut before a stop string, with an
     /// incomplete trailing character shown as U+FFFD.
     pub fn finish(&mut self) -> Delta {
-        let end = match self.cut() {
-            Some(c) => c,
+        let (end, cut) = match self.cut() {
+            Some(c) => (c, true),
             None => {
                 let tail = self.bytes.finish();
                 self.text.push_str(&tail);
                 if let Some(last) = self.entries.last_mut() {
                     last.end = self.text.len();
                 }
-                self.text.len()
+                (self.text.len(), false)
             }
         };
-        self.emit(end, true)
+        self.emit(end, Some(cut))
     }
 
-    fn emit(&mut self, visible: usize, last: bool) -> Delta {
+    /// Hands out the text up to `visible` and the entries of the tokens it holds; `ended`
+    /// once generation has ended, saying whether a stop string cut the text there.
+    fn emit(&mut self, visible: usize, ended: Option<bool>) -> Delta {
         let visible = visible.max(self.sent);
         let text = self.text[self.sent..visible].to_string();
         self.sent = visible;
         let mut logprobs = Vec::new();
         while let Some(e) = self.entries.get(self.sent_entries) {
-            let whole = e.end <= visible;
-            let straddles = last && e.start < visible;
-            if !(whole || straddles) {
+            // Whole: its text is visible, and so is the character its trailing piece begins.
+            let whole = e.end < visible || (e.end == visible && e.post == 0);
+            // Once generation has ended, everything, or where a stop string cut the text,
+            // the tokens that begin before the cut.
+            let shown = match ended {
+                None => whole,
+                Some(false) => true,
+                Some(true) => whole || e.start < visible,
+            };
+            if !shown {
                 break;
             }
             if let Some(lp) = &e.logprob {
                 let mut lp = lp.clone();
-                // A token that is text on its own is its share of the text (cut where a stop
-                // string starts); a piece of a character keeps its `bytes:` name.
-                let share = &self.text[e.start..e.end.min(visible)];
-                lp.text_len = share.len();
-                if std::str::from_utf8(&lp.bytes).is_ok() {
-                    lp.token = share.to_string();
+                let share = &self.text[e.start.min(visible)..e.end.min(visible)];
+                lp.text_chars = share.chars().count();
+                if whole || ended == Some(false) {
+                    // A token that is text on its own is its share of the text; a piece of a
+                    // character keeps its `bytes:` name.
+                    if std::str::from_utf8(&lp.bytes).is_ok() {
+                        lp.token = share.to_string();
+                    }
+                } else {
+                    // Cut by a stop string (at a character): its bytes up to the cut, named
+                    // by them.
+                    let keep = if e.end <= visible {
+                        lp.bytes.len().saturating_sub(e.post)
+                    } else {
+                        (visible - e.start).saturating_sub(e.pre)
+                    };
+                    lp.bytes.truncate(keep);
+                    lp.token = token_name(&lp.bytes);
                 }
                 logprobs.push(lp);
             }
@@ -177,7 +207,7 @@ pub fn prompt_logprobs(tok: &Tokenizer, prompt: &[u32], scores: &[PromptScore]) 
         let score = i.checked_sub(1).and_then(|j| scores.get(j));
         let entry = TokenLogprob {
             token,
-            text_len: 0,
+            text_chars: 0,
             bytes,
             logprob: score.map_or(f32::NAN, |s| s.logprob),
             top: score.map_or_else(Vec::new, |s| {
@@ -230,7 +260,7 @@ pub fn logprob_entry(tok: &Tokenizer, logits: &[f32], id: u32, top: usize) -> To
     let (token, bytes) = piece(id);
     TokenLogprob {
         token,
-        text_len: 0,
+        text_chars: 0,
         bytes,
         logprob: logits.get(id as usize).map_or(-9999.0, |&l| lp(l)),
         top: best
@@ -320,7 +350,10 @@ mod tests {
         let (_, all, lps) = stream_entries(&tok, text, &[]);
         let bytes: Vec<u8> = lps.iter().flat_map(|l| l.bytes.clone()).collect();
         assert_eq!(bytes, all.as_bytes());
-        assert_eq!(lps.iter().map(|l| l.text_len).sum::<usize>(), all.len());
+        assert_eq!(
+            lps.iter().map(|l| l.text_chars).sum::<usize>(),
+            all.chars().count()
+        );
         let mut pieces = 0;
         for l in &lps {
             match std::str::from_utf8(&l.bytes) {
@@ -333,6 +366,22 @@ mod tests {
             }
         }
         assert!(pieces >= 2, "the crabs are split over tokens: {lps:?}");
+    }
+
+    #[test]
+    fn entries_match_the_text_a_stop_string_cuts() {
+        let tok = tokenizer();
+        let text = "Emoji: 🦀🦀 and the quick brown fox";
+        // At a character split over tokens (none of its pieces is reported), inside a token
+        // (its share is), at a token's start.
+        for stop in ["🦀", "🦀 and", "uick", "own f", " fox"] {
+            let (_, all, lps) = stream_entries(&tok, text, &[stop]);
+            assert_eq!(all, &text[..text.find(stop).unwrap()]);
+            let bytes: Vec<u8> = lps.iter().flat_map(|l| l.bytes.clone()).collect();
+            assert_eq!(bytes, all.as_bytes(), "{stop:?}: {lps:?}");
+            let chars: usize = lps.iter().map(|l| l.text_chars).sum();
+            assert_eq!(chars, all.chars().count(), "{stop:?}");
+        }
     }
 
     #[test]

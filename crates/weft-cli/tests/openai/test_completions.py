@@ -160,9 +160,10 @@ def test_pieces_of_characters_are_named_by_their_bytes_in_logprobs(http, model):
     for i, (tok, tok_lp, top) in enumerate(zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])):
         assert len(top) == 5, (i, top)
         assert tok in top and abs(top[tok] - tok_lp) < 1e-3, (i, tok, top)
-    # Offsets step by each token's share of the text, which adds up to the text.
+    # Offsets step by the characters of each token's share of the text (a character split over
+    # tokens counts at the token that completes it), which add up to the text.
     offsets = lp["text_offset"]
-    assert offsets == sorted(offsets) and offsets[-1] <= len(choice["text"].encode())
+    assert offsets == sorted(offsets) and offsets[-1] <= len(choice["text"])
     r = http.post(
         "/v1/chat/completions",
         json={
@@ -179,6 +180,68 @@ def test_pieces_of_characters_are_named_by_their_bytes_in_logprobs(http, model):
         names = [t["token"] for t in entry["top_logprobs"]]
         assert len(set(names)) == len(names), names
         assert entry["token"] in names, (entry["token"], names)
+
+
+def test_top_logprobs_always_hold_the_sampled_token(http, model):
+    """As OpenAI documents: the sampled token's log-probability is always among `top_logprobs`
+    (so up to `logprobs + 1` entries), under its name in `tokens`; `logprobs` 0 gives it alone."""
+    for k in (0, 1):
+        body = {"model": model, "prompt": "My favourite word is", "max_tokens": 12,
+                "temperature": 2.0, "seed": 3, "ignore_eos": True, "logprobs": k}
+        lp = http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+        for tok, tok_lp, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+            assert tok in top and top[tok] == tok_lp, (k, tok, tok_lp, top)
+            assert 1 <= len(top) <= k + 1, (k, top)
+
+
+def test_logprobs_match_the_text_a_stop_string_cuts(http, model):
+    """A stop string that starts inside a token: the last token's entry is its share of the
+    text, and the entries' tokens and bytes make up the text exactly (chat and completions)."""
+    prompt = "Once upon a time"
+    body = {"model": model, "max_tokens": 16, "ignore_eos": True, **greedy()}
+    whole = http.post("/v1/completions", json={**body, "prompt": prompt, "logprobs": 1}).json()
+    tokens = whole["choices"][0]["logprobs"]["tokens"]
+    text = "".join(tokens)
+    # Cut one character into the first token of three or more characters after the first
+    # token, at a place whose next two characters appear nowhere before.
+    at = None
+    for i in range(1, len(tokens)):
+        start = len("".join(tokens[:i]))
+        if len(tokens[i].strip()) >= 3 and text[start + 1:start + 3] not in text[:start + 2]:
+            at = start + 1
+            break
+    assert at is not None, tokens
+    stop = text[at:at + 2]
+    r = http.post("/v1/completions", json={**body, "prompt": prompt, "logprobs": 1, "stop": stop})
+    choice = r.json()["choices"][0]
+    assert choice["text"] == text[:at], (stop, choice["text"])
+    assert "".join(choice["logprobs"]["tokens"]) == choice["text"]
+    # The same on chat, where each entry carries its bytes.
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    chat = {**body, "messages": messages, "logprobs": True, "top_logprobs": 1}
+    whole = http.post("/v1/chat/completions", json=chat).json()["choices"][0]
+    entries = whole["logprobs"]["content"]
+    text = whole["message"]["content"]
+    at = None
+    for i in range(1, len(entries)):
+        start = len("".join(e["token"] for e in entries[:i]))
+        if len(entries[i]["token"].strip()) >= 3 and text[start + 1:start + 3] not in text[:start + 2]:
+            at = start + 1
+            break
+    assert at is not None, entries
+    for stream in (False, True):
+        req = {**chat, "stop": text[at:at + 2], "stream": stream}
+        if stream:
+            chunks = [c for c in stream_post(http, "/v1/chat/completions", req) if isinstance(c, dict)]
+            content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+            entries = [e for c in chunks if c.get("choices") and c["choices"][0]["logprobs"]
+                       for e in c["choices"][0]["logprobs"]["content"]]
+        else:
+            cut = http.post("/v1/chat/completions", json=req).json()["choices"][0]
+            content, entries = cut["message"]["content"], cut["logprobs"]["content"]
+        assert content == text[:at], (stream, content)
+        assert "".join(e["token"] for e in entries) == content, (stream, entries)
+        assert bytes(b for e in entries for b in e["bytes"]) == content.encode(), (stream, entries)
 
 
 def reference_greedy() -> list:
@@ -211,7 +274,7 @@ def test_an_echoed_prompt_is_scored_as_llama_cpp_scores_it(http, model):
         assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
         assert all(finite_logprob(x) for x in lp["token_logprobs"][1:])
         offsets = lp["text_offset"]
-        assert offsets == sorted(offsets) and offsets[-1] <= len(choice["text"].encode())
+        assert offsets == sorted(offsets) and offsets[-1] <= len(choice["text"])
         start = len(case["prompt_ids"])
         for s, step in enumerate(case["steps"]):
             own, top = lp["token_logprobs"][start + s], lp["top_logprobs"][start + s]
