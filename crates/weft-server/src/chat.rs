@@ -72,16 +72,18 @@ pub async fn handle(
         model: state.reported_model(asked),
     };
     if params.stream {
+        let forced = tools.as_ref().is_some_and(Tools::forced);
+        // A forced answer is calls, never content: `null`, as OpenAI sends before calls.
+        let content = if forced { Value::Null } else { json!("") };
         let first = (0..params.n)
             .map(|i| {
                 meta.chunk(
-                    json!([{"index": i, "delta": {"role": "assistant", "content": ""},
+                    json!([{"index": i, "delta": {"role": "assistant", "content": content},
                 "logprobs": null, "finish_reason": null}]),
                     params.include_usage,
                 )
             })
             .collect();
-        let forced = tools.as_ref().is_some_and(Tools::forced);
         let chunker = ChatChunker {
             choices: (0..params.n)
                 .map(|_| Streamed {
@@ -291,11 +293,7 @@ async fn collect(
     } = respond::gather(rx, vec![String::new(); n]).await?;
     let choices: Vec<Value> = (0..n)
         .map(|i| {
-            let logprobs = if lps[i].is_empty() {
-                Value::Null
-            } else {
-                json!({"content": lps[i].iter().map(chat_logprob).collect::<Vec<_>>()})
-            };
+            let logprobs = logprobs_json(&lps[i]);
             let call = tools.and_then(|t| t.parse_output(&text[i]));
             // A forced answer cut short is still calls, with the arguments written so far
             // (as streamed), not the calls' JSON as content.
@@ -369,12 +367,16 @@ impl ChatChunker {
     }
 
     fn content(&self, i: usize, text: String, lps: &[TokenLogprob]) -> Value {
-        let logprobs = if lps.is_empty() {
-            Value::Null
-        } else {
-            json!({"content": lps.iter().map(chat_logprob).collect::<Vec<_>>()})
-        };
-        self.delta(i, json!({"content": text}), logprobs, None)
+        self.delta(i, json!({"content": text}), logprobs_json(lps), None)
+    }
+}
+
+/// A chunk's `logprobs`: `null` when it carries no token's.
+fn logprobs_json(lps: &[TokenLogprob]) -> Value {
+    if lps.is_empty() {
+        Value::Null
+    } else {
+        json!({"content": lps.iter().map(chat_logprob).collect::<Vec<_>>()})
     }
 }
 
@@ -387,7 +389,9 @@ impl Chunker for ChatChunker {
                 }
                 let c = &mut self.choices[i];
                 if let Some((calls, ids)) = &mut c.calls {
-                    // A forced call: its name and arguments as they are generated.
+                    // A forced call: its name and arguments as they are generated, the
+                    // tokens' log-probabilities with the next chunk that goes out.
+                    c.held_logprobs.extend(delta.logprobs);
                     let pieces = calls.push(&delta.text);
                     let mut out = Vec::new();
                     for p in pieces {
@@ -402,9 +406,13 @@ impl Chunker for ChatChunker {
                         };
                         out.push(v);
                     }
+                    let mut lps = match out.is_empty() {
+                        true => Vec::new(),
+                        false => std::mem::take(&mut c.held_logprobs),
+                    };
                     return out
                         .into_iter()
-                        .map(|d| self.delta(i, d, Value::Null, None))
+                        .map(|d| self.delta(i, d, logprobs_json(&std::mem::take(&mut lps)), None))
                         .collect();
                 }
                 if c.content {
@@ -426,16 +434,16 @@ impl Chunker for ChatChunker {
                 tokens,
             } => {
                 self.completion_tokens += tokens;
+                let mut lps = std::mem::take(&mut self.choices[i].held_logprobs);
                 if let Some((calls, _)) = &self.choices[i].calls {
                     let reason = if finish == Finish::Stop && calls.calls() > 0 {
                         "tool_calls"
                     } else {
                         finish.as_str()
                     };
-                    return vec![self.delta(i, json!({}), Value::Null, Some(reason))];
+                    return vec![self.delta(i, json!({}), logprobs_json(&lps), Some(reason))];
                 }
                 let mut out = Vec::new();
-                let lps = std::mem::take(&mut self.choices[i].held_logprobs);
                 let held = std::mem::take(&mut self.choices[i].held);
                 let call = self.tools.as_ref().and_then(|t| t.parse_output(&held));
                 match call {
@@ -445,7 +453,9 @@ impl Chunker for ChatChunker {
                             // The call's header, then its arguments as a delta to append.
                             let head = json!({"tool_calls": [{"index": k, "id": id, "type": "function",
                                 "function": {"name": c.name, "arguments": ""}}]});
-                            out.push(self.delta(i, head, Value::Null, None));
+                            // The answer's log-probabilities with the first call.
+                            let lps = logprobs_json(&std::mem::take(&mut lps));
+                            out.push(self.delta(i, head, lps, None));
                             let args = json!({"tool_calls": [{"index": k,
                                 "function": {"arguments": c.arguments}}]});
                             out.push(self.delta(i, args, Value::Null, None));

@@ -239,7 +239,7 @@ impl Tools {
             items = json_calls(t)?;
         }
         let mut calls = Vec::with_capacity(items.len());
-        for item in items {
+        for (item, raw) in items {
             let name = item.get("name")?.as_str()?;
             if !self.tools.iter().any(|t| t.name == name) {
                 return None;
@@ -247,7 +247,9 @@ impl Tools {
             let args = item.get("arguments").cloned().unwrap_or_else(|| json!({}));
             calls.push(ToolCall {
                 name: name.to_string(),
-                arguments: args.to_string(),
+                arguments: raw
+                    .filter(|r| serde_json::from_str::<Value>(r).ok() == Some(args.clone()))
+                    .unwrap_or_else(|| args.to_string()),
             });
         }
         (!calls.is_empty()).then_some(calls)
@@ -301,10 +303,21 @@ pub fn may_be_call(text: &str) -> bool {
 }
 
 /// The call objects of a JSON list or object.
-fn json_calls(s: &str) -> Option<Vec<Value>> {
+/// The calls of a JSON call or list of calls, each with its arguments' text as the model
+/// wrote it when the calls are a list (the form a forced answer takes, whose arguments a
+/// stream sends as they are written: the same text whether streamed or not).
+fn json_calls(s: &str) -> Option<Vec<(Value, Option<String>)>> {
     match serde_json::from_str(s.trim()).ok()? {
-        Value::Array(a) => Some(a),
-        v @ Value::Object(_) => Some(vec![v]),
+        Value::Array(a) => {
+            let raw = partial_calls(s);
+            let raw: Vec<Option<String>> = if raw.len() == a.len() {
+                raw.into_iter().map(|c| Some(c.arguments)).collect()
+            } else {
+                vec![None; a.len()]
+            };
+            Some(a.into_iter().zip(raw).collect())
+        }
+        v @ Value::Object(_) => Some(vec![(v, None)]),
         _ => None,
     }
 }
@@ -563,8 +576,17 @@ mod tests {
             ))
             .expect("two calls");
         assert_eq!(calls.len(), 2);
-        assert_eq!(calls[0].arguments, "{\"a\":1}");
+        // A list's arguments as written (as a stream sends them), else as JSON.
+        assert_eq!(calls[0].arguments, "{\"a\": 1}");
         assert_eq!(calls[1].arguments, "{}");
+        let list = r#"[{"name": "f", "arguments": {"a": {"b": [1, "}"]}}}, {"name": "f", "arguments": {}}]"#;
+        let whole = tools.parse_output(list).expect("two calls");
+        assert_eq!(whole, partial_calls(list), "as streamed");
+        assert_eq!(whole[0].arguments, r#"{"a": {"b": [1, "}"]}}"#);
+        let one = tools
+            .parse_output(r#"{"name": "f", "arguments": {"a": {"b": 1}}}"#)
+            .expect("one call");
+        assert_eq!(one[0].arguments, r#"{"a":{"b":1}}"#);
         assert!(tools
             .parse_output("Sure.<tool_call>[{\"name\": \"f\"}]</tool_call>")
             .is_none());

@@ -140,6 +140,7 @@ def test_streamed_tool_call_deltas_reassemble_into_the_same_valid_call(client, m
         tool_choice=NAMED_TIME,
         parallel_tool_calls=False,
         max_tokens=160,
+        logprobs=True,
         **greedy(),
     )
     full = client.chat.completions.create(**req)
@@ -148,10 +149,11 @@ def test_streamed_tool_call_deltas_reassemble_into_the_same_valid_call(client, m
     )
 
     calls = {}  # index -> {"id", "name", "arguments"}
-    content, finish = "", None
+    content, finish, tokens = "", None, []
     for chunk in client.chat.completions.create(stream=True, **req):
         for choice in chunk.choices:
             content += choice.delta.content or ""
+            tokens += [e.token for e in (choice.logprobs.content if choice.logprobs else [])]
             finish = choice.finish_reason or finish
             for delta in choice.delta.tool_calls or []:
                 if delta.index not in calls:
@@ -176,6 +178,10 @@ def test_streamed_tool_call_deltas_reassemble_into_the_same_valid_call(client, m
         jsonschema.validate(args, TIME_PARAMS)
         streamed.append((call["name"], args))
     assert streamed == expected, "stream and non-stream agree at temperature 0"
+    # To the letter: the arguments' text as the model wrote it, and every token's log-probability.
+    written = [c.function.arguments for c in full.choices[0].message.tool_calls]
+    assert [calls[i]["arguments"] for i in sorted(calls)] == written
+    assert tokens == [e.token for e in full.choices[0].logprobs.content]
 
 
 def test_tool_choice_none_gives_content_and_no_tool_calls(client, model):
