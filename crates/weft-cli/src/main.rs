@@ -1,6 +1,24 @@
 //! The `weft` command line. It only parses arguments and prints: every capability lives in the
 //! `weft` library.
 
+/// `println!` that gives the write's error back instead of panicking on it: a command's output
+/// piped into a reader that closes early (`weft models | head -1`) ends it quietly (see
+/// `is_broken_pipe`).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `print!` as [`outln!`] is `println!`.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod commands;
 mod model_arg;
 mod progress;

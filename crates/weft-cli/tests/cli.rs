@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::io::Write;
 use std::process::Command;
 
 use common::weft;
@@ -1238,6 +1239,37 @@ fn a_closed_standard_error_ends_run_quietly() {
     drop(child.stderr.take()); // the only reading end
     let status = child.wait().expect("wait for weft");
     assert_eq!(status.code(), Some(0));
+}
+
+/// Output piped into a reader that has gone (`weft models | head -1`) ends each command
+/// quietly, as `run` does.
+#[test]
+fn a_closed_standard_output_ends_every_command_quietly() {
+    let commands: [&[&str]; 5] = [
+        &["models"],
+        &["inspect", "-m", "smollm2-135m"],
+        &["tokenize"],
+        &["bench", "-r", "1", "-p", "8", "-n", "0"],
+        &["pull", "smollm2-135m"],
+    ];
+    for args in commands {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run weft");
+        drop(child.stdout.take()); // the only reading end
+        if let Some(mut stdin) = child.stdin.take() {
+            // Only `tokenize` reads it; the others may have ended already.
+            let _ = stdin.write_all(b"Hello world");
+        }
+        let out = child.wait_with_output().expect("wait for weft");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
 }
 
 /// A model given by path needs no cache: with neither `$HOME` nor `$WEFT_HOME` set (a service

@@ -532,11 +532,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     if !args.json {
         if args.bandwidth {
-            println!("| model | size | params | threads | test | t/s | GB/s | of limit |");
-            println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+            outln!("| model | size | params | threads | test | t/s | GB/s | of limit |")?;
+            outln!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")?;
         } else {
-            println!("| model | size | params | threads | test | t/s |");
-            println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+            outln!("| model | size | params | threads | test | t/s |")?;
+            outln!("| --- | ---: | ---: | ---: | ---: | ---: |")?;
         }
     }
     for t in tests {
@@ -617,19 +617,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     json["threads_apart_ns"] = aparts.clone().into();
                 }
             }
-            println!("{json}");
+            outln!("{json}")?;
         } else {
             let extra = match (rated, achieved) {
                 (Some((_, share)), Some(a)) => format!(" {:.1} | {:.0}% |", a / 1e9, 100.0 * share),
                 _ if args.bandwidth => " | |".to_string(),
                 _ => String::new(),
             };
-            println!(
+            outln!(
                 "| {model} | {:.2} MiB | {:.2} M | {threads} | {} | {median:.2} ± {sd:.2} |{extra}",
                 size as f64 / (1 << 20) as f64,
                 params as f64 / 1e6,
                 t.name
-            );
+            )?;
         }
     }
     if let (true, Some(engine)) = (args.speculate && args.n_gen > 0, &bench.engine) {
@@ -653,7 +653,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "speculate": speculate, "tps_median": median, "tps_stddev": sd,
                     "samples": samples, "drafted": drafted, "accepted": accepted,
                 });
-                println!("{json}");
+                outln!("{json}")?;
             } else {
                 let acc = if speculate {
                     format!(
@@ -663,11 +663,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 } else {
                     String::new()
                 };
-                println!(
+                outln!(
                     "| {model} | {:.2} MiB | {:.2} M | {threads} | {name} | {median:.2} ± {sd:.2}{acc} |",
                     size as f64 / (1 << 20) as f64,
                     params as f64 / 1e6
-                );
+                )?;
             }
         }
     }

@@ -26,7 +26,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let at = mapped.map_or("memory".to_string(), |m| m.display().to_string());
         shown = format!("{shown}, converted to {at}");
     }
-    print!("{}", report(&file, &shown, args.all));
+    out!("{}", report(&file, &shown, args.all))?;
     Ok(())
 }
 

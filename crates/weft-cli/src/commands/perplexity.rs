@@ -130,6 +130,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         0.0
     };
-    println!("Final estimate: PPL = {ppl:.4} +/- {err:.5}");
+    outln!("Final estimate: PPL = {ppl:.4} +/- {err:.5}")?;
     Ok(())
 }

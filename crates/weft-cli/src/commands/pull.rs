@@ -22,7 +22,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )
     })?;
     let path = hub.pull(spec, &mut Bar::default())?;
-    println!("{}", path.display());
+    outln!("{}", path.display())?;
     Ok(())
 }
 
@@ -39,14 +39,14 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
     if args.prune {
         let removed = weft::prune_conversions(hub.home())?;
         for c in &removed {
-            println!("removed {} ({})", c.file.display(), size(c.bytes));
+            outln!("removed {} ({})", c.file.display(), size(c.bytes))?;
         }
         let freed = removed.iter().map(|c| c.bytes).sum();
-        println!(
+        outln!(
             "{} removed, {} freed",
             crate::count(removed.len(), "file"),
             size(freed)
-        );
+        )?;
         return Ok(());
     }
     for spec in weft::hub::known_models() {
@@ -62,25 +62,25 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
             true => String::new(),
             false => format!(" ({})", notes.join(", ")),
         };
-        println!("{}{notes}: {} — {status}", spec.name, spec.description);
+        outln!("{}{notes}: {} — {status}", spec.name, spec.description)?;
     }
     let conversions = weft::conversions(hub.home());
     if !conversions.is_empty() {
         let total = conversions.iter().map(|c| c.bytes).sum();
         let stale: Vec<_> = conversions.iter().filter(|c| !c.current).collect();
-        print!(
+        out!(
             "conversions: {} in {} ({})",
             conversions.len(),
             hub.home().join("converted").display(),
             size(total)
-        );
+        )?;
         match stale.len() {
-            0 => println!(),
-            n => println!(
+            0 => outln!()?,
+            n => outln!(
                 "; {n} of them ({}) will not be used again (source moved, changed or gone) or \
                  were made by an older weft: `weft models --prune` removes them",
                 size(stale.iter().map(|c| c.bytes).sum())
-            ),
+            )?,
         }
     }
     Ok(())

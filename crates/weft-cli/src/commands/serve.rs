@@ -134,7 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
-        println!("weft serve: listening on http://{local}");
+        outln!("weft serve: listening on http://{local}")?;
         use std::io::Write;
         std::io::stdout().flush()?;
         let state = Arc::new(State::new(config));

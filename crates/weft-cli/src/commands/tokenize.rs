@@ -38,6 +38,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .read_to_string(&mut text)
         .context("stdin is not valid UTF-8 text")?;
     let ids = tok.encode(&text, !args.no_add_special, !args.no_parse_special);
-    println!("{}", serde_json::to_string(&ids)?);
+    outln!("{}", serde_json::to_string(&ids)?)?;
     Ok(())
 }
