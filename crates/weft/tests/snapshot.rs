@@ -1,5 +1,5 @@
-//! Session snapshots on the real models: a generation split by a snapshot, a dropped engine
-//! and a resume gives exactly the tokens of one uninterrupted generation (greedy, seeded
+//! Session snapshots on the real models: a generation split by a snapshot and resumed on a
+//! new engine gives exactly the tokens of one uninterrupted generation (greedy, seeded
 //! sampling, a JSON-schema constraint mid-flight); another model's snapshot is refused; damaged
 //! snapshots give typed errors and leave the KV pool as it was.
 
@@ -87,12 +87,11 @@ fn uninterrupted(engine: &Engine, s: &Setup) -> Vec<u32> {
     block_on(generator(&mut ctx, s, TOTAL).collect_tokens()).expect("generate")
 }
 
-/// `at` tokens, a snapshot of the generator in flight, the engine dropped, a new engine,
-/// resume, the rest.
-fn split_generator(model: &str, s: &Setup, at: usize) -> Vec<u32> {
+/// `at` tokens on `first`, a snapshot of the generator in flight, a new engine, resume, the
+/// rest.
+fn split_generator(first: &Engine, model: &str, s: &Setup, at: usize) -> Vec<u32> {
     let bytes = {
-        let engine = engine(model, 4096);
-        let mut ctx = start(&engine, s);
+        let mut ctx = start(first, s);
         let mut gen = generator(&mut ctx, s, TOTAL);
         for _ in 0..at {
             let step = gen
@@ -110,23 +109,22 @@ fn split_generator(model: &str, s: &Setup, at: usize) -> Vec<u32> {
     block_on(gen.collect_tokens()).expect("generate after resume")
 }
 
-/// `at` tokens by one generator, a snapshot of the context, a new engine, the rest by a new
-/// generator.
-fn split_context(model: &str, s: &Setup, at: usize) -> Vec<u32> {
-    let (mut first, bytes) = {
-        let engine = engine(model, 4096);
-        let mut ctx = start(&engine, s);
-        let first = block_on(generator(&mut ctx, s, at).collect_tokens()).expect("generate");
+/// `at` tokens by one generator on `first`, a snapshot of the context, a new engine, the rest
+/// by a new generator.
+fn split_context(first: &Engine, model: &str, s: &Setup, at: usize) -> Vec<u32> {
+    let (mut head, bytes) = {
+        let mut ctx = start(first, s);
+        let head = block_on(generator(&mut ctx, s, at).collect_tokens()).expect("generate");
         let mut file = Vec::new();
         ctx.snapshot_to(&mut file).expect("snapshot");
-        (first, file)
+        (head, file)
     };
     let engine = engine(model, 4096);
     let mut ctx = engine.resume_from(bytes.as_slice()).expect("resume");
     assert!(matches!(ctx.resume_generator(), Err(Error::Config(_))));
     let rest = block_on(generator(&mut ctx, s, TOTAL - at).collect_tokens()).expect("generate");
-    first.extend(rest);
-    first
+    head.extend(rest);
+    head
 }
 
 fn round_trip_on(model: &str) {
@@ -142,14 +140,14 @@ fn round_trip_on(model: &str) {
             whole.len()
         );
         assert_eq!(
-            split_generator(model, &s, at),
+            split_generator(&reference, model, &s, at),
             whole,
             "{model}, setup {i}: generator split after {at}"
         );
         if s.schema.is_none() {
             assert_eq!(whole.len(), TOTAL, "{model}, setup {i}: ignore_eos");
             assert_eq!(
-                split_context(model, &s, at),
+                split_context(&reference, model, &s, at),
                 whole,
                 "{model}, setup {i}: context split"
             );
