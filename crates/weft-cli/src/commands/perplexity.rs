@@ -18,7 +18,7 @@ pub struct Args {
     model: ModelArg,
     #[command(flatten)]
     threads: ThreadsArg,
-    /// The text file to score.
+    /// The text file to score (`-`: standard input).
     #[arg(short = 'f', long = "file")]
     file: std::path::PathBuf,
     /// Tokens per chunk.
@@ -58,8 +58,12 @@ fn target_logprobs(logits: &[f32], targets: &[u32], threads: usize) -> Vec<f64> 
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let text = if args.file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?
+    } else {
+        std::fs::read_to_string(&args.file)
+            .with_context(|| format!("cannot read {}", args.file.display()))?
+    };
     let file = Arc::new(args.model.open()?);
     let tok = Tokenizer::from_gguf(&file)?;
     let mut runner = args.threads.runner(file)?;
