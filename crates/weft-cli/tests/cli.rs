@@ -106,6 +106,26 @@ fn inspect_describes_the_model() {
     }
 }
 
+/// A sentence-embedding encoder's folder is described too: all-MiniLM-L6-v2 is a 6-layer BERT
+/// of 384 dimensions.
+#[test]
+fn inspect_describes_an_encoder_folder() {
+    let out = weft(&["inspect", "-m", "all-minilm-l6-v2"], "");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("encoder: bert, 384 dimensions"), "{stdout}");
+    assert!(stdout.contains("num_hidden_layers = 6"), "{stdout}");
+    assert!(
+        stdout.contains("encoder.layer.5.output.dense.weight"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("encoder.layer.6."), "{stdout}");
+}
+
 #[test]
 fn bad_models_are_clear_errors_not_panics() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -1,9 +1,10 @@
-//! `weft inspect -m MODEL`: what a GGUF file holds.
+//! `weft inspect -m MODEL`: what a GGUF file holds, or a sentence-embedding encoder's folder.
 
 use std::fmt::Write as _;
 
 use weft::gguf::{Array, Value};
-use weft::{GgufFile, Tokenizer};
+use weft::models::TensorFile;
+use weft::{Embedder, EmbedderConfig, GgufFile, Tokenizer};
 
 use crate::model_arg::ModelArg;
 
@@ -19,6 +20,10 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = args.model.path()?;
+    if let Some(dir) = weft::checkpoint::encoder_folder(&path) {
+        out!("{}", encoder_report(&dir)?)?;
+        return Ok(());
+    }
     let (file, mapped) = args.model.open_path_from(&path)?;
     let mut shown = path.display().to_string();
     if mapped.as_deref() != Some(path.as_path()) {
@@ -28,6 +33,63 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     out!("{}", report(&file, &shown, args.all))?;
     Ok(())
+}
+
+/// A sentence-embedding encoder's folder: what weft makes of it, its `config.json` and its
+/// tensors.
+fn encoder_report(dir: &std::path::Path) -> anyhow::Result<String> {
+    let embedder = Embedder::open(dir, EmbedderConfig::default())?;
+    let weights = dir.join("model.safetensors");
+    let tensors = TensorFile::open(&weights)?;
+    let size = std::fs::metadata(&weights).map_or(0, |m| m.len());
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "folder: {} (model.safetensors {})",
+        dir.display(),
+        mib(size)
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    let _ = writeln!(
+        out,
+        "encoder: {}, {} dimensions, up to {} tokens, {} pooling",
+        config["model_type"].as_str().unwrap_or("?"),
+        embedder.dim(),
+        embedder.max_tokens(),
+        format!("{:?}", embedder.pooling()).to_lowercase()
+    );
+    let _ = writeln!(out, "\nconfig.json:");
+    for (key, value) in config.as_object().into_iter().flatten() {
+        let _ = writeln!(out, "  {key} = {value}");
+    }
+    let tok = embedder.tokenizer();
+    let s = tok.vocab().special();
+    let name = |id: Option<u32>| match id {
+        Some(id) => format!("{id} {:?}", tok.vocab().text(id).unwrap_or("?")),
+        None => "-".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "\ntokenizer: tokenizer.json, {} tokens",
+        tok.vocab_size()
+    );
+    let _ = writeln!(
+        out,
+        "  cls/bos {}, sep/eos {}, unk {}, pad {}",
+        name(s.bos),
+        name(s.eos),
+        name(s.unk),
+        name(s.pad)
+    );
+    let mut list: Vec<(String, Vec<usize>)> = tensors.tensors().collect();
+    list.sort();
+    let _ = writeln!(out, "\ntensors: {}", list.len());
+    let width = list.iter().map(|t| t.0.len()).max().unwrap_or(4).max(4);
+    for (name, shape) in list {
+        let _ = writeln!(out, "  {name:<width$}  {shape:?}");
+    }
+    Ok(out)
 }
 
 fn mib(bytes: u64) -> String {
