@@ -507,7 +507,7 @@ fn run_reports_what_ran_and_checks_what_it_will_need() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
     // An encoder where a decoder is needed says so.
-    let out = weft(&["inspect", "-m", "all-minilm-l6-v2"], "");
+    let out = weft(&["run", "-m", "all-minilm-l6-v2", "-n", "1", "Hello"], "");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is an encoder model"), "{stderr}");
     // A reader that goes away is no error.
