@@ -65,10 +65,7 @@ fn encoder_report(dir: &std::path::Path) -> anyhow::Result<String> {
     }
     let tok = embedder.tokenizer();
     let s = tok.vocab().special();
-    let name = |id: Option<u32>| match id {
-        Some(id) => format!("{id} {:?}", tok.vocab().text(id).unwrap_or("?")),
-        None => "-".to_string(),
-    };
+    let name = |id| special_name(tok, id);
     let _ = writeln!(
         out,
         "\ntokenizer: tokenizer.json, {} tokens",
@@ -149,10 +146,7 @@ fn report(file: &GgufFile, path: &str, all: bool) -> String {
                 tok.vocab_size()
             );
             let s = tok.vocab().special();
-            let show = |id: Option<u32>| match id {
-                Some(id) => format!("{id} {:?}", tok.vocab().text(id).unwrap_or("?")),
-                None => "-".to_string(),
-            };
+            let show = |id| special_name(&tok, id);
             let _ = writeln!(
                 out,
                 "  bos {}, eos {}, unk {}, pad {}; add_bos {}, add_eos {}",
@@ -213,4 +207,12 @@ fn report(file: &GgufFile, path: &str, all: bool) -> String {
         );
     }
     out
+}
+
+/// A special token as `ID "TEXT"`, or `-` when the tokenizer has none.
+fn special_name(tok: &Tokenizer, id: Option<u32>) -> String {
+    match id {
+        Some(id) => format!("{id} {:?}", tok.vocab().text(id).unwrap_or("?")),
+        None => "-".to_string(),
+    }
 }
