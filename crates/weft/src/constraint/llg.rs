@@ -213,9 +213,11 @@ pub fn compile(engine: &Engine, schema: &Schema) -> Result<GrammarConstraint> {
 }
 
 /// The JSON schema with weft's defaults for llguidance's JSON options (one line, `", "` and
-/// `": "`) under any `x-guidance` options the schema sets itself.
+/// `": "`) under any `x-guidance` options the schema sets itself, and integers capped at 16
+/// digits where the schema leaves them unbounded (see [`cap_integers`]).
 fn json(schema: &serde_json::Value) -> serde_json::Value {
     let mut schema = schema.clone();
+    cap_integers(&mut schema);
     if let Some(obj) = schema.as_object_mut() {
         let opts = obj
             .entry("x-guidance")
@@ -231,6 +233,55 @@ fn json(schema: &serde_json::Value) -> serde_json::Value {
         }
     }
     schema
+}
+
+/// The largest magnitude of an integer the schema leaves unbounded: 2^53 - 1, JavaScript's
+/// `Number.MAX_SAFE_INTEGER` (16 digits; llama.cpp's schema grammars allow 16 digits too).
+/// Without a cap a sampled number can run on until `max_tokens` cuts the JSON short (seen at
+/// temperature 1: ages of 60 digits), and past 2^53 JSON readers that hold numbers as doubles
+/// lose digits (so does llguidance, which reads bounds as `f64`: 10^16 - 1 would become 10^16).
+const INTEGER_CAP: i64 = (1 << 53) - 1;
+
+/// Gives every integer subschema the bounds it lacks, `minimum: -INTEGER_CAP` and
+/// `maximum: INTEGER_CAP`, unless the bound it has lies beyond the cap (then the schema means
+/// larger numbers and keeps them). Values under `const`, `enum`, `default` and `examples` are data,
+/// not schemas, and stay as they are.
+fn cap_integers(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    match schema {
+        Value::Array(items) => items.iter_mut().for_each(cap_integers),
+        Value::Object(obj) => {
+            let integer = match obj.get("type") {
+                Some(Value::String(t)) => t == "integer",
+                Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+                _ => false,
+            };
+            if integer {
+                let bound = |keys: [&str; 2]| {
+                    keys.iter()
+                        .filter_map(|k| obj.get(*k).and_then(Value::as_f64))
+                        .reduce(f64::max)
+                };
+                let cap = INTEGER_CAP as f64;
+                let (low, high) = (
+                    bound(["minimum", "exclusiveMinimum"]),
+                    bound(["maximum", "exclusiveMaximum"]),
+                );
+                if low.is_none() && high.is_none_or(|h| h >= -cap) {
+                    obj.insert("minimum".into(), (-INTEGER_CAP).into());
+                }
+                if high.is_none() && low.is_none_or(|l| l <= cap) {
+                    obj.insert("maximum".into(), INTEGER_CAP.into());
+                }
+            }
+            for (key, value) in obj.iter_mut() {
+                if !matches!(key.as_str(), "const" | "enum" | "default" | "examples") {
+                    cap_integers(value);
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The error of the first mask of a compiled grammar: llguidance's message is its first line
@@ -398,6 +449,69 @@ Name-Part ::= [A-Z] [a-z]* ( "-" | )
         assert!(gbnf_accepts(g, "ab\u{e9}\n\n"));
         assert!(!gbnf_accepts(g, "a\"b\u{e9}x\n"));
         assert!(!gbnf_accepts(g, "a\u{e9}x\n"));
+    }
+
+    /// Whether the JSON schema (with weft's options) accepts exactly `text`.
+    fn json_accepts(schema: serde_json::Value, text: &str) -> bool {
+        let env = ApproximateTokEnv::single_byte_env();
+        let f = ParserFactory::new_simple(&env).expect("factory");
+        let p = f
+            .create_parser(TopLevelGrammar::from_json_schema(json(&schema)))
+            .unwrap_or_else(|e| panic!("{schema}: {e}"));
+        let mut m = Matcher::new(Ok(p));
+        let mut toks = env.tok_trie().greedy_tokenize(text.as_bytes());
+        toks.push(env.tok_trie().eos_token());
+        m.validate_tokens(&toks).unwrap_or(0) == toks.len()
+    }
+
+    #[test]
+    fn unbounded_integers_stop_at_max_safe_integer() {
+        use serde_json::json;
+        let int = json!({"type": "integer"});
+        assert!(json_accepts(int.clone(), "9007199254740991"));
+        assert!(json_accepts(int.clone(), "-9007199254740991"));
+        assert!(json_accepts(int.clone(), "0"));
+        assert!(!json_accepts(int.clone(), "9007199254740992"));
+        assert!(!json_accepts(int.clone(), "10000000000000000"));
+        assert!(!json_accepts(int, "-9007199254740992"));
+
+        // Nested, and beside a type list; a property named like a keyword is still a schema.
+        let person = json!({"type": "object", "properties": {
+            "age": {"type": ["integer", "null"]},
+            "type": {"type": "array", "items": {"type": "integer"}}},
+            "required": ["age", "type"]});
+        assert!(json_accepts(
+            person.clone(),
+            r#"{"age": 42, "type": [1, 2]}"#
+        ));
+        assert!(!json_accepts(
+            person.clone(),
+            r#"{"age": 12345678901234567, "type": []}"#
+        ));
+        assert!(!json_accepts(
+            person,
+            r#"{"age": 1, "type": [12345678901234567]}"#
+        ));
+
+        // The schema's own bounds win: beyond the cap, or on one side only.
+        let big = json!({"type": "integer", "minimum": 100000000000000000_i64});
+        assert!(json_accepts(big, "123456789012345678"));
+        let natural = json!({"type": "integer", "minimum": 0});
+        assert!(json_accepts(natural.clone(), "9007199254740991"));
+        assert!(!json_accepts(natural.clone(), "9007199254740992"));
+        assert!(!json_accepts(natural, "-1"));
+        let below = json!({"type": "integer", "exclusiveMaximum": -5});
+        assert!(json_accepts(below.clone(), "-9007199254740991"));
+        assert!(!json_accepts(below, "-9007199254740992"));
+
+        // Data is not rewritten: a `const` object with a "type" key stays what it says.
+        let data = json!({"const": {"type": "integer"}});
+        assert!(json_accepts(data, r#"{"type": "integer"}"#));
+        // Numbers (not integers) keep llguidance's grammar.
+        assert!(json_accepts(
+            json!({"type": "number"}),
+            "123456789012345678.5"
+        ));
     }
 
     #[test]

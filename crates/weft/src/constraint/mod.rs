@@ -31,7 +31,10 @@ pub trait Constraint: Send {
 /// A description of the output that llguidance compiles into a [`Constraint`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Schema {
-    /// A JSON document valid under this JSON Schema.
+    /// A JSON document valid under this JSON Schema, printed on one line (`", "`, `": "`;
+    /// the schema's `x-guidance` options override). An integer the schema leaves unbounded stays
+    /// within ±(2^53 - 1), the integers a double holds exactly (16 digits; llama.cpp's schema
+    /// grammars allow 16 digits too).
     JsonSchema(serde_json::Value),
     /// Any JSON value.
     AnyJson,
