@@ -81,8 +81,10 @@ impl GenParams {
                     ..Penalties::default()
                 }
             });
+        // -1 asks for a random seed, as llama-server's default seed does.
         let seed = match body.raw("seed") {
             None => None,
+            Some(v) if v.as_i64() == Some(-1) => None,
             Some(v) => Some(
                 v.as_i64()
                     .map(|s| s as u64)

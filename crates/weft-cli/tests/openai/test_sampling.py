@@ -22,6 +22,19 @@ def test_temperature_0_is_deterministic(client, model):
     assert first == second
 
 
+def test_seed_minus_one_is_random_as_llama_server(client, model):
+    """`seed: -1` asks for a fresh random seed (llama-server's default), not the seed 2^64 - 1:
+    three such requests do not all agree, while a fixed seed repeats itself."""
+    req = dict(model=model, messages=user("Invent a name for a cat and describe it."),
+               temperature=1.0, max_tokens=24)
+    outs = {client.chat.completions.create(**req, seed=-1).choices[0].message.content
+            for _ in range(3)}
+    assert len(outs) > 1, outs
+    fixed = {client.chat.completions.create(**req, seed=-2).choices[0].message.content
+             for _ in range(2)}
+    assert len(fixed) == 1, fixed
+
+
 def test_seed_reproduces_the_output_while_other_requests_stream(client, model):
     seeded = dict(
         model=model,
