@@ -32,8 +32,12 @@ pub async fn model(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let list = model_list(&state);
-    // A known model answers to its alias too (`alias`, `alias:ADAPTER`), as it does in requests.
-    let id = state.reported_model(Some(id));
+    // A known model answers to its alias too (`alias`, `alias:ADAPTER`), as it does in requests;
+    // so does the embedding model.
+    let id = match state.embedding_id() {
+        Some(e) if crate::state::canonical(&id) == e => e.to_string(),
+        _ => state.reported_model(Some(id)),
+    };
     match list.iter().find(|m| m["id"] == id.as_str()) {
         Some(m) => Ok(Json(m.clone())),
         None => {

@@ -98,6 +98,9 @@ def test_chat_model_embeddings_by_its_id(enc_client):
 def test_models_lists_the_embedding_model(enc_client):
     ids = [m.id for m in enc_client.models.list().data]
     assert ids[0] == MODEL and ENCODER in ids
+    # Retrieved by its name or its alias (as the chat model is), named by its name.
+    assert enc_client.models.retrieve(ENCODER).id == ENCODER
+    assert enc_client.models.retrieve("minilm").id == ENCODER
 
 
 @pytest.mark.parametrize(
