@@ -30,6 +30,7 @@ macro_rules! exceptions {
 exceptions! {
     ModelError(WeftError): "The engine core failed: model file, tokenizer, KV cache or forward pass.";
     KvCacheFull(ModelError): "The KV cache had no free page for the pass; retry once other contexts have given pages back.";
+    NanLogits(ModelError): "The model computed logits that are not numbers (NaN), so nothing can be sampled.";
     HubError(WeftError): "Fetching a model failed.";
     ChatTemplateError(WeftError): "Rendering the model's chat template failed.";
     InvalidSampler(WeftError): "A sampler's parameters are out of range.";
@@ -65,7 +66,7 @@ pub fn to_py(e: weft::Error) -> PyErr {
     match e {
         _ if e.is_kv_full() => KvCacheFull::new_err(msg),
         E::Core(_) => ModelError::new_err(msg),
-        E::NanLogits => ModelError::new_err(msg),
+        E::NanLogits => NanLogits::new_err(msg),
         E::Hub(_) => HubError::new_err(msg),
         E::Chat(_) => ChatTemplateError::new_err(msg),
         E::Sampler(_) => InvalidSampler::new_err(msg),

@@ -12,11 +12,12 @@ def test_every_exception_is_a_weft_error():
         "InputEmbeds", "AttentionBias", "PaddedBatch", "ContextTooLong", "EmptyPass",
         "NothingAllowed", "TruncateTooLong", "ConfigError", "GrammarError", "JsonError",
         "SnapshotCorrupt", "SnapshotVersion", "ModelFingerprintMismatch", "BeamSearchError",
-        "IoError", "EngineStopped", "ContextBusy",
+        "IoError", "EngineStopped", "ContextBusy", "NanLogits",
     ]
     for name in names:
         assert issubclass(getattr(weft, name), weft.WeftError), name
     assert issubclass(weft.KvCacheFull, weft.ModelError)
+    assert issubclass(weft.NanLogits, weft.ModelError)
     assert issubclass(weft.WeftError, Exception)
 
 
