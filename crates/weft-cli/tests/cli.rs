@@ -869,6 +869,8 @@ fn bench_tests(args: &[&str]) -> Vec<String> {
 fn bench_skips_zero_lengths() {
     assert_eq!(bench_tests(&["-p", "0", "-n", "4"]), ["tg4"]);
     assert_eq!(bench_tests(&["-p", "0,8", "-n", "0"]), ["pp8"]);
+    // -n takes a list, as llama-bench's does.
+    assert_eq!(bench_tests(&["-p", "0", "-n", "0,4,2"]), ["tg4", "tg2"]);
     let out = weft(&["bench", "-p", "0", "-n", "0"], "");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

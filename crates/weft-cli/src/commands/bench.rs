@@ -62,8 +62,13 @@ pub struct Args {
     )]
     n_prompt: Vec<usize>,
     /// Tokens to generate (`tgN`, and per sequence in parallel tests); 0 skips them.
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
-    n_gen: usize,
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    n_gen: Vec<usize>,
     /// Context depths to run the `ppN` / `tgN` tests at (`@ dD`), as llama-bench's `-d`.
     #[arg(
         short = 'd',
@@ -80,7 +85,8 @@ pub struct Args {
     /// Parallel sequence counts for aggregate decode (`pp128+tgN xP`).
     #[arg(long, value_delimiter = ',')]
     parallel: Vec<usize>,
-    /// Repetitions of each test.
+    /// Repetitions of each test (after one warm-up); a row shows their median t/s and
+    /// standard deviation.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     repetitions: usize,
     /// Print one JSON object per test instead of a table.
@@ -351,15 +357,16 @@ fn kv_needs(args: &Args) -> (usize, usize) {
     let depth = args.n_depth.iter().copied().max().unwrap_or(0);
     let prompt = args.n_prompt.iter().copied().max().unwrap_or(0);
     let parallel = args.parallel.iter().copied().max().unwrap_or(0);
+    let gen = args.n_gen.iter().copied().max().unwrap_or(0);
     let longest = [
-        depth.saturating_add(prompt.max(args.n_gen)),
+        depth.saturating_add(prompt.max(gen)),
         if parallel > 0 {
-            PARALLEL_PROMPT + args.n_gen
+            PARALLEL_PROMPT + gen
         } else {
             0
         },
         if args.speculate {
-            REWRITE_PROMPT.len() + args.n_gen
+            REWRITE_PROMPT.len() + gen
         } else {
             0
         },
@@ -368,7 +375,7 @@ fn kv_needs(args: &Args) -> (usize, usize) {
     .into_iter()
     .max()
     .unwrap_or(WARM_UP_TOKENS);
-    let total = parallel.saturating_mul((PARALLEL_PROMPT + args.n_gen).next_multiple_of(page));
+    let total = parallel.saturating_mul((PARALLEL_PROMPT + gen).next_multiple_of(page));
     (longest, total.max(longest))
 }
 
@@ -381,8 +388,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         !args.parallel.contains(&0),
         "--parallel counts sequences: each must be at least 1"
     );
+    // A 0-token prompt or generation measures nothing: `-p 0` / `-n 0` skip those tests.
+    let gens: Vec<usize> = args.n_gen.iter().copied().filter(|&n| n > 0).collect();
     anyhow::ensure!(
-        args.n_gen > 0 || args.n_prompt.iter().any(|&p| p > 0),
+        !gens.is_empty() || args.n_prompt.iter().any(|&p| p > 0),
         "nothing to measure: the prompt lengths (-p) and the generation length (-n) are all 0"
     );
     let file = Arc::new(args.model.open()?);
@@ -397,7 +406,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let threads = runner.n_threads();
     let vocab = runner.info().vocab_size as u32;
     let engine =
-        if (args.parallel.is_empty() || args.n_gen == 0) && !args.speculate && args.lora.is_empty()
+        if (args.parallel.is_empty() || gens.is_empty()) && !args.speculate && args.lora.is_empty()
         {
             None
         } else {
@@ -442,7 +451,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         api: false,
         lora: false,
     };
-    // A 0-token prompt or generation measures nothing: `-p 0` / `-n 0` skip those tests.
     for &d in &args.n_depth {
         let at = if d > 0 {
             format!(" @ d{d}")
@@ -452,15 +460,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
             tests.push(test(format!("pp{p}{at}"), p, d, 0, 1));
         }
-        if args.n_gen > 0 {
-            tests.push(test(format!("tg{}{at}", args.n_gen), 0, d, args.n_gen, 1));
+        for &n in &gens {
+            tests.push(test(format!("tg{n}{at}"), 0, d, n, 1));
         }
     }
-    if args.n_gen > 0 {
+    for &n in &gens {
         if !args.lora.is_empty() {
             tests.push(Test {
                 lora: true,
-                ..test(format!("tg{} +lora", args.n_gen), 0, 0, args.n_gen, 1)
+                ..test(format!("tg{n} +lora"), 0, 0, n, 1)
             });
         }
         let lora_runs: &[bool] = if args.lora.is_empty() {
@@ -471,10 +479,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for &p in &args.parallel {
             for &lora in lora_runs {
                 let tag = if lora { " +lora" } else { "" };
-                let name = format!("pp{PARALLEL_PROMPT}+tg{} x{p}{tag}", args.n_gen);
+                let name = format!("pp{PARALLEL_PROMPT}+tg{n} x{p}{tag}");
                 let t = Test {
                     lora,
-                    ..test(name, PARALLEL_PROMPT, 0, args.n_gen, p)
+                    ..test(name, PARALLEL_PROMPT, 0, n, p)
                 };
                 if args.raw {
                     tests.push(Test {
@@ -632,42 +640,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )?;
         }
     }
-    if let (true, Some(engine)) = (args.speculate && args.n_gen > 0, &bench.engine) {
-        for speculate in [false, true] {
-            let (mut samples, mut drafted, mut accepted) = (Vec::new(), 0, 0);
-            for _ in 0..args.repetitions {
-                let (secs, n, (d, a)) = rewrite(engine, args.n_gen, speculate)?;
-                samples.push(n as f64 / secs);
-                (drafted, accepted) = (drafted + d, accepted + a);
-            }
-            let (median, sd) = median_and_sd(samples.clone());
-            let name = format!(
-                "tg{} rewrite{}",
-                args.n_gen,
-                if speculate { " +ngram" } else { "" }
-            );
-            let rate = accepted as f64 / drafted.max(1) as f64;
-            if args.json {
-                let json = serde_json::json!({
-                    "model": model, "test": name, "threads": threads, "n_gen": args.n_gen,
-                    "speculate": speculate, "tps_median": median, "tps_stddev": sd,
-                    "samples": samples, "drafted": drafted, "accepted": accepted,
-                });
-                outln!("{json}")?;
-            } else {
-                let acc = if speculate {
-                    format!(
-                        " (drafts accepted {accepted}/{drafted} = {:.0}%)",
-                        100.0 * rate
-                    )
+    if let (true, Some(engine)) = (args.speculate, &bench.engine) {
+        for &n in &gens {
+            for speculate in [false, true] {
+                let (mut samples, mut drafted, mut accepted) = (Vec::new(), 0, 0);
+                for _ in 0..args.repetitions {
+                    let (secs, made, (d, a)) = rewrite(engine, n, speculate)?;
+                    samples.push(made as f64 / secs);
+                    (drafted, accepted) = (drafted + d, accepted + a);
+                }
+                let (median, sd) = median_and_sd(samples.clone());
+                let name = format!("tg{n} rewrite{}", if speculate { " +ngram" } else { "" });
+                let rate = accepted as f64 / drafted.max(1) as f64;
+                if args.json {
+                    let json = serde_json::json!({
+                        "model": model, "test": name, "threads": threads, "n_gen": n,
+                        "speculate": speculate, "tps_median": median, "tps_stddev": sd,
+                        "samples": samples, "drafted": drafted, "accepted": accepted,
+                    });
+                    outln!("{json}")?;
                 } else {
-                    String::new()
-                };
-                outln!(
+                    let acc = if speculate {
+                        format!(
+                            " (drafts accepted {accepted}/{drafted} = {:.0}%)",
+                            100.0 * rate
+                        )
+                    } else {
+                        String::new()
+                    };
+                    outln!(
                     "| {model} | {:.2} MiB | {:.2} M | {threads} | {name} | {median:.2} ± {sd:.2}{acc} |",
                     size as f64 / (1 << 20) as f64,
                     params as f64 / 1e6
                 )?;
+                }
             }
         }
     }
