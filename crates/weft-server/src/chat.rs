@@ -19,7 +19,7 @@ use crate::params::{GenParams, MAX_TOP_LOGPROBS};
 use crate::respond::{self, chat_logprob, usage, Chunker, Gathered, Meta};
 use crate::state::{unix_time, State};
 use crate::text::TokenLogprob;
-use crate::tools::{may_be_call, partial_calls, CallDelta, CallStream, ToolCall, Tools};
+use crate::tools::{may_be_call, partial_calls, tag_start, CallDelta, CallStream, ToolCall, Tools};
 
 /// The handler.
 pub async fn handle(
@@ -56,6 +56,12 @@ pub async fn handle(
     let prompt = render(&engine, &body, tools.as_ref())?;
     respond::check_length("messages", prompt.len(), params.max_tokens, engine.n_ctx())?;
     respond::check_schema(&engine, params.schema.as_ref(), forced)?;
+    if let Some(t) = tools.as_ref().filter(|t| !t.forced()) {
+        // Under `auto` nothing constrains the calls, but a tool schema that does not compile
+        // is a 400 as it is when a call is forced.
+        let calls = weft::Schema::JsonSchema(t.schema()?);
+        respond::check_schema(&engine, Some(&calls), true)?;
+    }
     let id = state.new_id("chatcmpl");
     let job = Job {
         prompts: vec![prompt],
@@ -73,12 +79,18 @@ pub async fn handle(
     };
     if params.stream {
         let forced = tools.as_ref().is_some_and(Tools::forced);
-        // A forced answer is calls, never content: `null`, as OpenAI sends before calls.
-        let content = if forced { Value::Null } else { json!("") };
+        // A forced answer is calls, never content: `null`, as OpenAI sends before calls. Under
+        // `auto` the answer may be either, so the first delta names the role only (a client
+        // that gathers the deltas then has `content` null for calls, text for text).
+        let delta = match (&tools, forced) {
+            (_, true) => json!({"role": "assistant", "content": null}),
+            (Some(_), false) => json!({"role": "assistant"}),
+            (None, _) => json!({"role": "assistant", "content": ""}),
+        };
         let first = (0..params.n)
             .map(|i| {
                 meta.chunk(
-                    json!([{"index": i, "delta": {"role": "assistant", "content": content},
+                    json!([{"index": i, "delta": delta,
                 "logprobs": null, "finish_reason": null}]),
                     params.include_usage,
                 )
@@ -200,10 +212,14 @@ fn messages(body: &Body, fold_tools: bool) -> Result<Vec<Value>, ApiError> {
                     .iter()
                     .map(|c| {
                         let f = &c["function"];
-                        let args = f["arguments"]
-                            .as_str()
-                            .and_then(|a| serde_json::from_str::<Value>(a).ok())
-                            .unwrap_or_else(|| json!({}));
+                        // JSON text (as OpenAI sends them) is read; an object is taken as it
+                        // is, and text that is not JSON is kept as text: nothing is dropped.
+                        let args = match &f["arguments"] {
+                            Value::Null => json!({}),
+                            Value::String(a) => serde_json::from_str::<Value>(a)
+                                .unwrap_or_else(|_| Value::String(a.clone())),
+                            v => v.clone(),
+                        };
                         json!({"name": f["name"], "arguments": args})
                     })
                     .collect();
@@ -294,17 +310,18 @@ async fn collect(
     let choices: Vec<Value> = (0..n)
         .map(|i| {
             let logprobs = logprobs_json(&lps[i]);
-            let call = tools.and_then(|t| t.parse_output(&text[i]));
+            let call = tools.and_then(|t| t.answer(&text[i]));
             // A forced answer cut short is still calls, with the arguments written so far
             // (as streamed), not the calls' JSON as content.
             let cut = tools
                 .filter(|t| t.forced() && call.is_none())
                 .map(|_| partial_calls(&text[i]));
             let (message, reason) = match (call, cut) {
-                (Some(calls), _) => {
+                (Some((content, calls)), _) => {
                     let ids = call_ids(calls.len());
+                    let content = Some(content).filter(|c| !c.is_empty());
                     (
-                        json!({"role": "assistant", "content": null,
+                        json!({"role": "assistant", "content": content,
                             "tool_calls": calls_json(&calls, &ids, false)}),
                         "tool_calls",
                     )
@@ -340,10 +357,11 @@ async fn collect(
 /// How a streamed choice's text is being shown.
 #[derive(Debug, Default)]
 struct Streamed {
-    /// Text (and its log-probabilities) held back because it may be a tool call.
+    /// Text (and its log-probabilities) held back because it may be a tool call, or the
+    /// start of a `<tool_call>` tag after content.
     held: String,
     held_logprobs: Vec<TokenLogprob>,
-    /// The text is plain content: stream it as it comes.
+    /// The text is plain content: stream it as it comes, up to a tag.
     content: bool,
     /// A forced call, followed as it is generated; the ids of its calls.
     calls: Option<(CallStream, Vec<String>)>,
@@ -406,27 +424,39 @@ impl Chunker for ChatChunker {
                         };
                         out.push(v);
                     }
-                    let mut lps = match out.is_empty() {
-                        true => Vec::new(),
-                        false => std::mem::take(&mut c.held_logprobs),
+                    let mut lps = if out.is_empty() {
+                        Vec::new()
+                    } else {
+                        std::mem::take(&mut c.held_logprobs)
                     };
                     return out
                         .into_iter()
                         .map(|d| self.delta(i, d, logprobs_json(&std::mem::take(&mut lps)), None))
                         .collect();
                 }
-                if c.content {
-                    return vec![self.content(i, delta.text, &delta.logprobs)];
-                }
                 c.held.push_str(&delta.text);
                 c.held_logprobs.extend(delta.logprobs);
-                if may_be_call(&c.held) {
+                if !c.content {
+                    if may_be_call(&c.held) {
+                        return Vec::new();
+                    }
+                    c.content = true;
+                }
+                // Content, up to a `<tool_call>` tag: calls may follow text (which is then
+                // their content), so what may begin a tag waits, and from a tag on the rest
+                // is held until the end shows whether it is calls.
+                let (send, tag) = match tag_start(&c.held) {
+                    Ok(k) => (k, true),
+                    Err(k) => (k, false),
+                };
+                let rest = c.held.split_off(send);
+                let text = std::mem::replace(&mut c.held, rest);
+                c.content = !tag;
+                if text.is_empty() {
                     return Vec::new();
                 }
-                c.content = true;
-                let held = std::mem::take(&mut c.held);
                 let lps = std::mem::take(&mut c.held_logprobs);
-                vec![self.content(i, held, &lps)]
+                vec![self.content(i, text, &lps)]
             }
             Event::Finish {
                 choice: i,

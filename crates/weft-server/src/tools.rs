@@ -219,9 +219,23 @@ impl Tools {
         Ok(schema)
     }
 
+    /// The content and the calls of an answer that makes calls: the whole answer as calls
+    /// ([`Tools::parse_output`], no content), or text followed by `<tool_call>` blocks (the
+    /// text before the first block is the content, as vLLM's Hermes parser and llama-server
+    /// answer). `None`: the answer is plain content.
+    pub fn answer(&self, text: &str) -> Option<(String, Vec<ToolCall>)> {
+        if let Some(calls) = self.parse_output(text) {
+            return Some((String::new(), calls));
+        }
+        let k = text.find(TAG).filter(|&k| k > 0)?;
+        let calls = self.parse_output(&text[k..])?;
+        Some((text[..k].to_string(), calls))
+    }
+
     /// The calls in a model's answer, if the whole answer is calls: a JSON list of calls
     /// (what a forced answer is) or a call object, or one or more `<tool_call>…</tool_call>`
-    /// blocks holding them. Calls must name listed tools.
+    /// blocks holding them. Calls must name listed tools; with `parallel_tool_calls: false`
+    /// only the first is kept (as vLLM does).
     pub fn parse_output(&self, text: &str) -> Option<Vec<ToolCall>> {
         let t = text.trim();
         let mut items = Vec::new();
@@ -252,8 +266,25 @@ impl Tools {
                     .unwrap_or_else(|| args.to_string()),
             });
         }
+        if !self.parallel {
+            calls.truncate(1);
+        }
         (!calls.is_empty()).then_some(calls)
     }
+}
+
+/// Where a content stream must pause: the start of a `<tool_call>` tag in `text` (`Ok`), or
+/// else the start of a tail that may begin one (`Err`; `text.len()` when none can).
+pub fn tag_start(text: &str) -> Result<usize, usize> {
+    if let Some(k) = text.find(TAG) {
+        return Ok(k);
+    }
+    // TAG is ASCII and starts with '<', so the tail starts on a character boundary.
+    let tail = (1..TAG.len())
+        .rev()
+        .find(|&n| text.ends_with(&TAG[..n]))
+        .unwrap_or(0);
+    Err(text.len() - tail)
 }
 
 /// The calls a forced answer cut short (by `max_tokens`) had begun: each with its name and
@@ -355,6 +386,13 @@ fn tool(v: &Value) -> Result<Tool, ApiError> {
         None | Some(Value::Null) => {
             json!({"type": "object", "properties": {}, "additionalProperties": false})
         }
+        // Arguments are an object (clients parse them into one): a schema of anything else
+        // is refused, as OpenAI refuses it.
+        Some(Value::Object(p)) if !may_be_object(p.get("type")) => {
+            return Err(bad(
+                "A function's 'parameters' must be the JSON Schema of an object (\"type\": \"object\").",
+            ))
+        }
         Some(p @ Value::Object(_)) => p.clone(),
         Some(_) => {
             return Err(bad(
@@ -367,6 +405,15 @@ fn tool(v: &Value) -> Result<Tool, ApiError> {
         description,
         parameters,
     })
+}
+
+/// Whether a schema's `type` allows an object: none given, `"object"`, or a list with it.
+fn may_be_object(ty: Option<&Value>) -> bool {
+    match ty {
+        None => true,
+        Some(Value::Array(types)) => types.iter().any(|t| t == "object"),
+        Some(t) => t == "object",
+    }
 }
 
 /// A piece of a streamed tool call.
@@ -558,9 +605,9 @@ mod tests {
         assert_eq!(s.calls(), 2);
     }
 
-    #[test]
-    fn answers_parse_into_calls_of_listed_tools_only() {
-        let tools = Tools {
+    /// One tool `f` with open object arguments, under `auto`, parallel calls allowed.
+    fn auto_f() -> Tools {
+        Tools {
             tools: vec![Tool {
                 name: "f".into(),
                 description: None,
@@ -568,7 +615,12 @@ mod tests {
             }],
             choice: Choice::Auto,
             parallel: true,
-        };
+        }
+    }
+
+    #[test]
+    fn answers_parse_into_calls_of_listed_tools_only() {
+        let tools = auto_f();
         let calls = tools
             .parse_output(concat!(
                 "<tool_call>[{\"name\": \"f\", \"arguments\": {\"a\": 1}}]</tool_call>\n",
@@ -632,5 +684,50 @@ mod tests {
             ..tools
         };
         assert_eq!(named.schema().expect("schema")["maxItems"], 1);
+    }
+
+    #[test]
+    fn text_before_calls_is_content_and_one_call_unless_parallel() {
+        let mut tools = auto_f();
+        let text = "Let me check.\n<tool_call>[{\"name\": \"f\", \"arguments\": {\"a\": 1}}, \
+                    {\"name\": \"f\", \"arguments\": {\"a\": 2}}]</tool_call>";
+        let (content, calls) = tools.answer(text).expect("content and calls");
+        assert_eq!(content, "Let me check.\n");
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1].arguments, "{\"a\": 2}");
+        // Calls alone: no content. Text after the calls, or a tag of an unknown tool: content.
+        assert_eq!(tools.answer(&text[14..]).expect("calls").0, "");
+        assert!(tools.answer(&format!("{text} Done.")).is_none());
+        assert!(tools
+            .answer("Hi <tool_call>[{\"name\": \"g\"}]</tool_call>")
+            .is_none());
+        // parallel_tool_calls: false keeps the first call (as vLLM does).
+        tools.parallel = false;
+        let (_, calls) = tools.answer(text).expect("calls");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].arguments, "{\"a\": 1}");
+    }
+
+    #[test]
+    fn content_streams_up_to_a_possible_tag() {
+        assert_eq!(tag_start("Sure, let me"), Err(12));
+        assert_eq!(tag_start("Sure <"), Err(5));
+        assert_eq!(tag_start("Sure <tool_c"), Err(5));
+        assert_eq!(tag_start("a < b"), Err(5));
+        assert_eq!(tag_start("é<tool_call>[{"), Ok(2));
+        assert_eq!(tag_start("<tool_call"), Err(0));
+    }
+
+    #[test]
+    fn parameters_must_describe_an_object() {
+        let with = |p: Value| {
+            tool(&json!({"type": "function", "function": {"name": "f", "parameters": p}}))
+        };
+        assert!(with(json!({"type": "object", "properties": {}})).is_ok());
+        assert!(with(json!({"type": ["object", "null"]})).is_ok());
+        assert!(with(json!({"properties": {"a": {"type": "string"}}})).is_ok());
+        let e = with(json!({"type": "string"})).expect_err("a string schema");
+        assert!(e.to_string().contains("JSON Schema of an object"), "{e}");
+        assert!(with(json!({"type": "array"})).is_err());
     }
 }

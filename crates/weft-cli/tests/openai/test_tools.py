@@ -4,6 +4,8 @@ import asyncio
 import json
 
 import jsonschema
+import openai
+import pytest
 
 from conftest import greedy, user
 
@@ -279,3 +281,88 @@ def test_parallel_tool_results_go_back_as_one_turn(client, model):
         model=model, messages=messages, tools=TOOLS, max_tokens=8, **greedy()
     )
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def _gather_stream(client, **req):
+    """A stream's content (None when no delta carried any), its calls as (name, arguments)
+    and its finish reason."""
+    content, calls, finish = None, {}, None
+    for chunk in client.chat.completions.create(stream=True, **req):
+        for choice in chunk.choices:
+            if choice.delta.content is not None:
+                content = (content or "") + choice.delta.content
+            finish = choice.finish_reason or finish
+            for d in choice.delta.tool_calls or []:
+                call = calls.setdefault(d.index, {"name": None, "arguments": ""})
+                if d.function and d.function.name:
+                    call["name"] = d.function.name
+                if d.function and d.function.arguments:
+                    call["arguments"] += d.function.arguments
+    return content, [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)], finish
+
+
+TWO_CALLS = (
+    '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+    '{"name": "get_time", "arguments": {"timezone": "UTC"}}]</tool_call>'
+)
+
+
+def _auto(model, text, **extra):
+    """An `auto` request whose answer is `text` (a regex fixes what the model writes)."""
+    literal = "".join(
+        "\\n" if c == "\n" else "\\" + c if c in r"\.^$|?*+()[]{}" else c for c in text
+    )
+    return dict(model=model, messages=QUESTION, tools=TOOLS, tool_choice="auto",
+                max_tokens=120, extra_body={"regex": literal}, **greedy(), **extra)
+
+
+def test_auto_text_before_calls_is_their_content(client, model):
+    """Under `auto` an answer may say something and then call, as vLLM's Hermes parser and
+    llama-server read it: the text is the content and the calls are calls, streamed or not."""
+    req = _auto(model, "Let me check.\n" + TWO_CALLS)
+    r = client.chat.completions.create(**req)
+    message = r.choices[0].message
+    calls = assert_valid_calls(message, r.choices[0].finish_reason, calls_only=False)
+    assert message.content == "Let me check.\n"
+    assert calls == [("get_weather", {"city": "Paris", "unit": "celsius"}),
+                     ("get_time", {"timezone": "UTC"})]
+    content, streamed, finish = _gather_stream(client, **req)
+    assert (content, finish) == ("Let me check.\n", "tool_calls")
+    assert streamed == [(c.function.name, c.function.arguments) for c in message.tool_calls]
+
+    # Calls alone: content is null, streamed (the first delta names only the role) or not.
+    req = _auto(model, TWO_CALLS)
+    r = client.chat.completions.create(**req)
+    assert r.choices[0].message.content is None
+    content, streamed, finish = _gather_stream(client, **req)
+    assert (content, finish, len(streamed)) == (None, "tool_calls", 2)
+
+    # A tag that does not hold calls of the listed tools stays text, to the letter.
+    odd = 'See <tool_call>[{"name": "get_news"}]</tool_call> for more.'
+    r = client.chat.completions.create(**_auto(model, odd))
+    assert (r.choices[0].message.content, r.choices[0].message.tool_calls) == (odd, None)
+    assert _gather_stream(client, **_auto(model, odd))[:2] == (odd, [])
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_under_auto(client, model):
+    req = _auto(model, TWO_CALLS, parallel_tool_calls=False)
+    r = client.chat.completions.create(**req)
+    calls = assert_valid_calls(r.choices[0].message, r.choices[0].finish_reason)
+    assert calls == [("get_weather", {"city": "Paris", "unit": "celsius"})]
+    content, streamed, finish = _gather_stream(client, **req)
+    assert (content, finish) == (None, "tool_calls")
+    assert [(n, json.loads(a)) for n, a in streamed] == calls
+
+
+def test_auto_tools_are_checked_as_forced_ones(client, model):
+    """An invalid tool schema is a 400 under `auto` as under `required`, and `parameters` must
+    describe an object (clients parse the arguments into one)."""
+    bad = [{"type": "function", "function": {"name": "f", "parameters": p}}
+           for p in ({"type": "object", "properties": {"a": {"type": "bogus"}}},
+                     {"type": "string"})]
+    for tools in ([bad[0]], [bad[1]]):
+        for choice in ("auto", "required"):
+            with pytest.raises(openai.BadRequestError) as e:
+                client.chat.completions.create(model=model, messages=QUESTION, tools=tools,
+                                               tool_choice=choice, max_tokens=4)
+            assert e.value.param == "tools", e.value.body
