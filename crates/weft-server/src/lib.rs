@@ -89,20 +89,39 @@ fn cors() -> tower_http::cors::CorsLayer {
 }
 
 /// Serves `router(state)` on `listener` until Ctrl-C, SIGTERM or `stop` completes (the front
-/// end's signal that the model failed to load), then lets the requests in flight finish.
+/// end's signal that the model failed to load), then lets the requests in flight finish; a
+/// second Ctrl-C or SIGTERM stops them (as llama-server's second interrupt does): it returns
+/// an `Interrupted` error, and dropping the server drops their connections, which cancels
+/// their generations and gives their KV pages back.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<State>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move {
-            tokio::select! {
-                _ = shutdown_signal() => {}
-                _ = stop => {}
+    let (signalled, first_signal) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        tokio::select! {
+            _ = shutdown_signal() => {
+                tracing::warn!(target: "weft_server",
+                    "shutting down: finishing the requests in flight (signal again to stop them)");
+                let _ = signalled.send(());
             }
-        })
-        .await
+            _ = stop => {}
+        }
+    });
+    let second_signal = async move {
+        match first_signal.await {
+            Ok(()) => shutdown_signal().await,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        done = server => done,
+        () = second_signal => Err(std::io::Error::new(
+            std::io::ErrorKind::Interrupted,
+            "stopped by a second signal before the requests in flight finished",
+        )),
+    }
 }
 
 async fn shutdown_signal() {

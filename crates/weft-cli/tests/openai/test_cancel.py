@@ -3,11 +3,14 @@ preempts requests but never fails them."""
 
 import asyncio
 import random
+import signal
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from conftest import HTTP_TIMEOUT, kv_idle, make_client, sse_data, start_server, user
+from conftest import HTTP_TIMEOUT, MODEL, kv_idle, make_client, sse_data, start_server, user
 
 CHAT = "/v1/chat/completions"
 ABORT_EARLY = -1  # abort while the request is in flight, maybe before the response head
@@ -149,4 +152,46 @@ def test_kv_pressure_queues_or_preempts_but_completes_every_request(server, mode
         kv_idle(srv.base_url)
     finally:
         c.close()
+        srv.stop()
+
+
+def test_first_signal_drains_second_signal_stops():
+    """SIGINT lets the requests in flight finish (new connections are refused); a second one
+    stops them, as llama-server's second interrupt does: the server exits instead of waiting
+    for a generation that has the whole context to run."""
+    srv = start_server()
+    try:
+        body = {
+            "model": MODEL, "messages": user("Write a very long story."), "stream": True,
+            "ignore_eos": True, "temperature": 0,  # no max_tokens: it may fill the context
+        }
+        chunks, started = [], threading.Event()
+
+        def stream():
+            try:
+                with httpx.Client(base_url=srv.base_url, timeout=HTTP_TIMEOUT) as c:
+                    with c.stream("POST", CHAT, json=body) as r:
+                        for line in r.iter_lines():
+                            if line.startswith("data:"):
+                                chunks.append(line)
+                                started.set()
+            except httpx.HTTPError:
+                pass  # the second signal cuts the stream
+            started.set()
+
+        t = threading.Thread(target=stream, daemon=True)
+        t.start()
+        assert started.wait(60) and chunks, "the stream never started"
+        srv.proc.send_signal(signal.SIGINT)
+        n = len(chunks)
+        deadline = time.monotonic() + 30
+        while len(chunks) < n + 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.alive() and len(chunks) >= n + 20, "the first signal did not let it go on"
+        srv.proc.send_signal(signal.SIGINT)
+        code = srv.proc.wait(60)
+        assert code != 0, "a stop that cut requests short is not a clean exit"
+        t.join(30)
+        assert not t.is_alive()
+    finally:
         srv.stop()
