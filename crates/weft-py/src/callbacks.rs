@@ -88,7 +88,7 @@ fn keep(raised: &Raised, e: PyErr, what: &str) -> weft::Error {
             false => e,
         };
         let message = e.value(py).to_string();
-        (e, message)
+        (e.into_value(py), message)
     });
     lock(raised).get_or_insert(e);
     weft::Error::Config(format!("{what} raised: {message}"))

@@ -89,14 +89,18 @@ pub type Inbox = Arc<Mutex<Option<(u64, Cmd)>>>;
 /// The error that ended the generation: an exception a Python constraint or speculator raised
 /// inside a step (raised in place of weft's stand-in, so it keeps its type and traceback), or
 /// the error of its last step. Every later request raises it again: a caller whose `await`
-/// was cancelled cannot take it away from the next one.
-pub type Raised = Arc<Mutex<Option<PyErr>>>;
+/// was cancelled cannot take it away from the next one. Kept as the exception object, which
+/// the generation shows to Python's garbage collector: its traceback holds the frames it was
+/// raised through, and so, often, the generation itself.
+pub type Raised = Arc<Mutex<Option<Py<pyo3::exceptions::PyBaseException>>>>;
 
 /// The error that ended the generation, if one did.
 fn ended_with(raised: &Raised) -> Option<PyErr> {
     let kept = lock(raised);
     let e = kept.as_ref()?;
-    Some(Python::attach(|py| e.clone_ref(py)))
+    Some(Python::attach(|py| {
+        PyErr::from_value(e.bind(py).clone().into_any())
+    }))
 }
 
 /// What the generation produced so far, readable without the stream.
@@ -316,7 +320,7 @@ pub async fn request_in(
             Err(e) => {
                 let e = to_py(e);
                 if reply.last {
-                    *lock(raised) = Some(Python::attach(|py| e.clone_ref(py)));
+                    *lock(raised) = Some(Python::attach(|py| e.clone_ref(py).into_value(py)));
                 }
                 return Err(e);
             }

@@ -405,6 +405,13 @@ impl Generation {
                 visit.call(&**c)?;
             }
         }
+        // The exception that ended it: its traceback holds the frames it went through, and a
+        // frame that holds the generation made a cycle that kept the context's KV pages.
+        if let Ok(raised) = self.handle.raised.try_lock() {
+            if let Some(e) = raised.as_ref() {
+                visit.call(e)?;
+            }
+        }
         Ok(())
     }
 
@@ -416,6 +423,9 @@ impl Generation {
         }
         if let Ok(mut callbacks) = self.callbacks.try_lock() {
             callbacks.clear();
+        }
+        if let Ok(mut raised) = self.handle.raised.try_lock() {
+            *raised = None;
         }
     }
 

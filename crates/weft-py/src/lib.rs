@@ -121,6 +121,11 @@ fn _quiesce(py: Python<'_>) {
 
 #[pymodule]
 fn _weft(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // NumPy's C API is looked up when the first array is made. Made here, at import: a
+    // Ctrl-C still pending when a long pass returns made that lookup fail, and rust-numpy
+    // panics then (`PanicException` in place of `KeyboardInterrupt`).
+    m.py().import("numpy")?;
+    let _ = numpy::PyArray1::<f32>::zeros(m.py(), 0, false);
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<engine::Engine>()?;
     m.add_class::<adapter::Adapter>()?;

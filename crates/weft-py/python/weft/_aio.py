@@ -1,12 +1,24 @@
 """What the native module needs from Python: an ``__anext__`` that cannot lose a delta."""
 
 
+_iterating: set = set()
+
+
 async def next_delta(gen):  # type: ignore[no-untyped-def]
     """``Generation.__anext__``: wait until the next delta is made, then take it. The take has
     no ``await`` before it, so a cancellation (``asyncio.wait_for``'s timeout) can only fall
-    while waiting, and a delta made by then stays held for the next call."""
-    await gen._ready()
-    return gen._take()
+    while waiting, and a delta made by then stays held for the next call. A second
+    ``__anext__`` while one waits raises, as an async generator's does (it used to end the
+    second consumer's stream early)."""
+    key = id(gen)
+    if key in _iterating:
+        raise RuntimeError("anext(): the generation is already being iterated by another task")
+    _iterating.add(key)
+    try:
+        await gen._ready()
+        return gen._take()
+    finally:
+        _iterating.discard(key)
 
 
 async def start_when_awaited(start):  # type: ignore[no-untyped-def]

@@ -41,6 +41,23 @@ def test_an_anext_cancelled_by_a_timeout_loses_no_text(smollm2):
     assert received == text
 
 
+def test_a_second_consumer_of_one_stream_is_refused_not_ended(smollm2):
+    """Two tasks awaiting the same generation's next delta: the second raises, as an async
+    generator's does, where it used to get StopAsyncIteration (a stream ended early)."""
+
+    async def main():
+        ctx = smollm2.context()
+        ctx.fill("Once upon a time")
+        g = ctx.generate(weft.Argmax(), max_tokens=12, ignore_eos=True)
+        first, second = await asyncio.gather(g.__anext__(), g.__anext__(), return_exceptions=True)
+        rest = [d async for d in g]
+        return first, second, rest, g.text(), g.tokens_generated
+
+    first, second, rest, text, n = asyncio.run(main())
+    assert isinstance(second, RuntimeError) and "already" in str(second), second
+    assert first + "".join(rest) == text and n == 12
+
+
 def test_aclose_ends_a_generation_for_contextlib_aclosing(smollm2):
     import contextlib
 

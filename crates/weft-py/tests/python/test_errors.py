@@ -158,3 +158,37 @@ def test_json_collector_on_unconstrained_text(smollm2):
     ctx.fill("The capital of France is")
     with pytest.raises(weft.JsonError, match="not the requested JSON"):
         ctx.generate(weft.Argmax(), max_tokens=4).json()
+
+
+INTERRUPTED_PASS = r"""
+import signal
+import weft
+
+engine = weft.Engine("smollm2-135m", threads=2)
+ctx = engine.context()
+ids = engine.tokenize("Once upon a time " * 300)
+signal.signal(signal.SIGALRM, signal.default_int_handler)
+signal.setitimer(signal.ITIMER_REAL, 0.05)
+try:
+    ctx.prefill(ids)
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+again = engine.context()
+again.fill("Hi")
+print(len(again.generate(weft.Argmax(), max_tokens=2, ignore_eos=True).tokens()))
+"""
+
+
+def test_ctrl_c_during_a_pass_is_a_keyboard_interrupt():
+    """A Ctrl-C that arrives during a long pass is a KeyboardInterrupt once it returns (it was
+    a Rust panic: NumPy's C API, looked up at the first array, failed with the interrupt
+    pending). In a new interpreter, where no array was made before."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_PASS], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["KeyboardInterrupt", "2"], (done.stdout, done.stderr[-2000:])

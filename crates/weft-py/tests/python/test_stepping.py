@@ -8,6 +8,7 @@ import pytest
 
 import weft
 from test_adapters import adapter_file  # noqa: F401 (a fixture)
+from test_concurrency import wait_pages
 from test_generate import forks_at
 
 
@@ -475,6 +476,7 @@ def test_a_callback_that_keeps_its_generation_is_collected_with_it(smollm2):
             assert isinstance(self.generation.text_so_far, str)
             return None
 
+    gc.collect()  # what earlier tests left for the collector
     base = smollm2.metrics().kv_pages_used
     ctx = smollm2.context()
     ctx.fill("Red, green and blue are")
@@ -487,6 +489,41 @@ def test_a_callback_that_keeps_its_generation_is_collected_with_it(smollm2):
     assert smollm2.metrics().kv_pages_used <= base + 2  # only what `ctx` itself holds
     del ctx
     assert smollm2.metrics().kv_pages_used == base
+
+
+def test_a_callback_exception_does_not_keep_its_generation(smollm2):
+    """The exception a callback raised stays with its generation (every later call raises it
+    again), and its traceback holds the frame that called the generation, which holds the
+    generation: a cycle the collector must be able to see, or each call leaked a context."""
+    import gc
+
+    class Fails:
+        def allowed(self, accepted, vocab_size):
+            if accepted:
+                raise ValueError("no more")
+            return None
+
+    def ask(i):
+        ctx = smollm2.context()
+        ctx.fill(f"Question {i}:")
+        g = ctx.generate(weft.Argmax(), max_tokens=5, constrain=Fails())
+        with pytest.raises(ValueError, match="no more"):
+            g.text()
+
+    async def ask_async(i):
+        ctx = smollm2.context()
+        ctx.fill(f"Question {i}:")
+        g = ctx.generate(weft.Argmax(), max_tokens=5, constrain=Fails())
+        with pytest.raises(ValueError, match="no more"):
+            await g.atext()
+
+    gc.collect()  # what earlier tests left for the collector
+    base = smollm2.metrics().kv_pages_used
+    for i in range(4):
+        ask(i)
+        asyncio.run(ask_async(i))
+    gc.collect()
+    assert wait_pages(smollm2, base) == base
 
 
 def test_steps_stale_after_iteration_and_masks_as_lists(smollm2):
