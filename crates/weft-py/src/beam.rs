@@ -19,6 +19,32 @@ pub struct BeamHypothesis {
 
 #[pymethods]
 impl BeamHypothesis {
+    /// A hypothesis from its fields (what unpickling calls).
+    #[new]
+    fn new(tokens: Vec<u32>, prompt_len: usize, score: f32, sum_logprobs: f32) -> PyResult<Self> {
+        if prompt_len > tokens.len() {
+            return Err(PyValueError::new_err(format!(
+                "prompt_len {prompt_len} is past the {} tokens",
+                tokens.len()
+            )));
+        }
+        Ok(BeamHypothesis {
+            tokens,
+            prompt_len,
+            score,
+            sum_logprobs,
+        })
+    }
+
+    /// Pickling (results sent to another process): the class and its fields.
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> (Bound<'py, pyo3::types::PyType>, (Vec<u32>, usize, f32, f32)) {
+        let h = slf.get();
+        let fields = (h.tokens.clone(), h.prompt_len, h.score, h.sum_logprobs);
+        (slf.get_type(), fields)
+    }
+
     /// The tokens after the prompt.
     #[getter]
     fn generated(&self) -> Vec<u32> {

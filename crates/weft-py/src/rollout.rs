@@ -27,6 +27,44 @@ pub struct Rollout {
 
 #[pymethods]
 impl Rollout {
+    /// A rollout from its fields (what unpickling calls).
+    #[new]
+    #[pyo3(signature = (prompt_tokens, tokens, text, stop_reason, sequence))]
+    fn new(
+        prompt_tokens: Vec<u32>,
+        tokens: Vec<u32>,
+        text: String,
+        stop_reason: Option<String>,
+        sequence: Vec<u32>,
+    ) -> Rollout {
+        Rollout {
+            prompt_tokens,
+            tokens,
+            text,
+            stop_reason,
+            sequence,
+        }
+    }
+
+    /// Pickling (results sent to another process): the class and its fields.
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> (
+        Bound<'py, pyo3::types::PyType>,
+        (Vec<u32>, Vec<u32>, String, Option<String>, Vec<u32>),
+    ) {
+        let r = slf.get();
+        let fields = (
+            r.prompt_tokens.clone(),
+            r.tokens.clone(),
+            r.text.clone(),
+            r.stop_reason.clone(),
+            r.sequence.clone(),
+        );
+        (slf.get_type(), fields)
+    }
+
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let text = pyo3::types::PyString::new(py, &self.text).repr()?;
         let reason = match &self.stop_reason {

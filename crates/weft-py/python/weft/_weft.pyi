@@ -439,6 +439,14 @@ class Rollout:
     text: Final[str]
     stop_reason: Final[Optional[str]]
     sequence: Final[List[int]]
+    def __new__(
+        cls,
+        prompt_tokens: List[int],
+        tokens: List[int],
+        text: str,
+        stop_reason: Optional[str],
+        sequence: List[int],
+    ) -> Rollout: ...
 
 @overload
 def generate_batch(
@@ -498,6 +506,9 @@ class BeamHypothesis:
     prompt_len: Final[int]
     score: Final[float]
     sum_logprobs: Final[float]
+    def __new__(
+        cls, tokens: List[int], prompt_len: int, score: float, sum_logprobs: float
+    ) -> BeamHypothesis: ...
     @property
     def generated(self) -> List[int]: ...
 

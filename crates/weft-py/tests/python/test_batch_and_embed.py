@@ -16,6 +16,25 @@ def test_generate_batch_equals_single_generations(smollm2):
         assert repr(r) == f"weft.Rollout(text={r.text!r}, stop_reason={r.stop_reason!r})"
 
 
+def test_rollouts_and_beams_pickle_for_other_processes(smollm2):
+    """Batch results go to other processes (multiprocessing pickles them)."""
+    import pickle
+
+    rollouts = weft.generate_batch(smollm2, PROMPTS[:2], weft.Argmax(), max_tokens=6)
+    beams = weft.beam_search(smollm2, PROMPTS[0], 2, max_new_tokens=6, num_return_sequences=2)
+    fields = ("prompt_tokens", "tokens", "text", "stop_reason", "sequence")
+    for r in rollouts:
+        back = pickle.loads(pickle.dumps(r))
+        assert type(back) is weft.Rollout
+        assert [getattr(back, f) for f in fields] == [getattr(r, f) for f in fields]
+    for h in beams:
+        back = pickle.loads(pickle.dumps(h))
+        assert (back.tokens, back.prompt_len, back.score, back.sum_logprobs, back.generated) == (
+            h.tokens, h.prompt_len, h.score, h.sum_logprobs, h.generated)
+    with pytest.raises(ValueError, match="past the"):
+        weft.BeamHypothesis([1, 2], 3, 0.0, 0.0)
+
+
 def test_generate_batch_takes_the_generation_options(smollm2):
     def alone(prompt, **opts):
         ctx = smollm2.context()
