@@ -50,6 +50,14 @@ where
     Ok(py.detach(|| weft::block_on(fut)))
 }
 
+/// Whether the async runtime (pyo3-async-runtimes' tokio runtime, one per process, made at
+/// the first awaitable) was made in another process, which this one is a `fork()` of: its
+/// worker threads are not here, and an awaitable would never finish.
+fn forked_from_async_runtime() -> bool {
+    static RUNTIME_PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *RUNTIME_PID.get_or_init(std::process::id) != std::process::id()
+}
+
 /// Whether an asyncio event loop runs on this thread.
 pub(crate) fn loop_running(py: Python<'_>) -> PyResult<bool> {
     Ok(!py
@@ -71,6 +79,13 @@ where
     F: std::future::Future<Output = PyResult<T>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
+    if forked_from_async_runtime() {
+        return Err(errors::EngineStopped::new_err(
+            "weft's asyncio support started in the process this one was forked from, and its \
+             threads did not come along: use the blocking calls here, or start processes with \
+             multiprocessing's 'spawn' or 'forkserver'",
+        ));
+    }
     let in_flight = InFlight::new();
     let fut = async move {
         let _in_flight = in_flight;

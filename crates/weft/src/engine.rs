@@ -194,6 +194,10 @@ pub(crate) struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // A copy left by `fork()` has no scheduler thread to stop or join.
+        if self.shared.orphaned() {
+            return;
+        }
         self.shared.shutdown();
         if let Some(t) = self.thread.take() {
             let _ = t.join();

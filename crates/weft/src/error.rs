@@ -102,8 +102,12 @@ pub enum Error {
     /// Reading or writing a snapshot failed.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
-    /// The engine's scheduler thread is gone (it panicked or the engine shut down).
-    #[error("the engine has stopped")]
+    /// The engine's scheduler thread is gone: it panicked, the engine shut down, or this
+    /// process is a `fork()` of the one that made the engine.
+    #[error(
+        "the engine has stopped (or was made before this process was forked from its parent: \
+         make a new engine in this process)"
+    )]
     EngineStopped,
 }
 

@@ -192,3 +192,56 @@ def test_ctrl_c_during_a_pass_is_a_keyboard_interrupt():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["KeyboardInterrupt", "2"], (done.stdout, done.stderr[-2000:])
+
+
+FORKED = r"""
+import asyncio
+import os
+import weft
+
+engine = weft.Engine("smollm2-135m", threads=2)
+ctx = engine.context()
+ctx.fill("Hi")
+# The parent uses asyncio, so the async runtime's threads exist before the fork.
+print(asyncio.run(ctx.generate(weft.Argmax(), max_tokens=2, ignore_eos=True).atext()) != "")
+pid = os.fork()
+if pid == 0:
+    out = []
+    c = engine.context()
+    c.fill("Hello")
+    try:
+        c.generate(weft.Argmax(), max_tokens=2).text()
+        out.append("ran")
+    except weft.EngineStopped as e:
+        out.append("EngineStopped" if "forked" in str(e) else repr(e))
+    del c, engine, ctx  # nothing to join in the child: no hang
+    fresh = weft.Engine("smollm2-135m", threads=2)
+    f = fresh.context()
+    f.fill("Hello")
+    out.append(str(len(f.generate(weft.Argmax(), max_tokens=2, ignore_eos=True).tokens())))
+    try:
+        asyncio.run(f.generate(weft.Argmax(), max_tokens=2, ignore_eos=True).atext())
+        out.append("async ran")
+    except weft.EngineStopped as e:
+        out.append("async refused" if "forked" in str(e) else repr(e))
+    print(" ".join(out), flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_an_engine_in_a_forked_child_says_so_instead_of_hanging():
+    """A forked child has the parent's engine in memory but not its scheduler thread (nor the
+    asyncio runtime's threads): using them raised nothing and waited forever. Now they raise
+    EngineStopped naming the fork, and a new engine in the child works."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines == ["True", "EngineStopped 2 async refused", "child 0"], (
+        done.stdout, done.stderr[-2000:])

@@ -72,6 +72,10 @@ impl Shared {
 
     /// Queues a context operation for the scheduler thread (which wakes up for it).
     pub fn command(&self, c: Command) {
+        if self.orphaned() {
+            c.refuse();
+            return;
+        }
         let mut q = self.queue();
         if q.shutdown {
             c.refuse();
@@ -85,6 +89,9 @@ impl Shared {
     /// Blocks until every command queued before the call has been applied (at most until the
     /// current step ends), so counters read afterwards reflect them.
     pub fn wait_applied(&self) {
+        if self.orphaned() {
+            return;
+        }
         let target = self.issued.load(Ordering::Relaxed);
         let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
         while *applied < target && !self.queue().shutdown {

@@ -180,9 +180,19 @@ pub(crate) struct Shared {
     pub counters: Counters,
     step_tokens: usize,
     batch_wait: Duration,
+    /// The process whose scheduler thread this is (see [`Shared::orphaned`]).
+    pid: u32,
 }
 
 impl Shared {
+    /// Whether this is a copy made by `fork()`: the child has the engine's memory but not its
+    /// scheduler thread, so a pass or command would wait forever. Checked before any lock (a
+    /// lock the thread held at the fork stays held in the child); the engine then answers
+    /// `EngineStopped`, as after a shutdown.
+    pub fn orphaned(&self) -> bool {
+        self.pid != std::process::id()
+    }
+
     pub fn new(runner: ModelRunner, step_tokens: usize, batch_wait: Duration) -> Shared {
         let counters = Counters::default();
         Shared::publish(&counters, &runner);
@@ -199,6 +209,7 @@ impl Shared {
             counters,
             step_tokens: step_tokens.max(1),
             batch_wait,
+            pid: std::process::id(),
         }
     }
 
@@ -216,6 +227,10 @@ impl Shared {
     /// Queues a pass; the receiver gets its result.
     pub fn submit(&self, req: PassRequest) -> oneshot::Receiver<Result<PassResult>> {
         let (tx, rx) = oneshot::channel();
+        if self.orphaned() {
+            let _ = tx.send(Err(Error::EngineStopped));
+            return rx;
+        }
         let mut q = self.queue();
         if q.shutdown {
             let _ = tx.send(Err(Error::EngineStopped));
@@ -248,6 +263,9 @@ impl Shared {
     /// Blocks until every pass submitted for `seq` has been answered (a context whose
     /// `execute` future was dropped waits here before touching its sequence again).
     pub fn wait_idle(&self, seq: SeqId) {
+        if self.orphaned() {
+            return;
+        }
         let mut busy = self.busy();
         while busy.contains_key(&seq) {
             busy = self.idle.wait(busy).unwrap_or_else(|e| e.into_inner());
