@@ -43,8 +43,19 @@ impl ModelArg {
     /// when the conversion is held in memory.
     pub fn open_path_from(&self, path: &Path) -> anyhow::Result<(GgufFile, Option<PathBuf>)> {
         weft::ensure_decoder(path)?;
-        weft::open_model(path, self.weights)
-            .with_context(|| format!("cannot load model {}", path.display()))
+        weft::open_model(path, self.weights).with_context(|| {
+            let mut msg = format!("cannot load model {}", path.display());
+            // A known name resolved to the cache: its file was verified once, and may have
+            // been damaged since.
+            if weft::hub::find(&self.model).is_some_and(|_| !Path::new(&self.model).exists()) {
+                msg += &format!(
+                    " (the cached file may be damaged: `weft pull {}` hashes it again and \
+                     fetches it anew if it no longer matches)",
+                    self.model
+                );
+            }
+            msg
+        })
     }
 }
 

@@ -36,8 +36,19 @@ pub(crate) fn marker_path(file: &Path) -> PathBuf {
     file.with_file_name(name)
 }
 
-fn marker_contents(spec: &ModelSpec) -> String {
-    format!("sha256 {}\nsize {}\n", spec.sha256, spec.size)
+/// What a marker records: the registry's sha and size, and the file's modification time when
+/// it was hashed, so that a file changed in place afterwards (a copy over it, an editor, a
+/// stray write) no longer matches and is hashed again. `None` when the file cannot be read.
+fn marker_contents(file: &Path, spec: &ModelSpec) -> Option<String> {
+    let modified = fs::metadata(file).and_then(|m| m.modified()).ok()?;
+    let since = modified.duration_since(UNIX_EPOCH).unwrap_or_default();
+    Some(format!(
+        "sha256 {}\nsize {}\nmodified {}.{:09}\n",
+        spec.sha256,
+        spec.size,
+        since.as_secs(),
+        since.subsec_nanos()
+    ))
 }
 
 /// Whether `file` is there with `spec`'s size and a marker for its sha.
@@ -46,22 +57,37 @@ pub(crate) fn is_verified(file: &Path, spec: &ModelSpec) -> bool {
         && marker_matches(file, spec)
 }
 
-/// Whether `file`'s marker records exactly `spec`'s sha and size.
+/// Whether `file`'s marker records exactly `spec`'s sha and size and the file's present
+/// modification time.
 pub(crate) fn marker_matches(file: &Path, spec: &ModelSpec) -> bool {
-    fs::read_to_string(marker_path(file)).is_ok_and(|s| s == marker_contents(spec))
+    let Some(expected) = marker_contents(file, spec) else {
+        return false;
+    };
+    fs::read_to_string(marker_path(file)).is_ok_and(|s| s == expected)
 }
 
 /// Writes `file`'s marker atomically (temp file + rename).
 pub(crate) fn write_marker(file: &Path, spec: &ModelSpec) -> Result<(), HubError> {
+    let contents = marker_contents(file, spec)
+        .ok_or_else(|| HubError::io("inspect", file, io::ErrorKind::NotFound.into()))?;
     let marker = marker_path(file);
     let mut tmp_name = marker.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(format!(".tmp-{}", unique_suffix()));
     let tmp = marker.with_file_name(tmp_name);
-    fs::write(&tmp, marker_contents(spec)).map_err(|e| HubError::io("write", &tmp, e))?;
+    fs::write(&tmp, contents).map_err(|e| HubError::io("write", &tmp, e))?;
     fs::rename(&tmp, &marker).map_err(|e| {
         let _ = fs::remove_file(&tmp);
         HubError::io("rename into place", &marker, e)
     })
+}
+
+/// Removes `file`'s marker (if any), so that the next check hashes the file again.
+pub(crate) fn forget_marker(file: &Path) -> Result<(), HubError> {
+    let marker = marker_path(file);
+    match fs::remove_file(&marker) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(HubError::io("remove", marker, e)),
+        _ => Ok(()),
+    }
 }
 
 /// Removes a model file and its marker, ignoring files that are already gone.
@@ -107,22 +133,33 @@ pub(crate) fn hash_file(
     Ok((hex(&hasher.finalize()), size))
 }
 
-/// Deletes `<prefix>*` entries of `dir` older than a day (leftovers of killed runs).
+/// Deletes the `<prefix><pid>-...` entries of `dir` left by killed runs: those whose process is
+/// gone (where `/proc` tells), and any older than a day.
 pub(crate) fn sweep_stale(dir: &Path, prefix: &str) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        if !name.to_string_lossy().starts_with(prefix) {
+        let Some(rest) = name
+            .to_string_lossy()
+            .strip_prefix(prefix)
+            .map(str::to_owned)
+        else {
             continue;
-        }
-        let old = entry
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > STALE_AFTER);
+        };
+        let dead = rest
+            .split('-')
+            .next()
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(process_is_gone);
+        let old = dead
+            || entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > STALE_AFTER);
         if old {
             let path = entry.path();
             tracing::info!("removing stale leftover {}", path.display());
@@ -133,6 +170,14 @@ pub(crate) fn sweep_stale(dir: &Path, prefix: &str) {
             };
         }
     }
+}
+
+/// Whether process `pid` has exited, as far as this machine can tell: only where `/proc`
+/// lists processes (Linux); elsewhere the age rule of [`sweep_stale`] alone applies.
+fn process_is_gone(pid: u32) -> bool {
+    pid != std::process::id()
+        && Path::new("/proc/self").exists()
+        && !Path::new("/proc").join(pid.to_string()).exists()
 }
 
 /// A model file being written: `<models>/<file>.partial-<unique>`, hashed as written.

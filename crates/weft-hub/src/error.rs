@@ -34,6 +34,16 @@ pub enum HubError {
         path: PathBuf,
     },
 
+    /// Something other than a file sits where the cache keeps a model (a directory, say).
+    #[error(
+        "the model cache holds something other than a file at `{path}`; remove it, and weft \
+         fetches the model again"
+    )]
+    CacheEntryNotAFile {
+        /// The cache path.
+        path: PathBuf,
+    },
+
     /// A file system operation failed.
     #[error("could not {action} `{path}`: {source}")]
     Io {
@@ -66,7 +76,8 @@ pub enum HubError {
     SizeMismatch {
         /// The size from the registry.
         expected: u64,
-        /// The number of bytes actually received.
+        /// The number of bytes actually received (reading stops one byte past the expected
+        /// size).
         actual: u64,
     },
 

@@ -11,6 +11,9 @@ use crate::registry::{HfSource, ModelSpec};
 
 const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
+/// A download that receives nothing for this long has stalled, and fails.
+const STALL: Duration = Duration::from_secs(60);
+
 /// The download URL of `source`; `$HF_ENDPOINT` replaces the default host (mirrors).
 pub(crate) fn url(source: &HfSource) -> String {
     let endpoint = std::env::var("HF_ENDPOINT")
@@ -40,16 +43,24 @@ pub(crate) fn fetch(
     models_dir: &Path,
     progress: &mut dyn Progress,
 ) -> Result<PathBuf, HubError> {
-    download(spec, &url(source), token().as_deref(), models_dir, progress)
+    download(
+        spec,
+        &url(source),
+        token().as_deref(),
+        models_dir,
+        STALL,
+        progress,
+    )
 }
 
 /// GETs `url` (with `token` as a bearer token) and streams the body through a
-/// verified partial file in `models_dir`.
+/// verified partial file in `models_dir`; fails when the server sends nothing for `stall`.
 fn download(
     spec: &ModelSpec,
     url: &str,
     token: Option<&str>,
     models_dir: &Path,
+    stall: Duration,
     progress: &mut dyn Progress,
 ) -> Result<PathBuf, HubError> {
     tracing::info!("downloading {url}");
@@ -59,7 +70,10 @@ fn download(
     };
     let config = ureq::Agent::config_builder()
         .timeout_connect(Some(Duration::from_secs(30)))
-        .timeout_recv_response(Some(Duration::from_secs(60)))
+        .timeout_recv_response(Some(stall))
+        // Each read of the body too: a server that stops sending mid-file would otherwise
+        // hold the download (and a `weft serve` loading in the background) forever.
+        .timeout_per_read(Some(stall))
         .user_agent(concat!("weft/", env!("CARGO_PKG_VERSION")))
         .build();
     let agent = ureq::Agent::new_with_config(config);
@@ -137,6 +151,16 @@ mod tests {
     /// Serves one HTTP response on loopback; returns the URL and a handle yielding
     /// the request's header lines.
     fn serve_once(status: &str, body: Vec<u8>) -> (String, thread::JoinHandle<Vec<String>>) {
+        serve_once_then_stall(status, body, 0)
+    }
+
+    /// [`serve_once`], announcing `missing` bytes more than it sends, then holding the
+    /// connection open for a minute without sending them.
+    fn serve_once_then_stall(
+        status: &str,
+        body: Vec<u8>,
+        missing: usize,
+    ) -> (String, thread::JoinHandle<Vec<String>>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let status = status.to_string();
@@ -154,10 +178,14 @@ mod tests {
             let mut stream = stream;
             let head = format!(
                 "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
+                body.len() + missing
             );
             stream.write_all(head.as_bytes()).unwrap();
             stream.write_all(&body).unwrap();
+            if missing > 0 {
+                stream.flush().unwrap();
+                thread::sleep(Duration::from_secs(60));
+            }
             headers
         });
         (format!("http://{addr}/o/r/resolve/main/m.gguf"), handle)
@@ -183,7 +211,15 @@ mod tests {
         let spec = spec_for(&data);
         let dir = tempfile::tempdir().unwrap();
         let (url, server) = serve_once("200 OK", data.clone());
-        let path = download(&spec, &url, Some("secret"), dir.path(), &mut NoProgress).unwrap();
+        let path = download(
+            &spec,
+            &url,
+            Some("secret"),
+            dir.path(),
+            STALL,
+            &mut NoProgress,
+        );
+        let path = path.unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), data);
         let headers = server.join().unwrap();
         assert!(
@@ -199,9 +235,25 @@ mod tests {
         let spec = spec_for(b"abc");
         let dir = tempfile::tempdir().unwrap();
         let (url, server) = serve_once("401 Unauthorized", b"no".to_vec());
-        let err = download(&spec, &url, None, dir.path(), &mut NoProgress).unwrap_err();
+        let err = download(&spec, &url, None, dir.path(), STALL, &mut NoProgress).unwrap_err();
         assert!(err.to_string().contains("HF_TOKEN"), "{err}");
         server.join().unwrap();
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_stalled_body_fails_and_leaves_nothing() {
+        let data: Vec<u8> = (0..2048u32).map(|i| i as u8).collect();
+        let spec = spec_for(&data);
+        let dir = tempfile::tempdir().unwrap();
+        let (url, server) = serve_once_then_stall("200 OK", data[..1024].to_vec(), 1024);
+        let stall = Duration::from_millis(500);
+        let start = std::time::Instant::now();
+        let err = download(&spec, &url, None, dir.path(), stall, &mut NoProgress).unwrap_err();
+        assert!(matches!(err, HubError::Http { .. }), "{err:?}");
+        // The server still holds the connection (for a minute): the stall ended the download.
+        assert!(start.elapsed() < Duration::from_secs(30), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        drop(server); // still sleeping; not joined
     }
 }

@@ -104,7 +104,16 @@ impl Hub {
         let path = Path::new(name_or_path);
         let spec = registry::find(name_or_path);
         match fs::metadata(path) {
-            Ok(meta) if meta.is_file() => return Ok(Located::Local(path.to_path_buf())),
+            Ok(meta) if meta.is_file() => {
+                if let Some(spec) = spec {
+                    tracing::warn!(
+                        "`{name_or_path}` is a file here and the name of a known model ({}): \
+                         using the file; pass the name from another directory to use the model",
+                        spec.name
+                    );
+                }
+                return Ok(Located::Local(path.to_path_buf()));
+            }
             Ok(_)
                 if path.join("model.safetensors").is_file()
                     || path.join("model.safetensors.index.json").is_file() =>
@@ -136,6 +145,26 @@ impl Hub {
         self.pull_with(spec, &default_sources(spec), progress)
     }
 
+    /// [`pull`](Hub::pull), but every cached file of `spec` (its companions too) is hashed
+    /// again whatever its `.verified` marker says, and fetched again if it no longer
+    /// matches: what `weft pull` does, for a file damaged in place since it was verified.
+    pub fn pull_rehashed(
+        &self,
+        spec: &ModelSpec,
+        progress: &mut dyn Progress,
+    ) -> Result<PathBuf, HubError> {
+        self.forget_markers(spec)?;
+        self.pull(spec, progress)
+    }
+
+    /// Removes the `.verified` markers of `spec` and its companions.
+    fn forget_markers(&self, spec: &ModelSpec) -> Result<(), HubError> {
+        for s in std::iter::once(spec).chain(spec.companions) {
+            cache::forget_marker(&self.model_path(s))?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn pull_with(
         &self,
         spec: &ModelSpec,
@@ -157,17 +186,18 @@ impl Hub {
         sources: &[Box<dyn Source>],
         progress: &mut dyn Progress,
     ) -> Result<PathBuf, HubError> {
-        if let Some(path) = self.check_cache(spec, progress)? {
-            tracing::debug!("using cached {}", path.display());
-            return Ok(path);
-        }
         let target = self.model_path(spec);
         let dir = target
             .parent()
             .map_or_else(|| self.models_dir(), Path::to_path_buf);
-        fs::create_dir_all(&dir).map_err(|e| HubError::io("create directory", &dir, e))?;
+        // Leftovers of interrupted fetches go whether or not the model is cached by now.
         cache::sweep_stale(&dir, &PartialFile::prefix(spec.file_name));
         cache::sweep_stale(&self.tmp_dir(), TempDir::PREFIX);
+        if let Some(path) = self.check_cache(spec, progress)? {
+            tracing::debug!("using cached {}", path.display());
+            return Ok(path);
+        }
+        fs::create_dir_all(&dir).map_err(|e| HubError::io("create directory", &dir, e))?;
         tracing::info!("fetching model {} ({})", spec.name, spec.description);
         let mut failures = Vec::new();
         for source in sources {
@@ -204,7 +234,7 @@ impl Hub {
             Err(e) => return Err(HubError::io("inspect", path, e)),
         };
         if !meta.is_file() {
-            return Err(HubError::NotAFile { path });
+            return Err(HubError::CacheEntryNotAFile { path });
         }
         if meta.len() != spec.size {
             tracing::info!(

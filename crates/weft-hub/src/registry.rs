@@ -215,7 +215,7 @@ pub fn find(name: &str) -> Option<&'static ModelSpec> {
 }
 
 /// The known names with their aliases, for error messages: `a (alias b), c`.
-pub(crate) fn known_names() -> String {
+pub fn known_names() -> String {
     MODELS
         .iter()
         .map(|m| {

@@ -6,7 +6,8 @@ use crate::progress::Bar;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Model name (see `weft models`).
+    /// Model name (see `weft models`). A cached model is hashed again, and fetched again if
+    /// it no longer matches.
     #[arg(default_value = weft::hub::DEFAULT_MODEL)]
     name: String,
 }
@@ -14,14 +15,13 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let hub = Hub::from_env()?;
     let spec = weft::hub::find(&args.name).ok_or_else(|| {
-        let known: Vec<&str> = weft::hub::known_models().iter().map(|m| m.name).collect();
         anyhow::anyhow!(
             "unknown model {:?}; known models: {}",
             args.name,
-            known.join(", ")
+            weft::hub::known_names()
         )
     })?;
-    let path = hub.pull(spec, &mut Bar::default())?;
+    let path = hub.pull_rehashed(spec, &mut Bar::default())?;
     outln!("{}", path.display())?;
     Ok(())
 }
