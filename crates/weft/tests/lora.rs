@@ -784,6 +784,116 @@ fn bad_adapters_are_typed_errors() {
     assert!(e.to_string().contains("DoRA"), "{e}");
 }
 
+/// Edits the `adapter_config.json` of a PEFT directory.
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let path = dir.join("adapter_config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(config.as_object_mut().unwrap());
+    std::fs::write(&path, config.to_string()).unwrap();
+}
+
+/// What PEFT would do with a file, or a clear refusal: values f16 cannot hold, a `lora_B`
+/// without its `lora_A`, PEFT's defaults for `lora_alpha`, and config keys weft does not
+/// implement.
+#[test]
+fn adapter_values_and_configs_are_read_as_peft_means_them() {
+    let smol = engine("smollm2-135m");
+    let (n_head, n_head_kv) = (9, 3);
+    // A NaN, an infinity, or a value beyond f16's range in a matrix: refused, naming it.
+    for (i, bad) in [f32::NAN, f32::INFINITY, 1e6].into_iter().enumerate() {
+        let mut syn = synthetic("smollm2-135m", 4, 20 + i as u64);
+        syn.pairs[3].5[7] = bad;
+        let path = scratch().join(format!("smol-nonfinite-{i}.gguf"));
+        syn.write_gguf(&path);
+        let e = smol.load_adapter(&path).unwrap_err();
+        assert!(e.to_string().contains("lora_A holds"), "{e}");
+        let dir = scratch().join(format!("smol-nonfinite-{i}"));
+        syn.write_peft(&dir, n_head, n_head_kv);
+        let e = smol.load_adapter(&dir).unwrap_err();
+        assert!(e.to_string().contains("f16 storage"), "{e}");
+    }
+    // A lora_B without its lora_A.
+    let orphan = scratch().join("smol-orphan-b.gguf");
+    {
+        let syn = synthetic("smollm2-135m", 4, 30);
+        let mut w = GgufWriter::new();
+        w.metadata("general.architecture", Value::String("llama".into()));
+        w.metadata("general.type", Value::String("adapter".into()));
+        w.metadata("adapter.type", Value::String("lora".into()));
+        for (k, (l, g, _, n_in, n_out, a, b)) in syn.pairs.iter().take(2).enumerate() {
+            if k == 0 {
+                w.tensor(
+                    &format!("blk.{l}.{g}.weight.lora_a"),
+                    GgmlType::F32,
+                    &[*n_in as u64, 4],
+                    f32_bytes(a),
+                );
+            }
+            w.tensor(
+                &format!("blk.{l}.{g}.weight.lora_b"),
+                GgmlType::F32,
+                &[4, *n_out as u64],
+                f32_bytes(b),
+            );
+        }
+        std::fs::write(&orphan, w.to_bytes()).unwrap();
+    }
+    let e = smol.load_adapter(&orphan).unwrap_err();
+    assert!(
+        e.to_string().contains("has no blk.0.attn_k.weight.lora_a"),
+        "{e}"
+    );
+    // lora_alpha: missing means PEFT's default 8; 0 means a zero delta.
+    let syn = synthetic("smollm2-135m", 4, 31);
+    let base = logits_with(&smol, &[], None);
+    let eight = scratch().join("smol-alpha-8");
+    syn.write_peft(&eight, n_head, n_head_kv);
+    edit_config(&eight, |c| {
+        c.insert("lora_alpha".into(), 8.into());
+    });
+    let missing = scratch().join("smol-alpha-missing");
+    syn.write_peft(&missing, n_head, n_head_kv);
+    edit_config(&missing, |c| {
+        c.remove("lora_alpha");
+    });
+    let zero = scratch().join("smol-alpha-0");
+    syn.write_peft(&zero, n_head, n_head_kv);
+    edit_config(&zero, |c| {
+        c.insert("lora_alpha".into(), 0.into());
+    });
+    let with = |dir: &Path| logits_with(&smol, &[(&smol.load_adapter(dir).unwrap(), 1.0)], None);
+    let at_eight = with(&eight);
+    assert!(at_eight != base);
+    assert!(with(&missing) == at_eight, "a missing lora_alpha is not 8");
+    assert!(with(&zero) == base, "lora_alpha 0 is not a zero delta");
+    // Config keys: an empty modules_to_save is harmless; other PEFT types, layer replication
+    // and a rank that is not a positive integer are refused.
+    let dir = scratch().join("smol-config-keys");
+    syn.write_peft(&dir, n_head, n_head_kv);
+    edit_config(&dir, |c| {
+        c.insert("modules_to_save".into(), serde_json::json!([]));
+    });
+    assert!(smol.load_adapter(&dir).is_ok());
+    let refused: [(&str, serde_json::Value, &str); 3] = [
+        ("peft_type", "IA3".into(), "IA3 adapter"),
+        (
+            "layer_replication",
+            serde_json::json!([[0, 4]]),
+            "layer_replication",
+        ),
+        ("r", 4.5.into(), "positive integer"),
+    ];
+    for (key, value, says) in refused {
+        syn.write_peft(&dir, n_head, n_head_kv);
+        edit_config(&dir, |c| {
+            c.insert(key.into(), value);
+        });
+        let e = smol.load_adapter(&dir).unwrap_err();
+        assert!(e.to_string().contains(says), "{key}: {e}");
+    }
+}
+
 /// The prefix cache keys pages by the adapters that wrote them: a context with the same adapter
 /// attaches them, one without (or with another) computes its own, and every output equals an
 /// engine's without the cache.

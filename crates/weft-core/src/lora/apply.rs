@@ -163,7 +163,9 @@ fn perturb_b(
 }
 
 /// `A` (`rank × in`) and `B` (`out × rank`), both row-major f32, as a pair stored in f16 with
-/// `B` transposed.
+/// `B` transposed. A value f16 cannot hold (NaN, infinite, or beyond ±65504, which would become
+/// infinite) is an error naming the matrix: such a delta would change the outputs silently (the
+/// attention's softmax hides a NaN as a zero weight).
 pub(crate) fn pair_from(
     rank: usize,
     n_in: usize,
@@ -171,21 +173,30 @@ pub(crate) fn pair_from(
     a: &[f32],
     b: &[f32],
     scale: f32,
-) -> LoraPair {
+) -> Result<LoraPair, String> {
+    let fits = |v: f32| v.is_finite() && v.abs() <= f16::MAX.to_f32();
+    for (what, values) in [("lora_A", a), ("lora_B", b)] {
+        if let Some(v) = values.iter().find(|&&v| !fits(v)) {
+            return Err(format!(
+                "{what} holds {v}, which the adapter's f16 storage cannot hold (values must be \
+                 finite and within ±65504)"
+            ));
+        }
+    }
     let mut bt = vec![f16::ZERO; rank * n_out];
     for o in 0..n_out {
         for k in 0..rank {
             bt[k * n_out + o] = f16::from_f32(b[o * rank + k]);
         }
     }
-    LoraPair {
+    Ok(LoraPair {
         rank,
         n_in,
         n_out,
         a: a.iter().map(|&v| f16::from_f32(v)).collect(),
         bt,
         scale,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -203,7 +214,7 @@ mod tests {
         let b: Vec<f32> = (0..n_out * rank)
             .map(|i| ((i * 5) % 13) as f32 / 13.0 - 0.5)
             .collect();
-        let pair = pair_from(rank, n_in, n_out, &a, &b, 2.0);
+        let pair = pair_from(rank, n_in, n_out, &a, &b, 2.0).expect("finite");
         let key = crate::lora::key(0, crate::lora::Proj::Q);
         let adapter = Arc::new(LoraAdapter::new(
             "t",

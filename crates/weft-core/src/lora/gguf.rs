@@ -33,7 +33,13 @@ pub fn load(file: &GgufFile, base: &GgufFile, name: &str) -> Result<LoraAdapter>
     let mut pairs = HashMap::new();
     for a_info in file.tensors() {
         let Some(target) = a_info.name.strip_suffix(".lora_a") else {
-            if a_info.name.ends_with(".lora_b") {
+            if let Some(target) = a_info.name.strip_suffix(".lora_b") {
+                if file.tensor(&format!("{target}.lora_a")).is_err() {
+                    return Err(bad(format!(
+                        "{name}: {} has no {target}.lora_a",
+                        a_info.name
+                    )));
+                }
                 continue;
             }
             return Err(bad(format!("{name}: unexpected tensor {}", a_info.name)));
@@ -65,10 +71,9 @@ pub fn load(file: &GgufFile, base: &GgufFile, name: &str) -> Result<LoraAdapter>
         } else {
             1.0
         };
-        pairs.insert(
-            key(layer, proj),
-            pair_from(rank, n_in, n_out, &a, &b, scale),
-        );
+        let pair = pair_from(rank, n_in, n_out, &a, &b, scale)
+            .map_err(|reason| bad(format!("{name}: {target}: {reason}")))?;
+        pairs.insert(key(layer, proj), pair);
     }
     if pairs.is_empty() {
         return Err(bad(format!("{name} holds no LoRA tensors")));

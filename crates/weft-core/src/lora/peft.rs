@@ -63,22 +63,43 @@ pub fn load(dir: &Path, base: &GgufFile) -> Result<LoraAdapter> {
             return Err(bad(format!("{name}: per-module {k} is not supported")));
         }
     }
-    if config.get("modules_to_save").is_some_and(|m| !m.is_null()) {
+    let peft_type = config.get("peft_type").and_then(Value::as_str);
+    if peft_type.is_some_and(|t| !t.eq_ignore_ascii_case("lora")) {
+        return Err(bad(format!(
+            "{name}: a {} adapter (peft_type); weft loads LoRA adapters",
+            peft_type.unwrap_or_default()
+        )));
+    }
+    let empty = |m: &Value| m.is_null() || m.as_array().is_some_and(Vec::is_empty);
+    if config.get("modules_to_save").is_some_and(|m| !empty(m)) {
         return Err(bad(format!(
             "{name}: modules_to_save (full weights) is not supported"
         )));
     }
-    let r = config.get("r").and_then(Value::as_u64).unwrap_or(0) as usize;
-    let alpha = config
-        .get("lora_alpha")
-        .and_then(Value::as_f64)
-        .unwrap_or(0.0) as f32;
-    if r == 0 {
-        return Err(bad(format!("{name}: adapter_config.json has no rank r")));
+    if config.get("layer_replication").is_some_and(|m| !empty(m)) {
+        return Err(bad(format!(
+            "{name}: layer_replication (a model with repeated layers) is not supported"
+        )));
     }
-    let scale = if alpha == 0.0 {
-        1.0
-    } else if flag("use_rslora") {
+    let r = match config.get("r") {
+        None => return Err(bad(format!("{name}: adapter_config.json has no rank r"))),
+        Some(r) => r.as_u64().filter(|&r| r > 0).ok_or_else(|| {
+            bad(format!(
+                "{name}: adapter_config.json's rank r must be a positive integer, not {r}"
+            ))
+        })? as usize,
+    };
+    // PEFT's LoraConfig defaults lora_alpha to 8, and scales by alpha / r even when alpha is 0
+    // (llama.cpp's GGUF files are the ones where 0 means "no scaling").
+    let alpha = match config.get("lora_alpha") {
+        None | Some(Value::Null) => 8.0,
+        Some(a) => a.as_f64().filter(|a| a.is_finite()).ok_or_else(|| {
+            bad(format!(
+                "{name}: adapter_config.json's lora_alpha must be a number, not {a}"
+            ))
+        })? as f32,
+    };
+    let scale = if flag("use_rslora") {
         alpha / (r as f32).sqrt()
     } else {
         alpha / r as f32
@@ -105,7 +126,12 @@ pub fn load(dir: &Path, base: &GgufFile) -> Result<LoraAdapter> {
     let mut pairs = HashMap::new();
     for (tensor_name, _) in st.tensors() {
         let Some(prefix) = tensor_name.strip_suffix(".lora_A.weight") else {
-            if tensor_name.ends_with(".lora_B.weight") {
+            if let Some(prefix) = tensor_name.strip_suffix(".lora_B.weight") {
+                if st.tensor(&format!("{prefix}.lora_A.weight")).is_err() {
+                    return Err(bad(format!(
+                        "{name}: {tensor_name} has no {prefix}.lora_A.weight"
+                    )));
+                }
                 continue;
             }
             return Err(bad(format!("{name}: unexpected tensor {tensor_name}")));
@@ -135,7 +161,9 @@ pub fn load(dir: &Path, base: &GgufFile) -> Result<LoraAdapter> {
                 ))
             })?;
         }
-        pairs.insert(key(layer, proj), pair_from(r, n_in, n_out, &a.1, &b, scale));
+        let pair = pair_from(r, n_in, n_out, &a.1, &b, scale)
+            .map_err(|reason| bad(format!("{name}: {prefix}: {reason}")))?;
+        pairs.insert(key(layer, proj), pair);
     }
     if pairs.is_empty() {
         return Err(bad(format!("{name} holds no LoRA tensors")));
