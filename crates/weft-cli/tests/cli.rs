@@ -496,6 +496,7 @@ fn run_reports_what_ran_and_checks_what_it_will_need() {
     for (path, why) in [
         ("/no/such/dir/s.bin", "no such directory"),
         (dir.to_str().expect("utf-8"), "it is a directory"),
+        ("/dev/full", "not a regular file"),
     ] {
         let out = weft(&["run", "--save-session", path, "Hello"], "");
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -640,14 +641,27 @@ fn session_files_continue_and_reuse_a_run() {
     let (_, rest) = run_json(&[&greedy[..], &["-n", "12", "--load-session", s]].concat());
     assert_eq!(rest, whole[12..]);
 
-    // The same prompt again: nothing of it is computed, the output is the same.
+    // The same prompt again: only its last token is computed (for its logits), the output is
+    // the same.
     let (ran, again) =
         run_json(&[&greedy[..], &["-n", "12", "--load-session", s, prompt]].concat());
-    assert!(
-        ran.is_empty() && !prompt_ids.is_empty(),
-        "prompt run again: {ran:?}"
-    );
+    assert_eq!(ran, prompt_ids[prompt_ids.len() - 1..], "prompt run again");
     assert_eq!(again, whole[..12]);
+
+    // A save that dies half-way (here the file-size limit kills it) leaves the previous session
+    // file whole: the snapshot is written beside it and renamed over it once complete.
+    let before = std::fs::read(&session).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -f 64; exec "$0" run --temp 0 -n 4 --load-session "$1" --save-session "$1""#)
+        .args([env!("CARGO_BIN_EXE_weft"), s])
+        .output()
+        .expect("run sh");
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        std::fs::read(&session).unwrap() == before,
+        "the session file was damaged"
+    );
 
     // A damaged session file: a clear error, no panic.
     let mut bytes = std::fs::read(&session).unwrap();

@@ -124,7 +124,8 @@ impl Context {
     }
 
     /// The context as bytes — tokens, KV pages, pending tokens, random state — for
-    /// `Engine.resume`, in this process or another with the same model file.
+    /// `Engine.resume`, in this process or another with the same model file. The LoRA
+    /// adapters that computed the pages are not recorded: resume with the same ones.
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let mut lease = Lease::take(&self.slot)?;
         let bytes = py.detach(|| lease.ctx().snapshot()).py()?;

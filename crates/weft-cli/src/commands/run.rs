@@ -53,7 +53,8 @@ pub struct Args {
     /// it already holds is not computed again. The prompt may then be empty, to continue.
     #[arg(long, value_name = "FILE")]
     load_session: Option<std::path::PathBuf>,
-    /// Save the session (prompt and output, KV cache included) to FILE at the end.
+    /// Save the session (prompt and output, KV cache included) to FILE at the end. It does not
+    /// record `--lora`: load it with the same adapters to continue as this run would have.
     #[arg(long, value_name = "FILE")]
     save_session: Option<std::path::PathBuf>,
     /// Apply a LoRA adapter (GGUF file or PEFT directory), optionally scaled: `PATH[:SCALE]`
@@ -127,19 +128,11 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         ctx.set_seed(seed);
     }
     // A session that cannot be saved is found out before the generation, not after it.
-    if let Some(f) = &args.save_session {
-        let dir = f.parent().filter(|d| !d.as_os_str().is_empty());
-        anyhow::ensure!(
-            dir.is_none_or(std::path::Path::is_dir),
-            "cannot save the session to {}: no such directory",
-            f.display()
-        );
-        anyhow::ensure!(
-            !f.is_dir(),
-            "cannot save the session to {}: it is a directory (name a file in it)",
-            f.display()
-        );
-    }
+    let session_out = args
+        .save_session
+        .as_deref()
+        .map(SessionFile::create)
+        .transpose()?;
     let prompt_ids = ctx.pending().to_vec();
     anyhow::ensure!(
         !prompt_ids.is_empty() || !ctx.is_empty(),
@@ -229,11 +222,8 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let cut_constraint =
         constrained && matches!(g.stop_reason(), Some(weft::StopReason::MaxTokens));
     drop(g);
-    if let Some(f) = &args.save_session {
-        let file =
-            std::fs::File::create(f).with_context(|| format!("cannot create {}", f.display()))?;
-        ctx.snapshot_to(std::io::BufWriter::new(file))
-            .with_context(|| format!("cannot save the session to {}", f.display()))?;
+    if let Some(out) = session_out {
+        out.write(&mut ctx)?;
     }
     let session_note = if args.load_session.is_some() {
         format!(" ({reused} more from the session)")
@@ -285,6 +275,60 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
 /// A context resumed from the session file `f`, keeping the longest part of its tokens that
 /// `prompt` starts with and buffering the rest of the prompt (an empty prompt continues the
 /// session as it is). Returns the context and how many of the prompt's tokens it reused.
+/// Where `--save-session` writes: a temp file beside the target, made before the generation
+/// (so that an unwritable place is an error before any work) and renamed over the target only
+/// once the whole snapshot is written, so that an interrupted or failed save (a full disk, a
+/// Ctrl-C) leaves the previous session file as it was. Dropped unwritten, it is removed.
+struct SessionFile {
+    target: std::path::PathBuf,
+    tmp: tempfile::NamedTempFile,
+}
+
+impl SessionFile {
+    fn create(f: &std::path::Path) -> anyhow::Result<Self> {
+        let fail = |why: &str| anyhow::anyhow!("cannot save the session to {}: {why}", f.display());
+        // A symbolic link is written through, as a plain write would.
+        let target = match f.is_symlink() {
+            true => std::fs::canonicalize(f).map_err(|e| fail(&e.to_string()))?,
+            false => f.to_path_buf(),
+        };
+        match std::fs::metadata(&target) {
+            Ok(m) if m.is_dir() => return Err(fail("it is a directory (name a file in it)")),
+            Ok(m) if !m.is_file() => return Err(fail("it is not a regular file")),
+            _ => {}
+        }
+        let dir = target
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        anyhow::ensure!(dir.is_dir(), fail("no such directory"));
+        let name = target.file_name().unwrap_or_default().to_string_lossy();
+        let prefix = format!(".{name}.");
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(&prefix).suffix(".tmp");
+        #[cfg(unix)]
+        {
+            // As a file `File::create` makes (the umask applies), not a temp file's 0600.
+            use std::os::unix::fs::PermissionsExt;
+            builder.permissions(std::fs::Permissions::from_mode(0o666));
+        }
+        let tmp = builder.tempfile_in(dir).map_err(|e| fail(&e.to_string()))?;
+        Ok(SessionFile { target, tmp })
+    }
+
+    /// Writes `ctx`'s snapshot, then puts it in place.
+    fn write(self, ctx: &mut weft::Context) -> anyhow::Result<()> {
+        let target = self.target.display().to_string();
+        let mut tmp = self.tmp;
+        ctx.snapshot_to(std::io::BufWriter::new(tmp.as_file_mut()))
+            .and_then(|()| Ok(tmp.as_file().sync_all()?))
+            .with_context(|| format!("cannot save the session to {target}"))?;
+        tmp.persist(&self.target)
+            .map_err(|e| anyhow::anyhow!("cannot save the session to {target}: {}", e.error))?;
+        Ok(())
+    }
+}
+
 fn load_session(
     engine: &weft::Engine,
     f: &std::path::Path,
@@ -300,7 +344,9 @@ fn load_session(
         return Ok((ctx, n));
     }
     let ids = engine.tokenizer().encode(prompt, true, true);
-    let Ok(common) = ctx.rewind_to_shared(&ids) else {
+    // The prompt's last token is run even when the session holds it, as the generation would
+    // run it again for its logits: `--json`'s prompt_ids then lists it.
+    let Ok(common) = ctx.rewind_to_shared(&ids[..ids.len().saturating_sub(1)]) else {
         // A sliding-window model cannot rewind far back: start over.
         ctx = engine.context();
         ctx.fill_tokens(&ids)?;

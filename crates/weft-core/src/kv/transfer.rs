@@ -114,6 +114,22 @@ impl KvCache {
             if group.window.is_none() && gs.present.iter().any(|p| !p) {
                 return bad(format!("group {g} has full attention but misses pages"));
             }
+            // A sliding-window group releases only whole pages two windows behind the highest
+            // position (see `release_behind_window`): any other missing page would be read.
+            if let Some(window) = group.window {
+                let max_pos = state.positions.iter().max().map_or(0, |&p| u64::from(p));
+                let horizon = max_pos.saturating_sub(2 * window as u64);
+                let released_ok = |i: usize| {
+                    let slots = state.positions.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE);
+                    slots.is_some_and(|s| s.iter().all(|&p| u64::from(p) < horizon))
+                };
+                if let Some(i) = (0..gs.present.len()).find(|&i| !gs.present[i] && !released_ok(i))
+                {
+                    return bad(format!(
+                        "group {g} misses page {i}, which its sliding window still reads"
+                    ));
+                }
+            }
             let held = gs.present.iter().filter(|&&p| p).count();
             let layers = group.keys.len();
             let sizes_ok = gs.keys.len() == layers
@@ -257,6 +273,19 @@ mod tests {
             kv.import(f, &wrong),
             Err(Error::BadKvState { .. })
         ));
+        kv.free_sequence(f);
+        // A window group missing a page its window still reads (the last one) is refused too.
+        let mut hole = state.clone();
+        let g = &mut hole.groups[1];
+        let last = g.present.len() - 1;
+        g.present[last] = false;
+        let page = kv.layout.page_bytes();
+        for v in g.keys.iter_mut().chain(g.values.iter_mut()) {
+            v.truncate(v.len() - page);
+        }
+        let f = kv.new_sequence();
+        let e = kv.import(f, &hole).unwrap_err();
+        assert!(e.to_string().contains("sliding window still reads"), "{e}");
         kv.free_sequence(f);
         kv.free_sequence(b);
         assert!(kv.usage().iter().all(|u| u.free == u.total));

@@ -259,7 +259,8 @@ class Context:
         """Makes the context hold the whole conversation rendered by the chat template, the
         assistant's turn opened; a context holding an earlier turn keeps what it shares."""
     def fork(self) -> Context: ...
-    def snapshot(self) -> bytes: ...
+    def snapshot(self) -> bytes:
+        """The context as bytes for ``Engine.resume`` (LoRA adapters not recorded: resume with the same ones)."""
     def evict(self) -> None:
         """Gives the KV pages back, keeping the tokens (pending again, recomputed by the next pass)."""
     def fill_embeds(

@@ -282,7 +282,9 @@ fn read_v1(body: &[u8]) -> Result<Saved> {
                     continue;
                 }
                 let tname = format!("kv.{l}.{name}");
-                let info = file.tensor(&tname).map_err(|e| corrupt(e.to_string()))?;
+                let info = file
+                    .tensor(&tname)
+                    .map_err(|_| corrupt(format!("it has no tensor {tname}")))?;
                 if info.dtype != ggml_type(kv_type) || info.shape != expected_shape {
                     return Err(corrupt(format!(
                         "tensor {tname} has the wrong type or shape"
@@ -320,6 +322,10 @@ fn read_v1(body: &[u8]) -> Result<Saved> {
         Array::U64(v) if v.len() == 4 => [v[0], v[1], v[2], v[3]],
         _ => return Err(corrupt("random state is not four u64 values")),
     };
+    if rng == [0; 4] {
+        // xoshiro's one state that never leaves zero: every draw would be the same.
+        return Err(corrupt("random state is all zeros"));
+    }
     let generator = match file.get(&key("generator")) {
         None => None,
         Some(_) => Some(string("generator")?),
@@ -434,5 +440,10 @@ mod tests {
                 Err(Error::SnapshotCorrupt { .. })
             ));
         }
+        // A well-sealed file whose random state is all zeros (a generator stuck at zero).
+        let mut stuck = sample(KvType::F16);
+        stuck.rng = [0; 4];
+        let e = decode(&encode(&stuck)).unwrap_err();
+        assert!(e.to_string().contains("all zeros"), "{e}");
     }
 }

@@ -140,6 +140,9 @@ impl Context {
     /// context, in this process or another one, on any engine that runs the same model file.
     /// Taking a snapshot changes nothing; it waits for a pass still in flight.
     ///
+    /// It records the keys and values, not which LoRA adapters computed them: resume it on an
+    /// engine with the same adapters on its stack to continue as the context would have.
+    ///
     /// The format (a checksummed envelope around a GGUF body) is described in
     /// `crates/weft/src/session/format.rs`; weft reads every earlier version of it.
     /// See [`Generator::snapshot`](crate::Generator::snapshot) to save a generation in flight.
