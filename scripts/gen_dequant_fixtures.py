@@ -30,7 +30,7 @@ Regenerate (from the repository root):
     python3 scripts/gen_dequant_fixtures.py \\
         --smollm2 PATH/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --gemma3  PATH/gemma-3-270m-q4_k_m.gguf
-    cargo test -p weft-core --test dequant_reference
+    cargo test -p weft-core --test suite dequant_reference::
 
 Without --smollm2/--gemma3 the models are looked up as $WEFT_HOME/models/<file name above>
 ($WEFT_HOME defaults to ~/.cache/weft). The output is deterministic: rerunning with the same

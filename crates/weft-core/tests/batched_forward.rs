@@ -2,7 +2,7 @@
 //! in its batch and however its prompt is split into chunks; bad batches are typed errors that
 //! leave the cache as it was.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

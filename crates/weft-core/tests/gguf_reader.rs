@@ -1,7 +1,7 @@
 //! The GGUF reader: round trips through our writer, every kind of malformed file ends in a
 //! typed error (never a panic), and the real models parse as gguf-py describes them.
 
-mod common;
+use crate::common;
 
 use weft_core::gguf::{Array, GgmlType, GgufFile, GgufWriter, Value};
 use weft_core::Error;

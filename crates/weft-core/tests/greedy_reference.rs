@@ -15,7 +15,7 @@
 //!   token at every step whose margin is at least [`AMBIGUOUS`], and the top-5 logits stay
 //!   within the mean and max bounds below.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 

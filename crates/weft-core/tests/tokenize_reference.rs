@@ -3,7 +3,7 @@
 //! `scripts/markup_tokenize_reference.py`), for both real models, with special-token parsing on
 //! and off; decoding round-trips.
 
-mod common;
+use crate::common;
 
 use weft_core::tokenizer::Tokenizer;
 
