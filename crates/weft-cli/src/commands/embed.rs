@@ -20,8 +20,8 @@ pub struct Args {
     /// How token states become one vector: mean, max, last, cls, or none (every token's, as an
     /// array of arrays).
     /// Default: the model's own (an encoder's pooling config), else mean.
-    #[arg(long)]
-    pooling: Option<String>,
+    #[arg(long, value_parser = str::parse::<Pooling>)]
+    pooling: Option<Pooling>,
     /// Print the vectors as pooled, without scaling them to unit length.
     #[arg(long)]
     no_normalize: bool,
@@ -33,7 +33,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let pooling: Option<Pooling> = args.pooling.as_deref().map(str::parse).transpose()?;
+    let pooling = args.pooling;
     anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
     let path = args.model.path()?;
     let model: Arc<dyn EmbeddingModel> = if weft::is_gguf(&path) {
