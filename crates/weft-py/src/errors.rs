@@ -63,7 +63,8 @@ exceptions! {
 pub fn to_py(e: weft::Error) -> PyErr {
     use weft::Error as E;
     let msg = e.to_string();
-    match e {
+    // A batch's error names its request in the message, and keeps the request's own class.
+    match e.cause() {
         _ if e.is_kv_full() => KvCacheFull::new_err(msg),
         E::Core(_) => ModelError::new_err(msg),
         E::NanLogits => NanLogits::new_err(msg),

@@ -159,6 +159,16 @@ impl BeamSearchConfig {
         if self.num_beams == 0 {
             return bad("num_beams must be at least 1".into());
         }
+        // Each step ranks `max(2, 1 + eos ids) × num_beams` candidates (Hugging Face's
+        // `beams_to_keep`): a count that does not fit in memory is refused, not overflowed.
+        let keep = 2.max(1 + self.eos.as_ref().map_or(0, Vec::len));
+        if self
+            .num_beams
+            .checked_mul(keep)
+            .is_none_or(|n| n > u32::MAX as usize)
+        {
+            return bad(format!("num_beams {} is too large", self.num_beams));
+        }
         if self.max_new_tokens == 0 {
             return bad("max_new_tokens must be at least 1".into());
         }
@@ -330,7 +340,7 @@ async fn search(root: Context, config: &BeamSearchConfig) -> Result<Vec<BeamHypo
     // Checks the options first (`max_new_tokens` ≥ 1 below).
     let mut scorer = BeamScorer::new(&prompt, &config)?;
     // The last pass runs every token but the final generated one.
-    let needed = prompt.len() + config.max_new_tokens - 1;
+    let needed = prompt.len().saturating_add(config.max_new_tokens - 1);
     if needed > engine.n_ctx() {
         return Err(Error::ContextTooLong {
             len: needed,

@@ -99,6 +99,10 @@ pub enum Error {
     /// or a [`crate::beam::BeamScorer`] step that does not fit its state.
     #[error("beam search: {reason}")]
     BeamSearch { reason: String },
+    /// Request `index` of a batch ([`crate::rollout::generate_batch`]) cannot run; nothing of
+    /// the batch ran. [`Error::cause`] gives the error of the request itself.
+    #[error("request {index} of the batch: {source}")]
+    InRequest { index: usize, source: Box<Error> },
     /// Reading or writing a snapshot failed.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
@@ -115,7 +119,18 @@ impl Error {
     /// Whether the KV cache had no free page for the pass: not the caller's fault, and worth
     /// a retry once other contexts have given pages back (see [`crate::Context::evict`]).
     pub fn is_kv_full(&self) -> bool {
-        matches!(self, Error::Core(weft_core::Error::KvCacheFull { .. }))
+        matches!(
+            self.cause(),
+            Error::Core(weft_core::Error::KvCacheFull { .. })
+        )
+    }
+
+    /// The error itself, or for [`Error::InRequest`] the request's own error.
+    pub fn cause(&self) -> &Error {
+        match self {
+            Error::InRequest { source, .. } => source.cause(),
+            e => e,
+        }
     }
 
     /// Whether a rewind ([`crate::Context::truncate`]) went further back than a

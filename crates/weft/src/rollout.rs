@@ -77,8 +77,14 @@ pub struct RolloutRequest {
     /// Adapters this request runs with, scaled (a policy's LoRA; none: the engine's stack).
     /// Requests with different adapters still share model calls.
     pub adapters: Vec<(Adapter, f32)>,
-    /// Sampling seed of this request.
+    /// Sampling seed of this request. A request's rollout depends on its prompt, options and
+    /// seed alone: the same prompt with the same seed gives the same rollout however often it
+    /// is asked, so sampling several rollouts of one prompt takes one seed each.
     pub seed: u64,
+    /// The width of the padded batch the prompt came from ([`RolloutRequest::from_padded`]
+    /// sets it): `max_length` then counts it rather than the prompt's own tokens, as
+    /// ColossalAI's loop does (every row gets at most `max_length − width` new tokens).
+    pub padded_width: Option<usize>,
 }
 
 impl RolloutRequest {
@@ -99,13 +105,16 @@ impl RolloutRequest {
             logit_bias: Vec::new(),
             adapters: Vec::new(),
             seed: 0,
+            padded_width: None,
         }
     }
 
     /// One request per row of a padded batch of prompt ids (seed 003's left-padded
     /// `input_ids` with its `attention_mask`): the padding (mask 0) is dropped, so each row
     /// runs as its own unpadded prompt. Padding may sit on the left or the right of a row,
-    /// not in its middle; rows and masks must have the same shape.
+    /// not in its middle; rows and masks must have the same shape. Row `r` is seeded with `r`
+    /// (rows sample independently, as ColossalAI's do, even where prompts repeat), and
+    /// `padded_width` records the batch's width for `max_length`.
     ///
     /// ```
     /// use weft::rollout::{Prompt, RolloutRequest};
@@ -115,6 +124,7 @@ impl RolloutRequest {
     /// let reqs = RolloutRequest::from_padded(&ids, &mask, weft::Sampler::Argmax)?;
     /// assert_eq!(reqs[0].prompt, Prompt::Tokens(vec![5, 6]));
     /// assert_eq!(reqs[1].prompt, Prompt::Tokens(vec![7, 8, 9, 10]));
+    /// assert_eq!((reqs[1].seed, reqs[1].padded_width), (1, Some(4)));
     /// # Ok::<(), weft::Error>(())
     /// ```
     pub fn from_padded(
@@ -152,7 +162,11 @@ impl RolloutRequest {
                     "row {r} has padding between its tokens (only left or right padding is accepted)"
                 )));
             }
-            requests.push(RolloutRequest::new(ids[a..=b].to_vec(), sampler.clone()));
+            requests.push(RolloutRequest {
+                seed: r as u64,
+                padded_width: Some(ids.len()),
+                ..RolloutRequest::new(ids[a..=b].to_vec(), sampler.clone())
+            });
         }
         Ok(requests)
     }
@@ -285,6 +299,9 @@ fn pad_rows(rows: &[(usize, Vec<u32>)], pad: u32) -> PaddedBatch {
 
 /// Generates for every request at once and returns every sequence, in request order.
 ///
+/// A request that cannot run (an empty prompt, one longer than the context, an id past the
+/// vocabulary) fails the batch before any pass, with [`Error::InRequest`] naming it.
+///
 /// A batch larger than the KV cache holds at once still runs: rollouts start in order while
 /// their worst case (prompt + `max_tokens`, at most the context length) fits the pages free
 /// when the batch began, and each finished rollout gives its pages back for the next. A step
@@ -309,6 +326,36 @@ pub async fn generate_batch(engine: &Engine, requests: &[RolloutRequest]) -> Res
     generate_batch_streaming(engine, requests, 0, |_| {}).await
 }
 
+/// A context for `r`, seeded and filled with its prompt, after checking what would make it fail
+/// later: ids past the vocabulary (a stop sequence with one could never match), an empty
+/// prompt, one longer than the context.
+fn start(engine: &Engine, r: &RolloutRequest) -> Result<Context> {
+    engine.check_ids(
+        r.stop_sequences
+            .iter()
+            .flatten()
+            .chain(&r.stop_ids)
+            .copied(),
+    )?;
+    let mut ctx: Context = engine.context();
+    ctx.set_seed(r.seed);
+    match &r.prompt {
+        Prompt::Text(t) => ctx.fill(t)?,
+        Prompt::Tokens(ids) => ctx.fill_tokens(ids)?,
+    }
+    let len = ctx.pending().len();
+    if len == 0 {
+        return Err(Error::EmptyPass);
+    }
+    if len > engine.n_ctx() {
+        return Err(Error::ContextTooLong {
+            len,
+            n_ctx: engine.n_ctx(),
+        });
+    }
+    Ok(ctx)
+}
+
 /// [`generate_batch`] that calls `on_partial` with every sequence so far after each `every`
 /// steps — `every` tokens per unfinished sequence (`every = 0`: never).
 pub async fn generate_batch_streaming(
@@ -319,22 +366,11 @@ pub async fn generate_batch_streaming(
 ) -> Result<Vec<Rollout>> {
     let mut contexts = Vec::with_capacity(requests.len());
     let mut prompts = Vec::with_capacity(requests.len());
-    for r in requests {
-        // A stop sequence with an id past the vocabulary could never match: refused, as
-        // `Generator` callers' ids are.
-        engine.check_ids(
-            r.stop_sequences
-                .iter()
-                .flatten()
-                .chain(&r.stop_ids)
-                .copied(),
-        )?;
-        let mut ctx: Context = engine.context();
-        ctx.set_seed(r.seed);
-        match &r.prompt {
-            Prompt::Text(t) => ctx.fill(t)?,
-            Prompt::Tokens(ids) => ctx.fill_tokens(ids)?,
-        }
+    for (index, r) in requests.iter().enumerate() {
+        let ctx = start(engine, r).map_err(|e| Error::InRequest {
+            index,
+            source: Box::new(e),
+        })?;
         prompts.push(ctx.pending().to_vec());
         contexts.push(ctx);
     }
@@ -343,9 +379,8 @@ pub async fn generate_batch_streaming(
         .zip(requests)
         .zip(&prompts)
         .map(|((ctx, r), prompt)| {
-            let room = r
-                .max_length
-                .map_or(usize::MAX, |m| m.saturating_sub(prompt.len()));
+            let width = r.padded_width.unwrap_or(prompt.len());
+            let room = r.max_length.map_or(usize::MAX, |m| m.saturating_sub(width));
             let mut g = ctx
                 .generate(r.sampler.clone())
                 .max_tokens(r.max_tokens.min(room))
@@ -376,10 +411,9 @@ pub async fn generate_batch_streaming(
                 Ok(Rollout {
                     prompt_tokens: p.clone(),
                     tokens: g.tokens().to_vec(),
-                    text: match g.stop_reason() {
-                        Some(StopReason::StopString(_)) => g.text().to_string(),
-                        _ => engine.detokenize(g.tokens())?,
-                    },
+                    // As the generator streams it: control tokens not rendered, cut before
+                    // a stop string.
+                    text: g.text().to_string(),
                     stop: if done { g.stop_reason().cloned() } else { None },
                 })
             })

@@ -382,6 +382,11 @@ fn bad_requests_are_typed_errors_and_leave_no_pages() {
         run(&p, BeamSearchConfig::new(2).max_new_tokens(n_ctx + 1)),
         Err(Error::ContextTooLong { .. })
     ));
+    assert!(matches!(
+        run(&p, BeamSearchConfig::new(2).max_new_tokens(usize::MAX)),
+        Err(Error::ContextTooLong { .. })
+    ));
+    assert!(is_beam(run(&p, BeamSearchConfig::new(1 << 63))));
     let long = vec![p[p.len() - 1]; n_ctx + 1];
     assert!(matches!(
         run(&long, BeamSearchConfig::new(2).max_new_tokens(1)),

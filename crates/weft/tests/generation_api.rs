@@ -532,17 +532,53 @@ fn rollouts_from_ids_padded_batches_and_max_length() {
     // A stop sequence past the vocabulary could never match: refused before anything runs.
     let mut oov = from_ids.clone();
     oov[1].stop_sequences = vec![vec![u32::MAX]];
-    let refused = block_on(generate_batch(&engine, &oov));
+    let refused = block_on(generate_batch(&engine, &oov)).unwrap_err();
     assert!(
-        matches!(refused, Err(Error::TokenOutOfVocab { .. })),
+        matches!(refused, Error::InRequest { index: 1, .. })
+            && matches!(refused.cause(), Error::TokenOutOfVocab { .. }),
         "{refused:?}"
     );
+    // So are an empty prompt and one longer than the context, naming the request.
+    let mut bad = from_ids.clone();
+    bad[1].prompt = Prompt::Tokens(vec![]);
+    let e = block_on(generate_batch(&engine, &bad)).unwrap_err();
+    assert!(matches!(e.cause(), Error::EmptyPass), "{e}");
+    assert!(e.to_string().starts_with("request 1 of the batch"), "{e}");
+    bad[1].prompt = Prompt::Tokens(vec![ids[1][1]; engine.n_ctx() + 1]);
+    let e = block_on(generate_batch(&engine, &bad)).unwrap_err();
+    assert!(matches!(e.cause(), Error::ContextTooLong { .. }), "{e}");
+    assert_eq!(engine.metrics().kv_pages_used, 0);
     assert_eq!(c[0].tokens, a[0].tokens[..3]);
     assert_eq!(
         c[0].prompt_tokens.len() + c[0].tokens.len(),
         ids[0].len() + 3
     );
     assert_eq!(c[1], a[1]);
+    // From a padded batch, max_length counts the batch's width (ColossalAI's loop runs from
+    // it): the shorter row gets no more new tokens than the longer one.
+    let mut capped = RolloutRequest::from_padded(&padded_ids, &mask, Sampler::Argmax).expect("pad");
+    for r in &mut capped {
+        r.max_length = Some(width + 4);
+        r.ignore_eos = true;
+    }
+    let d = block_on(generate_batch(&engine, &capped)).expect("padded max_length");
+    assert!(d.iter().all(|r| r.tokens.len() == 4), "{d:?}");
+    assert_eq!(padded_left_prompts(&d, pad).total_len, width + 4);
+    // Rows of a padded batch sample independently, even when their prompts are the same.
+    let same = vec![padded_ids[0].clone(); 4];
+    let same_mask = vec![mask[0].clone(); 4];
+    let sampler = Sampler::TopK {
+        k: 40,
+        temperature: 1.0,
+    };
+    let mut rows = RolloutRequest::from_padded(&same, &same_mask, sampler).expect("pad");
+    for r in &mut rows {
+        r.max_tokens = 12;
+        r.ignore_eos = true;
+    }
+    let sampled = block_on(generate_batch(&engine, &rows)).expect("sampled rows");
+    let distinct: std::collections::HashSet<_> = sampled.iter().map(|r| &r.tokens).collect();
+    assert!(distinct.len() > 1, "four identical samples: {sampled:?}");
 
     // The padded output: prompt + generated, EOS kept, right-padded with the pad id.
     let chat_ids = chat_prompt(&engine).pending().to_vec();
@@ -574,6 +610,19 @@ fn rollouts_from_ids_padded_batches_and_max_length() {
         let mask = &m.attention_mask[i * m.total_len..(i + 1) * m.total_len];
         assert_eq!(mask.iter().filter(|&&v| v == 1).count(), row.len());
     }
+    // A rollout's text is the generator's: control tokens (here forced end-of-turn markers)
+    // are not rendered, whatever stopped it.
+    let forced = RolloutRequest {
+        max_tokens: 3,
+        ignore_eos: true,
+        logit_bias: vec![(eos, 100.0)],
+        ..RolloutRequest::new(chat_ids.clone(), Sampler::Argmax)
+    };
+    let f = block_on(generate_batch(&engine, &[forced])).expect("forced");
+    assert_eq!(
+        (f[0].tokens.clone(), f[0].text.as_str()),
+        (vec![eos; 3], "")
+    );
     // ColossalAI's own layout: prompts left-padded to one width, generation from one column.
     let l = padded_left_prompts(&out, pad);
     let pw = chat_ids.len().max(ids[1].len());

@@ -102,7 +102,7 @@ impl BeamScorer {
             },
             eos,
             prompt_len: prompt.len(),
-            max_len: prompt.len() + config.max_new_tokens,
+            max_len: prompt.len().saturating_add(config.max_new_tokens),
             cur_len: prompt.len(),
             running: vec![Running {
                 tokens: prompt.to_vec(),

@@ -222,6 +222,11 @@ fn bad_options_and_steps_are_errors() {
     assert!(bad(BeamSearchConfig::new(2).num_return_sequences(0)));
     assert!(bad(BeamSearchConfig::new(2).length_penalty(f32::NAN)));
     assert!(!bad(BeamSearchConfig::new(2).num_return_sequences(2)));
+    // Counts that would overflow: refused, and a scorer is made without overflowing.
+    assert!(bad(BeamSearchConfig::new(1 << 63)));
+    assert!(bad(BeamSearchConfig::new(usize::MAX)));
+    let huge = BeamSearchConfig::new(2).max_new_tokens(usize::MAX);
+    assert!(BeamScorer::new(&[9], &huge).is_ok());
     assert!(matches!(
         BeamScorer::new(&[], &BeamSearchConfig::new(2)),
         Err(Error::EmptyPass)
