@@ -11,6 +11,15 @@ macro_rules! outln {
     }};
 }
 
+/// `eprintln!` that ignores a failed write instead of panicking on it (standard error a closed
+/// pipe or a full disk): notes and warnings are not worth a crash.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// `print!` as [`outln!`] is `println!`.
 macro_rules! out {
     ($($arg:tt)*) => {{
@@ -114,14 +123,16 @@ fn run() -> anyhow::Result<()> {
         Command::Serve(_) => "warn,weft_server=info",
         _ => "warn",
     };
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
+                .or_else(|_| tracing_subscriber::EnvFilter::try_from_env("RUST_LOG"))
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
-        // Colours only on a terminal: a log file gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // Colours only on a terminal, and not when NO_COLOR asks: a log file gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()) && !no_color)
         .init();
     match cli.command {
         Command::Serve(args) => commands::serve::run(args),

@@ -59,6 +59,29 @@ fn check_replies(engine: &Engine, messages: &[Message], n: usize, interrupted: &
     }
 }
 
+/// Notes on standard error that cannot be written (a full disk here) are dropped, not a
+/// crash: a chat with `/help` and `/reset` still ends successfully, its replies printed.
+#[test]
+fn chat_survives_an_unwritable_standard_error() {
+    let full = std::fs::File::options()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["chat", "--temp", "0", "-n", "4"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(full)
+        .spawn()
+        .expect("run weft");
+    let mut stdin = child.stdin.take().expect("stdin");
+    std::io::Write::write_all(&mut stdin, b"/help\nHi\n/reset\nHi\n").expect("write");
+    drop(stdin);
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{:?}", out.status);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+}
+
 #[test]
 fn chat_reads_a_pipe_one_message_a_line() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -232,8 +255,11 @@ impl Tmux {
             "set -g remain-on-exit on\nset -g history-limit 50000\n",
         )
         .expect("write tmux.conf");
+        // A server of its own per session: tests run side by side.
+        static SESSIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmux = Tmux {
-            socket: format!("weft-chat-test-{}", std::process::id()),
+            socket: format!("weft-chat-test-{}-{n}", std::process::id()),
         };
         let conf = conf.to_str().expect("utf-8 path");
         let args = [
@@ -383,6 +409,49 @@ fn flat(text: &str) -> String {
 
 /// What the pane prints when weft has ended, before its exit status and `]`.
 const EXITED: &str = "[weft exited with status ";
+
+/// On a terminal the line editor cannot drive (`TERM=dumb`, as Emacs' shell sets) chat reads
+/// plain lines: it answers, and Ctrl-D ends it (it hung at the first message, both waiting
+/// for standard input's lock).
+#[test]
+fn chat_on_a_dumb_terminal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let weft = PathBuf::from(env!("CARGO_BIN_EXE_weft"));
+    let script = format!("TERM=dumb \"$0\" chat -m {MODEL} --temp 0 -n 16; echo \"{EXITED}$?]\"");
+    let command = ["bash", "-c", &script, weft.to_str().expect("utf-8 path")];
+    let mut s = Session {
+        tmux: Tmux::start(&command, dir.path()),
+        prompts: 0,
+    };
+    s.wait_prompt("the model to load and the first prompt");
+    let reply = s.send("Hi");
+    assert!(!reply.is_empty(), "no reply on a dumb terminal");
+    s.tmux.press("C-d");
+    let screen = s
+        .tmux
+        .wait_for("weft to end after Ctrl-D", 30, |s| s.contains(EXITED));
+    assert!(screen.contains(&format!("{EXITED}0]")), "{screen}");
+}
+
+/// A chat at a terminal whose replies go to a reader that leaves (`| head -c 5`) ends quietly
+/// and successfully, as `weft run | head` does (it panicked on the broken pipe).
+#[test]
+fn chat_into_a_closed_pipe_ends_quietly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let weft = PathBuf::from(env!("CARGO_BIN_EXE_weft"));
+    let script = format!(
+        "\"$0\" chat -m {MODEL} --temp 0 -n 64 | head -c 5; s=${{PIPESTATUS[0]}}; echo; \
+         echo \"{EXITED}$s]\""
+    );
+    let command = ["bash", "-c", &script, weft.to_str().expect("utf-8 path")];
+    let tmux = Tmux::start(&command, dir.path());
+    tmux.wait_for("the banner", 120, |s| s.contains("/help"));
+    tmux.type_text("Tell me a long story about a dragon.");
+    tmux.press("Enter");
+    let screen = tmux.wait_for("weft to end", 60, |s| s.contains(EXITED));
+    assert!(screen.contains(&format!("{EXITED}0]")), "{screen}");
+    assert!(!screen.contains("panicked"), "{screen}");
+}
 
 #[test]
 fn chat_in_a_terminal() {

@@ -508,7 +508,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // own step's bytes, taken around its repetitions.
     if args.bandwidth {
         let bw = weft::bandwidth::read_bandwidth(threads, 8, weft::bandwidth::BUFFER_BYTES);
-        eprintln!(
+        errln!(
             "streaming read bandwidth: {:.1} GB/s ({threads} threads){}",
             bw / 1e9,
             round_trip().map_or(String::new(), |ns| format!(
@@ -521,7 +521,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Which kernels ran, as llama-bench names its backend (and the CPU's wider extensions).
     let extensions = weft::kernels::cpu_extensions();
     let level = weft::kernels::simd_level();
-    eprintln!(
+    errln!(
         "kernels: {}{}{}; KV cache: {}",
         level.name(),
         if extensions.is_empty() {
@@ -564,7 +564,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let bytes = step_bytes.filter(|_| args.bandwidth)?;
             let here = weft::bandwidth::read_bandwidth(threads, 4, bytes as usize);
             let apart = round_trip();
-            eprintln!(
+            errln!(
                 "streaming read bandwidth over {:.0} MB (a step of {}) {when}: {:.1} GB/s{}",
                 bytes as f64 / 1e6,
                 t.name,
@@ -683,10 +683,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             ""
         };
-        eprintln!("peak RSS: {rss:.1} MiB{note}");
+        errln!("peak RSS: {rss:.1} MiB{note}");
     }
     if let Some(k) = args.threads.resident_layers {
-        eprintln!("layer pager: at most {k} blocks resident");
+        errln!("layer pager: at most {k} blocks resident");
     }
     Ok(())
 }

@@ -76,7 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let engine = args.context.engine_at(&args.threads, file, &path)?;
     if engine.chat_template()?.is_builtin() {
         // Such as gemma3-270m: a pretrained model, which answers a chat poorly.
-        eprintln!(
+        errln!(
             "note: {} has no chat template of its own (a base model?): weft uses its family's \
              built-in format",
             args.model.model
@@ -91,7 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Arc::new(CtrlC::default())
     };
     if interactive {
-        eprintln!(
+        errln!(
             "Chatting with {}. /help lists the commands; Ctrl-C stops a reply, /exit or Ctrl-D quits.",
             args.model.model
         );
@@ -100,7 +100,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // bytes a terminal's own line editing keeps); where it cannot, the terminal's lines.
     let mut editor = interactive.then(line_editor).flatten();
     ctrl_c.line_editor.store(editor.is_some(), Ordering::SeqCst);
-    let mut input = std::io::stdin().lock();
     loop {
         let message = match &mut editor {
             Some(ed) => edit_message(ed)?,
@@ -108,12 +107,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 if interactive {
                     print_flush(PROMPT)?;
                 }
-                read_message(&mut input, interactive, &ctrl_c)?
+                // Locked for this read only: rustyline, on a terminal it cannot drive
+                // (TERM=dumb), locks standard input itself, and a lock held here would
+                // deadlock it. The buffer lives in `Stdin`, so nothing read ahead is lost.
+                read_message(&mut std::io::stdin().lock(), interactive, &ctrl_c)?
             }
         };
         let Some(message) = message else {
             if interactive {
-                println!();
+                // Ends the prompt's line on the terminal (standard output may be a file).
+                errln!();
             }
             return Ok(());
         };
@@ -129,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     match chat.command(command) {
                         Ok(Flow::Exit) => return Ok(()),
                         Ok(Flow::Continue) => {}
-                        Err(e) if interactive => eprintln!("error: {e:#}"),
+                        Err(e) if interactive => errln!("error: {e:#}"),
                         Err(e) => return Err(e),
                     }
                     continue;
@@ -146,23 +149,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Ok(ending) => {
                 print_flush(if interactive { "\n\n" } else { "\n" })?;
                 match ending {
-                    Ending::Cut if interactive => eprintln!(
+                    Ending::Cut if interactive => errln!(
                         "(reply cut at {} tokens; -n sets the limit)",
                         args.n_predict
                     ),
-                    Ending::ContextFull(n) => eprintln!(
+                    Ending::ContextFull(n) => errln!(
                         "(reply cut at the end of the context, {n} tokens; /reset starts \
                          afresh, -c sets a longer context)"
                     ),
                     Ending::Withdrawn => {
-                        eprintln!("(stopped before the reply began; the message was not kept)")
+                        errln!("(stopped before the reply began; the message was not kept)")
                     }
                     _ => {}
                 }
             }
-            Err(e) if interactive => {
-                println!();
-                eprintln!("error: {e:#}");
+            // A closed standard output ends the chat quietly (main's broken-pipe rule).
+            Err(e) if interactive && !crate::is_broken_pipe(&e) => {
+                let _ = outln!();
+                errln!("error: {e:#}");
             }
             Err(e) => return Err(e),
         }
@@ -203,13 +207,13 @@ fn edit_message(ed: &mut rustyline::DefaultEditor) -> anyhow::Result<Option<Stri
                 }
             },
             Err(ReadlineError::Interrupted) => {
-                eprintln!("^C\n(Use /exit or Ctrl-D to quit.)");
+                errln!("^C\n(Use /exit or Ctrl-D to quit.)");
                 message.clear();
             }
             Err(ReadlineError::Eof) => return Ok(None),
             // A terminal in another encoding: that message is lost, not the conversation.
             Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
-                eprintln!("\nerror: that line is not UTF-8 text; the message was dropped");
+                errln!("\nerror: that line is not UTF-8 text; the message was dropped");
                 message.clear();
             }
             Err(e) => return Err(e).context("cannot read the terminal"),
@@ -244,7 +248,7 @@ fn read_message(
             Ok(line) => line,
             // A terminal in another encoding: that message is lost, not the conversation.
             Err(_) if interactive => {
-                eprintln!("error: that line is not UTF-8 text; the message was dropped");
+                errln!("error: that line is not UTF-8 text; the message was dropped");
                 message.clear();
                 print_flush(PROMPT)?;
                 continue;
@@ -315,7 +319,8 @@ impl Chat {
         let mut chat = Chat {
             engine,
             ctx,
-            system: args.system.clone(),
+            // An empty --system is no system message, not an empty one.
+            system: args.system.clone().filter(|s| !s.trim().is_empty()),
             messages: Vec::new(),
             sampler,
             penalties,
@@ -348,14 +353,14 @@ impl Chat {
             "exit" | "bye" | "quit" => return Ok(Flow::Exit),
             "reset" | "clear" => {
                 self.reset();
-                eprintln!("(conversation cleared)");
+                errln!("(conversation cleared)");
             }
             "save" => {
                 let f = &file()?;
                 let json = serde_json::to_string_pretty(&self.messages)?;
                 std::fs::write(f, json + "\n")
                     .with_context(|| format!("cannot write {}", f.display()))?;
-                eprintln!(
+                errln!(
                     "(saved {} to {})",
                     messages(self.messages.len()),
                     f.display()
@@ -389,14 +394,14 @@ impl Chat {
                     .chat_template()?
                     .render(&messages, true)
                     .with_context(|| format!("cannot use the conversation in {}", f.display()))?;
-                eprintln!(
+                errln!(
                     "(loaded {} from {})",
                     self::messages(messages.len()),
                     f.display()
                 );
                 self.messages = messages;
             }
-            "help" | "?" => eprintln!("{HELP}"),
+            "help" | "?" => errln!("{HELP}"),
             _ => anyhow::bail!(
                 "unknown command /{name}; /help lists the commands (start a message with // to \
                  send one that begins with /)"
@@ -555,7 +560,7 @@ impl CtrlC {
             self.stop.store(true, Ordering::SeqCst);
         } else if self.line_editor.load(Ordering::SeqCst) {
             // Between two messages (a command running): the editor's prompt follows.
-            eprintln!("\n(Use /exit or Ctrl-D to quit.)");
+            errln!("\n(Use /exit or Ctrl-D to quit.)");
         } else {
             self.discard_input.store(true, Ordering::SeqCst);
             let _ = print_flush(&format!("\n(Use /exit or Ctrl-D to quit.)\n{PROMPT}"));

@@ -82,7 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tokens.len(),
         2 * n_ctx
     );
-    eprintln!("{} tokens, {n_chunks} chunks of {n_ctx}", tokens.len());
+    errln!("{} tokens, {n_chunks} chunks of {n_ctx}", tokens.len());
     let special = tok.vocab().special().clone();
     let bos = special.bos.filter(|_| special.add_bos);
     let first = n_ctx / 2;
@@ -125,7 +125,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tokens[start] = original;
         eprint!("[{}]{:.4},", chunk + 1, (nll / count as f64).exp());
     }
-    eprintln!();
+    errln!();
     let mean = nll / count as f64;
     let ppl = mean.exp();
     let var = nll2 / count as f64 - mean * mean;

@@ -109,6 +109,11 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         }
         args.prompt = text;
     }
+    // What can be refused without the model is refused before loading it.
+    anyhow::ensure!(
+        args.stop.iter().all(|s| !s.is_empty()),
+        "--stop needs a string that is not empty"
+    );
     let schemas = args.schemas()?;
     let sampler = args.sampling.sampler()?;
     let penalties = args.sampling.penalties()?;
@@ -165,7 +170,6 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         g = g.adapter(a, *scale);
     }
     for s in &args.stop {
-        anyhow::ensure!(!s.is_empty(), "--stop needs a string that is not empty");
         g = g.stop_string(s);
     }
     let constrained = !schemas.is_empty();
