@@ -122,6 +122,14 @@ def test_common_mistakes_get_plain_messages(smollm2):
     assert ctx.pending
 
 
+def test_a_batch_request_that_cannot_run_is_named_and_keeps_its_class(smollm2):
+    with pytest.raises(weft.EmptyPass, match="^request 1 of the batch"):
+        weft.generate_batch(smollm2, ["Hi", []])
+    with pytest.raises(weft.ContextTooLong, match="^request 0 of the batch"):
+        weft.generate_batch(smollm2, [[1] * (smollm2.n_ctx + 1), "Hi"])
+    assert smollm2.metrics().kv_pages_used == 0
+
+
 def test_a_failed_generation_says_so_afterwards(smollm2):
     ctx = smollm2.context()
     ctx.fill("Hello")
