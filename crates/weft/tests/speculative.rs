@@ -357,3 +357,83 @@ fn a_dropped_step_future_is_undone_by_the_next_step() {
     drop(ctx);
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
+
+/// Drafts that would cross a rule of the step: `min_tokens` (whose ban on the stop ids holds
+/// at every position of a step) and a constraint a draft token completes (the position after it
+/// allows only an end of sequence, which `min_tokens` bans). Greedy output and stop reason
+/// are the same as without a drafter, and neither is an error.
+#[test]
+fn drafts_respect_min_tokens_and_a_constraint_they_complete() {
+    let engine = engine("smollm2-135m");
+    let comma = engine.tokenizer().encode(",", false, false)[0];
+    // (prompt, stop ids, schema, min_tokens, max_tokens) with or without drafts.
+    let run = |prompt: &str,
+               stops: &[u32],
+               schema: Option<&serde_json::Value>,
+               (min, max): (usize, usize),
+               speculate: bool| {
+        let mut ctx = engine.context();
+        ctx.fill(prompt).expect("fill");
+        let mut g = ctx
+            .generate(Sampler::Argmax)
+            .stop(stops)
+            .min_tokens(min)
+            .max_tokens(max);
+        if let Some(s) = schema {
+            g = g.constrain_with(weft::Schema::JsonSchema(s.clone()));
+        }
+        if speculate {
+            g = g.system_speculation();
+        }
+        while let Some(step) = g.next().expect("next") {
+            block_on(step.execute()).expect("step");
+        }
+        (g.tokens().to_vec(), g.stop_reason().cloned())
+    };
+    let list = "List: apple, banana, cherry, apple, banana, cherry, apple, banana, cherry, apple,";
+    let plain = run(list, &[comma], None, (1, 20), false);
+    assert_eq!(plain.1, Some(weft::StopReason::StopToken(comma)));
+    let fast = run(list, &[comma], None, (1, 20), true);
+    assert_eq!(fast, plain, "min_tokens with drafts");
+
+    let json = "Output: {\"a\": 1}\nOutput: {\"a\": 1}\nOutput: {\"a\": 1}\nOutput: ";
+    let schema = serde_json::json!({
+        "type": "object", "properties": {"a": {"type": "integer"}},
+        "required": ["a"], "additionalProperties": false,
+    });
+    let plain = run(json, &[], Some(&schema), (20, 40), false);
+    assert_eq!(plain.1, Some(weft::StopReason::Constraint));
+    let fast = run(json, &[], Some(&schema), (20, 40), true);
+    assert_eq!(fast, plain, "a constraint completed by a draft");
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
+/// A generation banning an id with a `-inf` bias is saved and resumed (JSON has no infinity).
+#[test]
+fn a_generation_with_a_banned_id_is_saved_and_resumed() {
+    let engine = engine("smollm2-135m");
+    let banned = engine.tokenizer().encode(" the", false, false)[0];
+    let mut ctx = engine.context();
+    ctx.fill("Tell me about the sea and the sky.")
+        .expect("fill");
+    let mut g = ctx
+        .generate(Sampler::Argmax)
+        .max_tokens(24)
+        .logit_bias(&[(banned, f32::NEG_INFINITY)]);
+    for _ in 0..4 {
+        let step = g.next().expect("next").expect("a step");
+        block_on(step.execute()).expect("step");
+    }
+    let bytes = g.snapshot().expect("snapshot");
+    let whole = block_on(g.collect_tokens()).expect("rest");
+    let mut resumed = engine.resume(&bytes).expect("resume");
+    let again = block_on(
+        resumed
+            .resume_generator()
+            .expect("generator")
+            .collect_tokens(),
+    )
+    .expect("resumed rest");
+    assert_eq!(again, whole);
+    assert!(!whole.contains(&banned));
+}

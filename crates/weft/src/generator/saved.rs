@@ -80,7 +80,11 @@ impl Generator<'_> {
                 "frequency": p.frequency,
                 "last_n": p.last_n,
             })),
-            "bias": self.bias,
+            // JSON has no infinity: `-inf` (a banned id) is written as the string "-inf".
+            "bias": self.bias.iter().map(|&(t, b)| match b.is_finite() {
+                true => json!([t, b]),
+                false => json!([t, b.to_string()]),
+            }).collect::<Vec<_>>(),
             "generated": self.generated,
             "streamed": self.streamed,
             "schemas": self.schemas.iter().map(schema_json).collect::<Vec<_>>(),
@@ -136,8 +140,10 @@ impl Context {
             .ok_or_else(|| bad("stop_sequences"))?;
         let stop_strings: Vec<String> =
             serde_json::from_value(v["stop_strings"].clone()).map_err(|_| bad("stop_strings"))?;
-        let bias: Vec<(u32, f32)> =
-            serde_json::from_value(v["bias"].clone()).map_err(|_| bad("bias"))?;
+        let bias = v["bias"]
+            .as_array()
+            .and_then(|a| a.iter().map(bias_entry).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| bad("bias"))?;
         let penalties = match &v["penalties"] {
             Value::Null => None,
             p => Some(Penalties {
@@ -287,6 +293,16 @@ fn parse_schema(v: &Value) -> Option<Schema> {
         "gbnf" => Schema::Gbnf(x.as_str()?.to_string()),
         _ => return None,
     })
+}
+
+/// One `[id, bias]` entry of a saved bias: the bias a number, or a string such as "-inf".
+fn bias_entry(e: &Value) -> Option<(u32, f32)> {
+    let id = u32::try_from(e.get(0)?.as_u64()?).ok()?;
+    let b = match e.get(1)? {
+        Value::String(s) => s.parse::<f32>().ok()?,
+        n => n.as_f64()? as f32,
+    };
+    Some((id, b))
 }
 
 #[cfg(test)]

@@ -168,16 +168,28 @@ fn draft(
         .engine()
         .n_ctx()
         .saturating_sub(gen.ctx.len() + gen.ctx.pending().len() + input.len());
-    let room = gen
+    let mut room = gen
         .stop
         .max_tokens
         .saturating_sub(gen.generated.len() + 1)
         .min(ctx_room);
+    // The step's bias bans the stop ids at every position while fewer than `min_tokens` were
+    // generated before it: the draft stays inside that window, where the ban is right.
+    let (done, min) = (gen.generated.len(), gen.stop.min_tokens);
+    if done < min {
+        room = room.min(min - done - 1);
+    }
     let mut draft = Vec::new();
     if room > 0 {
         let mut history = gen.ctx.history();
         history.extend_from_slice(input);
         draft = spec.draft(&history, gen.draft_len.min(room));
+        // A draft is a guess: one too long (a speculator's own) is cut, and so is one that
+        // names an id past the vocabulary, there.
+        draft.truncate(gen.draft_len.min(room));
+        if let Some(bad) = draft.iter().position(|&d| d as usize >= vocab) {
+            draft.truncate(bad);
+        }
     }
     if masks.is_empty() {
         return Ok(draft);
@@ -189,6 +201,16 @@ fn draft(
             break;
         }
         accepted.push(d);
+        // A token that completes a constraint ends the generation: it is sampled at its own
+        // position, as without a drafter, not drafted with a position after it (whose mask may
+        // allow only an end of sequence that the bias bans).
+        let terminal = gen
+            .constraints
+            .iter_mut()
+            .any(|c| c.is_terminal(&accepted).unwrap_or(false));
+        if terminal {
+            break;
+        }
         match constraint_mask(&mut gen.constraints, &accepted, vocab)? {
             Some(m) if m.count() > 0 => masks.push(m),
             _ => {
