@@ -47,6 +47,9 @@ pub struct Context {
     /// A pass was submitted and its `execute` future has not finished (it may have been
     /// dropped): wait for the scheduler before touching the sequence again.
     inflight: bool,
+    /// What the pass in flight took (pending tokens, bias rows), to give back if it fails
+    /// after its future was dropped.
+    undo: Option<PassRecord>,
     /// A generator saved in the snapshot this context was resumed from (JSON), until
     /// [`Context::resume_generator`] takes it.
     saved_generator: Option<String>,
@@ -60,6 +63,7 @@ pub struct Context {
 }
 
 /// What a submitted pass changed in its context, kept to undo it if the pass fails.
+#[derive(Debug, Clone)]
 pub(crate) struct PassRecord {
     len: usize,
     pending: Vec<u32>,
@@ -105,6 +109,7 @@ impl Context {
             pending: Vec::new(),
             rng: Rng::new(0),
             inflight: false,
+            undo: None,
             saved_generator: None,
             embeds: BTreeMap::new(),
             pending_bias: BTreeMap::new(),
@@ -123,10 +128,19 @@ impl Context {
         shared.wait_idle(self.seq);
         let cached = shared.runner().kv().len(self.seq).unwrap_or(0);
         if cached < self.tokens.len() {
-            self.tokens.truncate(cached);
-            self.positions.truncate(cached);
-            self.embeds.retain(|&i, _| i < cached + self.pending.len());
+            match self.undo.take() {
+                // The pass failed and the runner rolled the sequence back: as an awaited
+                // pass's failure does, its pending tokens (and bias rows) go back to the
+                // buffer rather than being lost.
+                Some(r) if r.len == cached => self.pass_failed(r),
+                _ => {
+                    self.tokens.truncate(cached);
+                    self.positions.truncate(cached);
+                    self.embeds.retain(|&i, _| i < cached + self.pending.len());
+                }
+            }
         }
+        self.undo = None;
         self.inflight = false;
     }
 
@@ -176,6 +190,7 @@ impl Context {
 
     /// Appends tokens to the pending buffer (ids already checked against the vocabulary).
     pub(crate) fn push_pending(&mut self, ids: &[u32]) {
+        self.settle();
         self.pending.extend_from_slice(ids);
     }
 
@@ -204,18 +219,21 @@ impl Context {
             self.embeds.insert(record.len + i, v);
         }
         self.inflight = true;
+        self.undo = Some(record.clone());
         record
     }
 
     /// The pass ran: the sampling state moves on to `rng`.
     pub(crate) fn pass_done(&mut self, rng: Rng) {
         self.inflight = false;
+        self.undo = None;
         self.rng = rng;
     }
 
     /// The pass failed and the runner rolled the sequence back: so does the context.
     pub(crate) fn pass_failed(&mut self, r: PassRecord) {
         self.inflight = false;
+        self.undo = None;
         self.tokens.truncate(r.len);
         self.positions.truncate(r.len);
         self.embeds.retain(|&i, _| i < r.len + r.pending.len());
@@ -321,6 +339,8 @@ impl Context {
     /// starts with the model's BOS token when the model wants one; special tokens written in
     /// the text (`<|im_start|>`…) are parsed.
     pub fn fill(&mut self, text: &str) -> Result<()> {
+        // A dropped pass's failure first gives its tokens back: new ones go after them.
+        self.settle();
         let first = self.is_empty();
         let ids = self.engine.inner.tokenizer.encode(text, first, true);
         self.pending.extend(ids);
@@ -330,6 +350,7 @@ impl Context {
     /// Buffers `ids` for the next pass.
     pub fn fill_tokens(&mut self, ids: &[u32]) -> Result<()> {
         self.engine.check_ids(ids.iter().copied())?;
+        self.settle();
         self.pending.extend_from_slice(ids);
         Ok(())
     }
@@ -409,6 +430,7 @@ impl Context {
             pending: self.pending.clone(),
             rng: self.rng.clone(),
             inflight: false,
+            undo: None,
             saved_generator: None,
             embeds: self.embeds.clone(),
             pending_bias: self.pending_bias.clone(),
@@ -547,6 +569,7 @@ impl Context {
         attn_bias: Option<&[f32]>,
     ) -> Result<()> {
         self.engine.check_ids(ids.iter().copied())?;
+        self.settle();
         let vectors = crate::forward::split_vectors(rows, ids.len(), self.engine.info().n_embd)?;
         let base = self.tokens.len() + self.pending.len();
         let bias = match attn_bias {

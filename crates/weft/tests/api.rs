@@ -589,6 +589,31 @@ fn a_dropped_execute_future_settles_before_the_next_pass() {
     assert_pool_free(&engine);
 }
 
+/// A dropped `execute` whose pass then fails in the scheduler (its mask allows only a banned
+/// id): the context gives its pending tokens back, as an awaited failure does, and the next
+/// pass runs them (they were lost, and the next token ran at position 0).
+#[test]
+fn a_dropped_execute_future_whose_pass_fails_keeps_the_pending_tokens() {
+    use futures_util::FutureExt;
+    let engine = engine("smollm2-135m", small());
+    let ids = engine.tokenize("Alice went to the market to buy apples, pears and plums.");
+    let want = last_logits(&engine, &ids);
+    let mut ctx = engine.context();
+    ctx.fill_tokens(&ids[..ids.len() - 1]).expect("fill");
+    let vocab = engine.info().vocab_size;
+    let mut fwd = ctx.forward();
+    let last = fwd.len() - 1;
+    fwd.mask(weft::Brle::only(vocab, &[7]))
+        .logit_bias(&[(7, f32::NEG_INFINITY)]);
+    let _ = fwd.sample(&[last], Sampler::Argmax);
+    drop(fwd.execute().now_or_never());
+    let got = block_on(ctx.prefill(&ids[ids.len() - 1..])).expect("next pass");
+    assert_eq!(ctx.tokens(), &ids[..]);
+    assert_eq!(got, want);
+    drop(ctx);
+    assert_pool_free(&engine);
+}
+
 /// Per-index logit masks: each sampled position chooses within its own set (the masked
 /// argmax of the position's logits), and masks of the wrong count or length are refused.
 #[test]
