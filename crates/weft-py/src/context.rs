@@ -153,7 +153,7 @@ impl Context {
         rows: &Bound<'_, PyAny>,
         attn_bias: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let rows = crate::forward::floats(rows)?;
+        let rows = crate::forward::vectors(rows, ids.len())?;
         let bias = attn_bias.map(crate::forward::floats).transpose()?;
         self.with(|c| c.fill_embeds(&ids, &rows, bias.as_deref()).py())
     }

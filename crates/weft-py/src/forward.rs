@@ -32,6 +32,38 @@ pub fn floats(rows: &Bound<'_, PyAny>) -> PyResult<Vec<f32>> {
     Ok(rows.extract::<Vec<Vec<f32>>>()?.concat())
 }
 
+/// `n` input vectors, row-major: a NumPy array of shape `(n, width)` (or of shape `(width,)`
+/// for one vector), or a list of `n` equally long lists. Any other shape is an
+/// `InputEmbeds` error, not silently reflowed rows.
+pub fn vectors(rows: &Bound<'_, PyAny>, n: usize) -> PyResult<Vec<f32>> {
+    let bad = |reason: String| to_py(weft::Error::InputEmbeds { reason });
+    if rows.hasattr("shape")? {
+        let shape: Vec<usize> = rows.getattr("shape")?.extract()?;
+        let fits = match shape[..] {
+            [r, _] => r == n,
+            [_] => n == 1,
+            _ => false,
+        };
+        if !fits {
+            return Err(bad(format!(
+                "rows must have shape ({n}, n_embd), one vector per token; got {shape:?}"
+            )));
+        }
+        return floats(rows);
+    }
+    let list: Vec<Vec<f32>> = rows.extract()?;
+    let width = list.first().map_or(0, Vec::len);
+    if list.len() != n || list.iter().any(|r| r.len() != width) {
+        return Err(bad(format!(
+            "rows must be {n} lists of n_embd numbers, one per token; got {} lists of lengths \
+             {:?}",
+            list.len(),
+            list.iter().map(Vec::len).collect::<Vec<_>>()
+        )));
+    }
+    Ok(list.concat())
+}
+
 /// One recorded builder call.
 enum Op {
     Input(Vec<u32>),
@@ -264,7 +296,7 @@ impl Forward {
         positions: Vec<u32>,
         ids: Option<Vec<u32>>,
     ) -> PyResult<()> {
-        let rows = floats(rows)?;
+        let rows = vectors(rows, positions.len())?;
         let ids = ids.unwrap_or_else(|| vec![0; positions.len()]);
         let n = ids.len();
         self.push(Op::InputEmbeds(ids, rows, positions))?;

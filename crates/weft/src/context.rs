@@ -190,7 +190,6 @@ impl Context {
 
     /// Appends tokens to the pending buffer (ids already checked against the vocabulary).
     pub(crate) fn push_pending(&mut self, ids: &[u32]) {
-        self.settle();
         self.pending.extend_from_slice(ids);
     }
 

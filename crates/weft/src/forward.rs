@@ -631,9 +631,18 @@ fn attention(
     };
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let row = match bias {
-            Some(b) => Some(&b[i]),
-            None => pending_bias.get(&(base + i)),
+        let row = match (bias, pending_bias.get(&(base + i))) {
+            // Two biases for one token: which one holds would be a guess.
+            (Some(_), Some(_)) => {
+                return Err(Error::AttentionBias {
+                    reason: format!(
+                        "token {i} of the pass already has a bias row from fill_embeds; give \
+                         the pass's attention_bias only to passes over tokens without one"
+                    ),
+                })
+            }
+            (Some(b), None) => Some(&b[i]),
+            (None, row) => row,
         };
         let mut mask = match masks.map(|m| &m[i]) {
             Some(m) if !fits(i, m.len()) => {

@@ -219,6 +219,20 @@ fn attention_bias_agrees_with_masks() {
             "{model}: a bias of +2 changed nothing"
         );
         assert!(shifted.iter().all(|v| v.is_finite()));
+
+        // Tokens that have bias rows from fill_embeds take no second bias from the pass: an
+        // error (the pass's rows silently replaced them), the context as it was.
+        let mut ctx = engine.context();
+        ctx.fill_embeds(&ids, &rows, Some(&hidden)).unwrap();
+        let mut fwd = ctx.forward();
+        fwd.attention_bias((0..n).map(|i| vec![0.0; i + 1]).collect());
+        let e = block_on(fwd.execute()).unwrap_err();
+        assert!(matches!(e, weft::Error::AttentionBias { .. }), "{e}");
+        assert_eq!((ctx.len(), ctx.pending().len()), (0, n));
+        assert!(
+            block_on(ctx.flush_logits()).unwrap() == masked,
+            "{model}: after the error"
+        );
     }
 }
 

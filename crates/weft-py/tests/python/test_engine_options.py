@@ -42,6 +42,11 @@ def test_fill_embeds_of_real_tokens_is_filling_them(smollm2, reference):
     assert got == greedy(smollm2, prompt)
     with pytest.raises(weft.InputEmbeds):
         smollm2.context().fill_embeds(ids, np.zeros((len(ids), 3), dtype=np.float32))
+    # Rows of another shape with the right number of values are refused, not reflowed.
+    rows = smollm2.input_embeddings(ids[:2])
+    for wrong in (rows.T.copy(), rows.reshape(2, 1, -1), [rows[0].tolist()[:-1], rows[1].tolist() + [0.0]]):
+        with pytest.raises(weft.InputEmbeds, match="one vector per token|one per token"):
+            smollm2.context().fill_embeds(ids[:2], wrong)
 
 
 def test_evict_gives_the_pages_back_and_changes_nothing(smollm2, reference):
