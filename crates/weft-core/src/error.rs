@@ -131,6 +131,9 @@ pub enum Error {
     /// A rewind to a point whose sliding-window keys were already released.
     #[error("cannot rewind sequence {seq} to {to} tokens: the sliding-window keys it needs were already released")]
     RewindPastWindow { seq: u32, to: usize },
+    /// A token placed so far back that the sliding-window keys it would see were released.
+    #[error("position {pos} is too far behind sequence {seq}'s highest position: the sliding-window keys a token there would see were already released")]
+    PositionBehindWindow { seq: u32, pos: u32 },
     /// A model file of an architecture weft does not implement.
     #[error("unsupported model architecture {arch:?} (weft runs: {supported})")]
     UnknownArchitecture {

@@ -614,6 +614,30 @@ fn a_dropped_execute_future_whose_pass_fails_keeps_the_pending_tokens() {
     assert_pool_free(&engine);
 }
 
+/// Gemma 3's sliding-window layers give back pages two windows behind the highest position. A
+/// token placed back among tokens whose keys went that way is an error (it saw them as
+/// nothing, silently), and the context stays as it was.
+#[test]
+fn a_token_placed_behind_released_window_pages_is_an_error() {
+    let engine = engine("gemma3-270m", small());
+    let text = "The loom's shuttle carries the weft across the warp. ".repeat(60);
+    let ids = engine.tokenize(&text);
+    let mut ctx = engine.context();
+    ctx.fill_tokens(&ids[..700]).expect("fill");
+    block_on(ctx.flush_logits()).expect("prefill");
+    let mut fwd = ctx.forward();
+    fwd.input_at(&ids[700..701], &[4000]);
+    block_on(fwd.execute()).expect("a token far ahead");
+    let (len, pages) = (ctx.len(), engine.metrics().kv_pages_used);
+    let mut fwd = ctx.forward();
+    fwd.input_at(&ids[701..702], &[700]);
+    let e = block_on(fwd.execute()).unwrap_err();
+    assert!(e.to_string().contains("sliding-window keys"), "{e}");
+    assert_eq!((ctx.len(), engine.metrics().kv_pages_used), (len, pages));
+    drop(ctx);
+    assert_pool_free(&engine);
+}
+
 /// Per-index logit masks: each sampled position chooses within its own set (the masked
 /// argmax of the position's logits), and masks of the wrong count or length are refused.
 #[test]

@@ -255,6 +255,28 @@ impl KvCache {
             .ok_or(Error::UnknownSequence { seq: seq.0 })?;
         let start = s.positions.len();
         let end = start + positions.len();
+        // A token placed behind the highest position so far (custom positions) would see the
+        // keys within its window: none of them may lie in a page a sliding-window group
+        // released (attention would skip it as empty, silently).
+        if let Some(low) = positions.iter().copied().min() {
+            if s.max_pos.is_some_and(|m| low <= m) {
+                for (g, group) in self.groups.iter().enumerate() {
+                    let Some(window) = group.window else { continue };
+                    let released_needed = s.tables[g].iter().enumerate().any(|(i, p)| {
+                        p.is_none()
+                            && s.positions[i * PAGE_SIZE..((i + 1) * PAGE_SIZE).min(start)]
+                                .iter()
+                                .any(|&q| u64::from(q) + window as u64 > u64::from(low))
+                    });
+                    if released_needed {
+                        return Err(Error::PositionBehindWindow {
+                            seq: seq.0,
+                            pos: low,
+                        });
+                    }
+                }
+            }
+        }
         // Pages needed in each group: new pages plus a copy of a shared partial last page.
         let needed: Vec<usize> = self
             .groups
@@ -761,6 +783,15 @@ pub(crate) mod tests {
             kv.write(0, s, 0, &row, &row).is_ok(),
             "full attention keeps slot 0"
         );
+        // A token placed back at position 100 would see positions 69..=100, some released: an
+        // error, nothing appended. At 130 it sees 99..=130, all held.
+        let e = kv.append(s, &[100]).unwrap_err();
+        assert!(
+            matches!(e, Error::PositionBehindWindow { pos: 100, .. }),
+            "{e}"
+        );
+        assert_eq!(kv.len(s).unwrap(), 6 * PAGE_SIZE);
+        assert_eq!(kv.append(s, &[130]).unwrap(), 6 * PAGE_SIZE);
         assert!(kv.truncate(s, 5 * PAGE_SIZE).is_ok());
         let e = kv.truncate(s, 3 * PAGE_SIZE).unwrap_err();
         assert!(matches!(e, Error::RewindPastWindow { .. }));
