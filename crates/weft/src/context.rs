@@ -154,6 +154,11 @@ impl Context {
         &self.rng
     }
 
+    /// The positions of the run tokens, slot by slot.
+    pub(crate) fn run_positions(&self) -> &[u32] {
+        &self.positions
+    }
+
     /// The position after the last run token (the first pending token's).
     pub(crate) fn start_position(&self) -> u32 {
         self.positions.last().map_or(0, |&p| p + 1)

@@ -110,7 +110,11 @@ impl<'c> Forward<'c> {
 
     /// Appends `tokens` at the given positions (one per token). Positions set the rotary
     /// angle and the causal order; two tokens may share a position (e.g. two documents
-    /// side by side, isolated with [`Forward::attention_mask`]).
+    /// side by side, isolated with [`Forward::attention_mask`]). Without a mask a token sees
+    /// every slot at a position up to its own, this pass's later ones included; a token run
+    /// by an earlier pass never sees one added since. On a sliding-window model, a position
+    /// so far back that the keys it would see were released is
+    /// [`weft_core::Error::PositionBehindWindow`].
     pub fn input_at(&mut self, tokens: &[u32], positions: &[u32]) -> &mut Self {
         if tokens.len() != positions.len() {
             self.error.get_or_insert(Error::PositionCount {
@@ -443,13 +447,21 @@ impl<'c> Forward<'c> {
             m => m,
         };
         let base = ctx.len();
-        let masks = attention(
+        let masks = match attention(
             base,
             n,
             self.masks.as_deref(),
             self.attn_bias.as_deref(),
             ctx.pending_bias(),
-        )?;
+        )? {
+            // Positions that go back within the pass: a token sees the pass's later slots at
+            // positions up to its own, as one micro-batch shows them, wherever the scheduler
+            // cuts the pass: explicit masks keep such tokens together.
+            None if goes_back(&self.positions) => {
+                Some(position_masks(ctx.run_positions(), &self.positions))
+            }
+            m => m,
+        };
         // Input vectors: the pending tokens' (recorded in the context) and this pass's own.
         let n_pending = ctx.pending().len();
         let embeds = if self.vectors.is_empty() && !ctx.has_vectors_from(base) {
@@ -574,6 +586,34 @@ pub(crate) fn bias_rows(bias: &[f32], base: usize, n: usize) -> Result<Vec<Vec<f
 /// Per token `t` of a pass whose first token is slot `base`, the last token of the pass
 /// that a token up to `t` attends to (`t` or less when no mask looks ahead); empty when none
 /// does. The pass may be cut after token `t` (chunked prefill) only when `reach[t] <= t`.
+/// Whether some position of the pass is at or before an earlier one of it.
+fn goes_back(positions: &[u32]) -> bool {
+    let mut top = None;
+    for &p in positions {
+        if top.is_some_and(|t| p <= t) {
+            return true;
+        }
+        top = top.max(Some(p));
+    }
+    false
+}
+
+/// Causal attention by position, as explicit masks: token `i` sees every slot (the context's
+/// and the pass's) at a position up to its own. A mask ends at its last visible slot (or the
+/// token's own): a micro-batch may end where no mask reaches past it.
+fn position_masks(run: &[u32], pass: &[u32]) -> Vec<SlotMask> {
+    pass.iter()
+        .enumerate()
+        .map(|(i, &own)| {
+            let mut visible: Vec<bool> = run.iter().chain(pass).map(|&p| p <= own).collect();
+            let own_slot = run.len() + i;
+            let end = visible.iter().rposition(|&v| v).map_or(0, |s| s + 1);
+            visible.truncate(end.max(own_slot + 1));
+            SlotMask::new(visible)
+        })
+        .collect()
+}
+
 fn reach(base: usize, masks: &[SlotMask]) -> Vec<u32> {
     let mut out = Vec::with_capacity(masks.len());
     let mut far = 0usize;

@@ -638,6 +638,36 @@ fn a_token_placed_behind_released_window_pages_is_an_error() {
     assert_pool_free(&engine);
 }
 
+/// A pass whose positions go back (a token placed at an earlier position after others): what
+/// a token sees does not depend on where the scheduler cuts the pass (512 tokens a step here).
+/// Token 100 sees the token put at position 100 at the pass's end, in a pass of 300 tokens as
+/// in one of 600.
+#[test]
+fn a_pass_with_positions_going_back_does_not_depend_on_its_cuts() {
+    let engine = engine("smollm2-135m", small());
+    let text = "The loom's shuttle carries the weft across the warp. ".repeat(60);
+    let ids = engine.tokenize(&text);
+    let x = engine.tokenize(" Dragons")[0];
+    let at_100 = |n: usize| {
+        let mut ctx = engine.context();
+        let mut fwd = ctx.forward();
+        fwd.input(&ids[..n]).input_at(&[x], &[100]);
+        let h = fwd.probe(100, Logits);
+        block_on(fwd.execute())
+            .expect("pass")
+            .logits(h)
+            .expect("logits")
+            .to_vec()
+    };
+    let (short, long) = (at_100(300), at_100(600));
+    assert!(short == long, "the token at 100 saw different slots");
+    assert!(
+        short != last_logits(&engine, &ids[..101]),
+        "it did not see the late token"
+    );
+    assert_pool_free(&engine);
+}
+
 /// Per-index logit masks: each sampled position chooses within its own set (the masked
 /// argmax of the position's logits), and masks of the wrong count or length are refused.
 #[test]
