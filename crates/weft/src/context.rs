@@ -45,11 +45,9 @@ pub struct Context {
     pending: Vec<u32>,
     rng: Rng,
     /// A pass was submitted and its `execute` future has not finished (it may have been
-    /// dropped): wait for the scheduler before touching the sequence again.
-    inflight: bool,
-    /// What the pass in flight took (pending tokens, bias rows), to give back if it fails
-    /// after its future was dropped.
-    undo: Option<PassRecord>,
+    /// dropped): wait for the scheduler before touching the sequence again. It holds what the
+    /// pass took (pending tokens, bias rows), given back if the pass fails.
+    inflight: Option<PassRecord>,
     /// A generator saved in the snapshot this context was resumed from (JSON), until
     /// [`Context::resume_generator`] takes it.
     saved_generator: Option<String>,
@@ -63,7 +61,7 @@ pub struct Context {
 }
 
 /// What a submitted pass changed in its context, kept to undo it if the pass fails.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct PassRecord {
     len: usize,
     pending: Vec<u32>,
@@ -108,8 +106,7 @@ impl Context {
             positions: Vec::new(),
             pending: Vec::new(),
             rng: Rng::new(0),
-            inflight: false,
-            undo: None,
+            inflight: None,
             saved_generator: None,
             embeds: BTreeMap::new(),
             pending_bias: BTreeMap::new(),
@@ -121,27 +118,24 @@ impl Context {
     /// orphaned pass and drops the tokens it recorded but the cache does not hold (the pass
     /// failed).
     pub(crate) fn settle(&mut self) {
-        if !self.inflight {
+        let Some(record) = self.inflight.take() else {
             return;
-        }
+        };
         let shared = &self.engine.inner.shared;
         shared.wait_idle(self.seq);
         let cached = shared.runner().kv().len(self.seq).unwrap_or(0);
         if cached < self.tokens.len() {
-            match self.undo.take() {
+            if record.len == cached {
                 // The pass failed and the runner rolled the sequence back: as an awaited
                 // pass's failure does, its pending tokens (and bias rows) go back to the
                 // buffer rather than being lost.
-                Some(r) if r.len == cached => self.pass_failed(r),
-                _ => {
-                    self.tokens.truncate(cached);
-                    self.positions.truncate(cached);
-                    self.embeds.retain(|&i, _| i < cached + self.pending.len());
-                }
+                self.undo(record);
+            } else {
+                self.tokens.truncate(cached);
+                self.positions.truncate(cached);
+                self.embeds.retain(|&i, _| i < cached + self.pending.len());
             }
         }
-        self.undo = None;
-        self.inflight = false;
     }
 
     /// The scheduler's id of this context's sequence.
@@ -209,7 +203,7 @@ impl Context {
         positions: &[u32],
         vectors: BTreeMap<usize, Arc<[f32]>>,
         custom_attention: bool,
-    ) -> PassRecord {
+    ) {
         let record = PassRecord {
             len: self.tokens.len(),
             pending: std::mem::take(&mut self.pending),
@@ -222,22 +216,24 @@ impl Context {
         for (i, v) in vectors {
             self.embeds.insert(record.len + i, v);
         }
-        self.inflight = true;
-        self.undo = Some(record.clone());
-        record
+        self.inflight = Some(record);
     }
 
     /// The pass ran: the sampling state moves on to `rng`.
     pub(crate) fn pass_done(&mut self, rng: Rng) {
-        self.inflight = false;
-        self.undo = None;
+        self.inflight = None;
         self.rng = rng;
     }
 
     /// The pass failed and the runner rolled the sequence back: so does the context.
-    pub(crate) fn pass_failed(&mut self, r: PassRecord) {
-        self.inflight = false;
-        self.undo = None;
+    pub(crate) fn pass_failed(&mut self) {
+        if let Some(r) = self.inflight.take() {
+            self.undo(r);
+        }
+    }
+
+    /// Puts the context back where it was before the pass `r` recorded.
+    fn undo(&mut self, r: PassRecord) {
         self.tokens.truncate(r.len);
         self.positions.truncate(r.len);
         self.embeds.retain(|&i, _| i < r.len + r.pending.len());
@@ -420,7 +416,7 @@ impl Context {
     pub fn fork(&self) -> Result<Context> {
         let shared = &self.engine.inner.shared;
         let mut n = self.tokens.len();
-        if self.inflight {
+        if self.inflight.is_some() {
             // A dropped pass may have failed: the cache then holds fewer tokens than recorded.
             shared.wait_idle(self.seq);
             n = n.min(shared.runner().kv().len(self.seq).unwrap_or(0));
@@ -433,8 +429,7 @@ impl Context {
             positions: self.positions[..n].to_vec(),
             pending: self.pending.clone(),
             rng: self.rng.clone(),
-            inflight: false,
-            undo: None,
+            inflight: None,
             saved_generator: None,
             embeds: self.embeds.clone(),
             pending_bias: self.pending_bias.clone(),

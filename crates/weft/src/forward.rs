@@ -510,7 +510,7 @@ impl<'c> Forward<'c> {
     pub async fn execute(self) -> Result<ForwardOutput> {
         let (ctx, req, vectors) = self.into_request()?;
         // If this future is dropped before the answer, the context settles later.
-        let record = ctx.begin_pass(&req.tokens, &req.positions, vectors, req.masks.is_some());
+        ctx.begin_pass(&req.tokens, &req.positions, vectors, req.masks.is_some());
         let rx = ctx.engine().inner.shared.submit(req);
         match rx.await.unwrap_or(Err(Error::EngineStopped)) {
             Ok(r) => {
@@ -518,7 +518,7 @@ impl<'c> Forward<'c> {
                 Ok(ForwardOutput::new(r.tokens, r.probes))
             }
             Err(e) => {
-                ctx.pass_failed(record);
+                ctx.pass_failed();
                 Err(e)
             }
         }
