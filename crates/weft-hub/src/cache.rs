@@ -42,9 +42,10 @@ pub(crate) fn marker_path(file: &Path) -> PathBuf {
 
 /// What a marker records: the registry's sha and size, and the file's modification time when
 /// it was hashed, so that a file changed in place afterwards (a copy over it, an editor, a
-/// stray write) no longer matches and is hashed again. `None` when the file cannot be read.
-fn marker_contents(file: &Path, spec: &ModelSpec) -> Option<String> {
-    let modified = fs::metadata(file).and_then(|m| m.modified()).ok()?;
+/// stray write) no longer matches and is hashed again (`meta`: the file's). `None` where the
+/// platform keeps no modification time.
+fn marker_contents(meta: &fs::Metadata, spec: &ModelSpec) -> Option<String> {
+    let modified = meta.modified().ok()?;
     let since = modified.duration_since(UNIX_EPOCH).unwrap_or_default();
     Some(format!(
         "sha256 {}\nsize {}\nmodified {}.{:09}\n",
@@ -55,16 +56,17 @@ fn marker_contents(file: &Path, spec: &ModelSpec) -> Option<String> {
     ))
 }
 
-/// Whether `file` is there with `spec`'s size and a marker for its sha.
+/// Whether `file` is there with `spec`'s size and a marker for its sha and its present
+/// modification time.
 pub(crate) fn is_verified(file: &Path, spec: &ModelSpec) -> bool {
-    fs::metadata(file).is_ok_and(|m| m.is_file() && m.len() == spec.size)
-        && marker_matches(file, spec)
+    fs::metadata(file)
+        .is_ok_and(|m| m.is_file() && m.len() == spec.size && marker_matches(file, &m, spec))
 }
 
-/// Whether `file`'s marker records exactly `spec`'s sha and size and the file's present
-/// modification time.
-pub(crate) fn marker_matches(file: &Path, spec: &ModelSpec) -> bool {
-    let Some(expected) = marker_contents(file, spec) else {
+/// Whether `file`'s marker records exactly `spec`'s sha and size and the modification time
+/// in `meta` (the file's metadata, read once by the caller).
+pub(crate) fn marker_matches(file: &Path, meta: &fs::Metadata, spec: &ModelSpec) -> bool {
+    let Some(expected) = marker_contents(meta, spec) else {
         return false;
     };
     fs::read_to_string(marker_path(file)).is_ok_and(|s| s == expected)
@@ -72,8 +74,9 @@ pub(crate) fn marker_matches(file: &Path, spec: &ModelSpec) -> bool {
 
 /// Writes `file`'s marker atomically (temp file + rename).
 pub(crate) fn write_marker(file: &Path, spec: &ModelSpec) -> Result<(), HubError> {
-    let contents = marker_contents(file, spec)
-        .ok_or_else(|| HubError::io("inspect", file, io::ErrorKind::NotFound.into()))?;
+    let meta = fs::metadata(file).map_err(|e| HubError::io("inspect", file, e))?;
+    let contents = marker_contents(&meta, spec)
+        .ok_or_else(|| HubError::io("inspect", file, io::ErrorKind::Unsupported.into()))?;
     let marker = marker_path(file);
     let mut tmp_name = marker.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(format!(".tmp-{}", unique_suffix()));
@@ -299,9 +302,7 @@ impl PartialFile {
         let target = dir.join(base);
         if let Err(e) = fs::rename(&self.path, &target) {
             // Another process may have put the same verified file in place meanwhile.
-            let theirs_ok = fs::metadata(&target).is_ok_and(|m| m.len() == spec.size)
-                && marker_matches(&target, spec);
-            if !theirs_ok {
+            if !is_verified(&target, spec) {
                 return Err(HubError::io("rename into place", &target, e));
             }
             return Ok(target);
@@ -359,7 +360,7 @@ mod tests {
         let path = p.commit(&spec).unwrap();
         assert_eq!(path, dir.path().join("m.gguf"));
         assert_eq!(fs::read(&path).unwrap(), b"hello world");
-        assert!(marker_matches(&path, &spec));
+        assert!(is_verified(&path, &spec));
         assert_eq!(entries(dir.path()), ["m.gguf", "m.gguf.verified"]);
         let (sha, size) = hash_file(&path, &mut NoProgress).unwrap();
         assert_eq!((sha.as_str(), size), (spec.sha256, 11));
@@ -398,11 +399,11 @@ mod tests {
         let spec = spec_for(b"abc", "m.gguf");
         let file = dir.path().join("m.gguf");
         fs::write(&file, b"abc").unwrap();
-        assert!(!marker_matches(&file, &spec));
+        assert!(!is_verified(&file, &spec));
         write_marker(&file, &spec).unwrap();
-        assert!(marker_matches(&file, &spec));
+        assert!(is_verified(&file, &spec));
         let other = spec_for(b"abd", "m.gguf");
-        assert!(!marker_matches(&file, &other));
+        assert!(!is_verified(&file, &other));
         remove_model(&file).unwrap();
         assert!(entries(dir.path()).is_empty());
     }

@@ -246,7 +246,7 @@ impl Hub {
             cache::remove_model(&path)?;
             return Ok(None);
         }
-        if cache::marker_matches(&path, spec) {
+        if cache::marker_matches(&path, &meta, spec) {
             return Ok(Some(path));
         }
         tracing::info!("verifying cached {} (once)", path.display());

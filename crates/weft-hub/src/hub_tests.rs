@@ -176,7 +176,7 @@ fn missing_marker_means_one_rehash() {
     assert_eq!(hub.pull_with(&spec, &[], &mut labels).unwrap(), path);
     assert_eq!(labels.0.len(), 1, "{:?}", labels.0);
     assert!(labels.0[0].starts_with("verifying"));
-    assert!(cache::marker_matches(&path, &spec));
+    assert!(cache::is_verified(&path, &spec));
 
     let mut labels = Labels::default();
     hub.pull_with(&spec, &[], &mut labels).unwrap();
@@ -269,7 +269,7 @@ fn forgetting_the_markers_rehashes_damage_that_kept_the_modification_time() {
     assert_eq!(calls.get(), 1);
     assert!(labels.0[0].starts_with("verifying"), "{:?}", labels.0);
     assert_eq!(fs::read(&path).unwrap(), DATA);
-    assert!(cache::marker_matches(&path, &spec));
+    assert!(cache::is_verified(&path, &spec));
 }
 
 #[test]
