@@ -278,6 +278,13 @@ impl Tmux {
         tmux
     }
 
+    /// A pane running bash `script`, in which `$0` is the weft binary under test.
+    fn run_script(script: &str, dir: &Path) -> Tmux {
+        let weft = PathBuf::from(env!("CARGO_BIN_EXE_weft"));
+        let command = ["bash", "-c", script, weft.to_str().expect("utf-8 path")];
+        Tmux::start(&command, dir)
+    }
+
     fn run(&self, args: &[&str]) -> String {
         let out = Command::new("tmux")
             .arg("-L")
@@ -416,11 +423,9 @@ const EXITED: &str = "[weft exited with status ";
 #[test]
 fn chat_on_a_dumb_terminal() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let weft = PathBuf::from(env!("CARGO_BIN_EXE_weft"));
     let script = format!("TERM=dumb \"$0\" chat -m {MODEL} --temp 0 -n 16; echo \"{EXITED}$?]\"");
-    let command = ["bash", "-c", &script, weft.to_str().expect("utf-8 path")];
     let mut s = Session {
-        tmux: Tmux::start(&command, dir.path()),
+        tmux: Tmux::run_script(&script, dir.path()),
         prompts: 0,
     };
     s.wait_prompt("the model to load and the first prompt");
@@ -438,13 +443,11 @@ fn chat_on_a_dumb_terminal() {
 #[test]
 fn chat_into_a_closed_pipe_ends_quietly() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let weft = PathBuf::from(env!("CARGO_BIN_EXE_weft"));
     let script = format!(
         "\"$0\" chat -m {MODEL} --temp 0 -n 64 | head -c 5; s=${{PIPESTATUS[0]}}; echo; \
          echo \"{EXITED}$s]\""
     );
-    let command = ["bash", "-c", &script, weft.to_str().expect("utf-8 path")];
-    let tmux = Tmux::start(&command, dir.path());
+    let tmux = Tmux::run_script(&script, dir.path());
     tmux.wait_for("the banner", 120, |s| s.contains("/help"));
     tmux.type_text("Tell me a long story about a dragon.");
     tmux.press("Enter");
@@ -458,14 +461,12 @@ fn chat_in_a_terminal() {
     let t0 = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
     let n = 256;
-    let weft = PathBuf::from(env!("CARGO_BIN_EXE_weft"));
     // bash runs weft and reports how it ended: tmux itself sometimes never collects the exit
     // status of a pane's program. Without job control bash survives the Ctrl-C weft catches
     // (it exits on SIGINT only if its child died of it).
     let script = format!("\"$0\" chat -m {MODEL} --temp 0 -n {n}; echo \"{EXITED}$?]\"");
-    let command = ["bash", "-c", &script, weft.to_str().expect("utf-8 path")];
     let mut s = Session {
-        tmux: Tmux::start(&command, dir.path()),
+        tmux: Tmux::run_script(&script, dir.path()),
         prompts: 0,
     };
     let screen = s.wait_prompt("the model to load and the first prompt");

@@ -408,16 +408,22 @@ fn synthetic(model: &str, rank: usize, seed: u64) -> Synthetic {
     }
 }
 
+/// A GGUF writer with the metadata of a LoRA adapter for `arch` (llama.cpp's form).
+fn adapter_writer(arch: &str) -> GgufWriter {
+    let mut w = GgufWriter::new();
+    w.metadata("general.architecture", Value::String(arch.into()));
+    w.metadata("general.type", Value::String("adapter".into()));
+    w.metadata("adapter.type", Value::String("lora".into()));
+    w
+}
+
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 impl Synthetic {
     fn write_gguf(&self, path: &Path) {
-        let mut w = GgufWriter::new();
-        w.metadata("general.architecture", Value::String(self.arch.clone()));
-        w.metadata("general.type", Value::String("adapter".into()));
-        w.metadata("adapter.type", Value::String("lora".into()));
+        let mut w = adapter_writer(&self.arch);
         w.metadata("adapter.lora.alpha", Value::F32(self.alpha));
         for (l, g, _, n_in, n_out, a, b) in &self.pairs {
             let r = self.rank as u64;
@@ -752,10 +758,7 @@ fn bad_adapters_are_typed_errors() {
     let bad_rank = scratch().join("smol-rank-mismatch.gguf");
     {
         // Write B with rank 3 by hand.
-        let mut w = GgufWriter::new();
-        w.metadata("general.architecture", Value::String("llama".into()));
-        w.metadata("general.type", Value::String("adapter".into()));
-        w.metadata("adapter.type", Value::String("lora".into()));
+        let mut w = adapter_writer("llama");
         let (l, g, _, n_in, n_out, a, b) = &syn.pairs[5];
         w.tensor(
             &format!("blk.{l}.{g}.weight.lora_a"),
@@ -817,10 +820,7 @@ fn adapter_values_and_configs_are_read_as_peft_means_them() {
     let orphan = scratch().join("smol-orphan-b.gguf");
     {
         let syn = synthetic("smollm2-135m", 4, 30);
-        let mut w = GgufWriter::new();
-        w.metadata("general.architecture", Value::String("llama".into()));
-        w.metadata("general.type", Value::String("adapter".into()));
-        w.metadata("adapter.type", Value::String("lora".into()));
+        let mut w = adapter_writer("llama");
         for (k, (l, g, _, n_in, n_out, a, b)) in syn.pairs.iter().take(2).enumerate() {
             if k == 0 {
                 w.tensor(
