@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
+use pyo3::IntoPyObjectExt;
 
 /// Awaitables handed to asyncio whose Rust side has not finished, and whether there ever were
 /// any. Their runtime threads take the GIL to deliver results; one still doing so when the
@@ -89,7 +90,10 @@ where
     let in_flight = InFlight::new();
     let fut = async move {
         let _in_flight = in_flight;
-        fut.await
+        Ok(match fut.await {
+            Ok(value) => Outcome::Value(value),
+            Err(e) => Outcome::Failed(Failed(std::sync::Mutex::new(Some(e)))),
+        })
     };
     let aio = py.import("weft._aio")?;
     if loop_running(py)? {
@@ -109,6 +113,49 @@ where
         pyo3_async_runtimes::tokio::future_into_py(args.py(), fut).map(Bound::unbind)
     })?;
     aio.getattr("start_when_awaited")?.call1((start,))
+}
+
+/// What an awaitable's future hands to asyncio: its value, or its error in a [`Failed`] box
+/// that `weft._aio` opens and raises.
+enum Outcome<T> {
+    Value(T),
+    Failed(Failed),
+}
+
+impl<'py, T: IntoPyObject<'py>> IntoPyObject<'py> for Outcome<T> {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Outcome::Value(v) => Ok(v.into_bound_py_any(py)?),
+            Outcome::Failed(f) => Ok(Bound::new(py, f)?.into_any()),
+        }
+    }
+}
+
+/// An awaitable's error on its way to the awaiting coroutine, which takes it out (`raise_`)
+/// as soon as it has it.
+///
+/// Handed over as the asyncio future's exception, it stayed reachable from that future,
+/// which pyo3-async-runtimes' runtime thread holds until a moment after the awaiting task
+/// resumed, in a reference Python's collector cannot see. When the error was a Python
+/// callback's exception, kept by its generation and with the awaiting frame (which holds the
+/// generation) in its traceback, a `gc.collect()` in that moment found the cycle still
+/// referenced and left it, and the context's KV pages, to a later collection.
+#[pyclass(frozen, module = "weft._weft", name = "_Failed")]
+struct Failed(std::sync::Mutex<Option<PyErr>>);
+
+#[pymethods]
+impl Failed {
+    /// Raises the error (once; after that, RuntimeError).
+    fn raise_(&self) -> PyResult<()> {
+        let taken = self.0.lock().map(|mut e| e.take()).unwrap_or(None);
+        Err(taken.unwrap_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err("this error was already raised")
+        }))
+    }
 }
 
 impl Drop for InFlight {
@@ -153,9 +200,11 @@ fn _weft(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<beam::BeamHypothesis>()?;
     m.add_function(wrap_pyfunction!(beam::beam_search, m)?)?;
     m.add_function(wrap_pyfunction!(_quiesce, m)?)?;
-    // Private: `from weft import *` does not bring it.
+    m.add_class::<Failed>()?;
+    // Private: `from weft import *` does not bring them.
     let all = m.index()?;
     all.call_method1("remove", ("_quiesce",))?;
+    all.call_method1("remove", ("_Failed",))?;
     forward::register(m)?;
     step::register(m)?;
     sampling::register(m)?;

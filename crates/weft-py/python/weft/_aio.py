@@ -1,4 +1,7 @@
-"""What the native module needs from Python: an ``__anext__`` that cannot lose a delta."""
+"""What the native module needs from Python: an ``__anext__`` that cannot lose a delta, and
+the coroutines of its awaitables, which raise their errors out of the box they come in."""
+
+from ._weft import _Failed
 
 
 _iterating: set = set()
@@ -24,11 +27,18 @@ async def next_delta(gen):  # type: ignore[no-untyped-def]
 async def start_when_awaited(start):  # type: ignore[no-untyped-def]
     """An awaitable made before any event loop ran (``asyncio.run(g.atext())``): ``start()``
     makes the asyncio future of the work, in the loop that awaits this coroutine."""
-    return await start()
+    return _opened(await start())
 
 
 async def started(fut):  # type: ignore[no-untyped-def]
     """An awaitable made inside a running event loop: ``fut``, the asyncio future of work that
     has already started, as a coroutine (``asyncio.create_task`` and ``TaskGroup`` take
     coroutines only)."""
-    return await fut
+    return _opened(await fut)
+
+
+def _opened(outcome):  # type: ignore[no-untyped-def]
+    """The value of an awaitable's future, or its error raised (see ``_Failed``)."""
+    if type(outcome) is _Failed:
+        outcome.raise_()
+    return outcome

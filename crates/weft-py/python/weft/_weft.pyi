@@ -561,3 +561,8 @@ class ContextBusy(WeftError): ...
 
 def _quiesce() -> None:
     """Run at exit: lets the async runtime's threads leave Python before finalization."""
+
+@final
+class _Failed:
+    """An awaitable's error on its way to the awaiting coroutine (see ``weft._aio``)."""
+    def raise_(self) -> None: ...
