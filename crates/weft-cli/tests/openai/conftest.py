@@ -27,8 +27,18 @@ LISTEN_RE = re.compile(r"^weft serve: listening on http://127\.0\.0\.1:(\d+)$")
 STARTUP_TIMEOUT = 120.0
 HTTP_TIMEOUT = 120.0
 
+# A test of the server alone — status codes, the error shape, authentication, admission,
+# signals, the encoder beside the chat model — whose outcome does not depend on the chat model
+# served. `cargo test` runs the suite on each model and these on the first only
+# (`-m "not model_independent"` on the others, see tests/serve_openai.rs). A test that
+# generates, tokenizes or counts tokens of the chat model is not one of them.
+MODEL_INDEPENDENT = pytest.mark.model_independent
+
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "model_independent: the same whatever chat model is served (run once)"
+    )
     missing = [name for name in ("WEFT_BIN", "WEFT_TEST_MODEL") if not os.environ.get(name)]
     if missing:
         raise pytest.UsageError(

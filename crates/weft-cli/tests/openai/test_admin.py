@@ -5,6 +5,7 @@ import pytest
 from conftest import (
     KNOWN_MODELS,
     MODEL,
+    MODEL_INDEPENDENT,
     assert_error_shape,
     detokenize,
     greedy,
@@ -33,6 +34,7 @@ HISTOGRAMS = (
 )
 
 
+@MODEL_INDEPENDENT
 def test_health_is_200_ok(http):
     r = http.get("/health")
     assert r.status_code == 200
@@ -73,6 +75,7 @@ def _series(text: str, name: str) -> list:
     ]
 
 
+@MODEL_INDEPENDENT
 def test_metrics_expose_every_listed_series(http):
     r = http.get("/metrics")
     assert r.status_code == 200
@@ -145,6 +148,7 @@ def test_tokenize_add_special_only_adds_special_tokens(server):
     assert tokenize(server.base_url, "") == []
 
 
+@MODEL_INDEPENDENT
 def test_tokenize_and_detokenize_reject_bad_bodies(http):
     for path, body in (
         ("/tokenize", {"content": 5}),

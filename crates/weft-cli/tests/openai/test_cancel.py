@@ -10,7 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from conftest import HTTP_TIMEOUT, MODEL, kv_idle, make_client, sse_data, start_server, user
+from conftest import (
+    HTTP_TIMEOUT,
+    MODEL,
+    MODEL_INDEPENDENT,
+    kv_idle,
+    make_client,
+    sse_data,
+    start_server,
+    user,
+)
 
 CHAT = "/v1/chat/completions"
 ABORT_EARLY = -1  # abort while the request is in flight, maybe before the response head
@@ -155,6 +164,7 @@ def test_kv_pressure_queues_or_preempts_but_completes_every_request(server, mode
         srv.stop()
 
 
+@MODEL_INDEPENDENT
 def test_first_signal_drains_second_signal_stops():
     """SIGINT lets the requests in flight finish (new connections are refused); a second one
     stops them, as llama-server's second interrupt does: the server exits instead of waiting

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import MODEL, WEFT_BIN, assert_error, make_client, start_server
+from conftest import MODEL, MODEL_INDEPENDENT, WEFT_BIN, assert_error, make_client, start_server
 
 ENCODER = "all-minilm-l6-v2"
 
@@ -50,6 +50,7 @@ def enc_client(enc_server):
         c.close()
 
 
+@MODEL_INDEPENDENT
 def test_encoder_vectors_match_the_reference(enc_client):
     cases = [c for c in reference_cases() if c["text"]]
     # The client asks for base64 by default and decodes it.
@@ -63,6 +64,7 @@ def test_encoder_vectors_match_the_reference(enc_client):
     assert r.usage.total_tokens == r.usage.prompt_tokens
 
 
+@MODEL_INDEPENDENT
 def test_float_and_base64_agree_and_token_ids_equal_text(enc_client, enc_server):
     case = reference_cases()[0]
     as_float = enc_client.embeddings.create(model=ENCODER, input=case["text"], encoding_format="float")
@@ -103,6 +105,7 @@ def test_models_lists_the_embedding_model(enc_client):
     assert enc_client.models.retrieve("minilm").id == ENCODER
 
 
+@MODEL_INDEPENDENT
 @pytest.mark.parametrize(
     "body,param",
     [

@@ -8,7 +8,16 @@ import httpx
 import openai
 import pytest
 
-from conftest import assert_error, greedy, kv_idle, make_client, start_server, tokenize, user
+from conftest import (
+    MODEL_INDEPENDENT,
+    assert_error,
+    greedy,
+    kv_idle,
+    make_client,
+    start_server,
+    tokenize,
+    user,
+)
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -67,6 +76,7 @@ def test_openai_client_raises_bad_request_with_the_error_body(client, model):
     assert info.value.param == "temperature"
 
 
+@MODEL_INDEPENDENT
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
 def test_malformed_json_is_400_in_the_error_shape(http, path):
     r = http.post(
@@ -128,6 +138,7 @@ def test_a_completion_without_max_tokens_writes_16_tokens_as_openai(client, mode
     assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length", r
 
 
+@MODEL_INDEPENDENT
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
 def test_unknown_model_is_404_model_not_found(http, path):
     body = {"model": "no-such-model", "max_tokens": 4}
@@ -135,6 +146,7 @@ def test_unknown_model_is_404_model_not_found(http, path):
     assert_error(http.post(path, json=body), 404, code="model_not_found")
 
 
+@MODEL_INDEPENDENT
 def test_body_over_the_limit_is_413(server, model):
     head = b'{"model": "' + model.encode() + b'", "messages": [{"role": "user", "content": "'
     body = head + b"a" * (20 * 1024 * 1024) + b'"}], "max_tokens": 4}'
@@ -147,6 +159,7 @@ def test_body_over_the_limit_is_413(server, model):
     assert_error(r, 413)
 
 
+@MODEL_INDEPENDENT
 @pytest.mark.parametrize(
     "method, path",
     [("GET", CHAT), ("GET", COMPLETIONS), ("POST", "/v1/no-such-endpoint"), ("GET", "/nope")],
@@ -175,6 +188,7 @@ def keyed_server():
         srv.stop()
 
 
+@MODEL_INDEPENDENT
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
 @pytest.mark.parametrize(
     "headers",
@@ -188,6 +202,7 @@ def test_api_key_server_answers_401_without_the_right_key(keyed_server, model, p
     assert_error(r, 401)
 
 
+@MODEL_INDEPENDENT
 def test_api_key_server_answers_with_the_right_key(keyed_server, model):
     good = make_client(keyed_server, api_key=API_KEY)
     bad = make_client(keyed_server, api_key="wrong-key")
@@ -201,6 +216,7 @@ def test_api_key_server_answers_with_the_right_key(keyed_server, model):
         bad.close()
 
 
+@MODEL_INDEPENDENT
 def test_api_key_server_keeps_health_and_models_open(keyed_server, model):
     health = httpx.get(keyed_server.base_url + "/health", timeout=30)
     assert health.status_code == 200 and health.json() == {"status": "ok"}
@@ -213,6 +229,7 @@ def test_api_key_server_keeps_health_and_models_open(keyed_server, model):
 # 429: a server with one running slot and one queue place
 
 
+@MODEL_INDEPENDENT
 def test_full_queue_is_429_and_the_admitted_requests_complete(model):
     srv = start_server("--parallel", "1", "--max-queue", "1")
     try:
