@@ -129,7 +129,7 @@ impl<'py, T: IntoPyObject<'py>> IntoPyObject<'py> for Outcome<T> {
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         match self {
-            Outcome::Value(v) => Ok(v.into_bound_py_any(py)?),
+            Outcome::Value(v) => v.into_bound_py_any(py),
             Outcome::Failed(f) => Ok(Bound::new(py, f)?.into_any()),
         }
     }
@@ -151,8 +151,7 @@ struct Failed(std::sync::Mutex<Option<PyErr>>);
 impl Failed {
     /// Raises the error (once; after that, RuntimeError).
     fn raise_(&self) -> PyResult<()> {
-        let taken = self.0.lock().map(|mut e| e.take()).unwrap_or(None);
-        Err(taken.unwrap_or_else(|| {
+        Err(driver::lock(&self.0).take().unwrap_or_else(|| {
             pyo3::exceptions::PyRuntimeError::new_err("this error was already raised")
         }))
     }
