@@ -722,7 +722,7 @@ fn run_applies_lora_adapters_with_a_scale() {
 #[test]
 fn embed_prints_one_unit_vector_per_line() {
     let out = weft(
-        &["embed", "--pooling", "last"],
+        &["embed", "-m", "smollm2-135m", "--pooling", "last"],
         "The cat sat on the mat.\nParis is the capital of France.\n",
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -739,7 +739,10 @@ fn embed_prints_one_unit_vector_per_line() {
     }
     assert_ne!(lines[0], lines[1]);
     // Every token's vector: an array of unit vectors, one per token of the text.
-    let out = weft(&["embed", "--pooling", "none"], "hello world\n");
+    let out = weft(
+        &["embed", "-m", "smollm2-135m", "--pooling", "none"],
+        "hello world\n",
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -761,8 +764,8 @@ fn embed_prints_one_unit_vector_per_line() {
 }
 
 /// A sentence-transformers folder is a model for `embed`, as its name and its
-/// model.safetensors are (it was refused as "not a file"); empty lines at the end of the
-/// input are dropped, one between texts is an error.
+/// model.safetensors are (it was refused as "not a file"), and the encoder is `embed`'s
+/// default; empty lines at the end of the input are dropped, one between texts is an error.
 #[test]
 fn embed_takes_an_encoder_folder_and_trailing_empty_lines() {
     let pulled = weft(&["pull", "all-minilm-l6-v2"], "");
@@ -781,6 +784,11 @@ fn embed_takes_an_encoder_folder_and_trailing_empty_lines() {
         String::from_utf8_lossy(&by_folder.stderr)
     );
     assert_eq!(by_name.stdout, by_folder.stdout);
+    let by_default = weft(&["embed"], text);
+    assert_eq!(
+        by_default.stdout, by_name.stdout,
+        "embed defaults to the encoder"
+    );
     let vectors: Vec<Vec<f64>> = String::from_utf8_lossy(&by_folder.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON array per line"))

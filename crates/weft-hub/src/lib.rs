@@ -35,5 +35,6 @@ pub use error::{HubError, SourceFailure};
 pub use hub::Hub;
 pub use progress::{NoProgress, Progress};
 pub use registry::{
-    find, known_models, known_names, HfSource, ModelSpec, PypiSource, WheelMember, DEFAULT_MODEL,
+    find, known_models, known_names, HfSource, ModelSpec, PypiSource, WheelMember,
+    DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL,
 };

@@ -3,6 +3,10 @@
 /// The model used when the user names none.
 pub const DEFAULT_MODEL: &str = "smollm2-135m";
 
+/// The model `weft embed` uses when the user names none: a sentence-embedding encoder, whose
+/// vectors are made for similarity (a chat model's pooled hidden states are not).
+pub const DEFAULT_EMBEDDING_MODEL: &str = "all-minilm-l6-v2";
+
 /// A model weft can fetch and verify.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelSpec {
@@ -237,6 +241,8 @@ mod tests {
     fn default_model_is_known_and_first() {
         let spec = find(DEFAULT_MODEL).expect("default model in registry");
         assert_eq!(spec.name, known_models()[0].name);
+        let encoder = find(DEFAULT_EMBEDDING_MODEL).expect("default embedding model");
+        assert_eq!(encoder.name, DEFAULT_EMBEDDING_MODEL);
     }
 
     #[test]

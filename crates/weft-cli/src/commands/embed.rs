@@ -1,7 +1,7 @@
-//! `weft embed -m MODEL [--pooling P] [--no-normalize] [FILE|-]`: one JSON array (the text's
+//! `weft embed [-m MODEL] [--pooling P] [--no-normalize] [FILE|-]`: one JSON array (the text's
 //! embedding; with `--pooling none` an array of each token's) per input line, computed in
-//! batches — through the engine's scheduler for a GGUF decoder, through the encoder for a
-//! sentence-transformers model (`all-minilm-l6-v2`).
+//! batches — through the encoder for a sentence-transformers model (`all-minilm-l6-v2`, the
+//! default), through the engine's scheduler for a GGUF decoder.
 
 use std::io::{BufRead, Write};
 use std::sync::Arc;
@@ -11,7 +11,15 @@ use weft::{EmbedOptions, EmbeddingModel, Pooling};
 
 use crate::model_arg::{ModelArg, ThreadsArg};
 
+/// `-m` defaults to the sentence-embedding encoder rather than the chat model.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("model", |a| {
+    a.default_value(weft::hub::DEFAULT_EMBEDDING_MODEL).help(
+        "A known model name (see `weft models`), a sentence-transformers folder, the path of a \
+         GGUF file (its pooled hidden states), or a Hugging Face checkpoint folder (Llama or \
+         Gemma 3 safetensors with config.json and tokenizer.json)",
+    )
+}))]
 pub struct Args {
     #[command(flatten)]
     model: ModelArg,
