@@ -109,7 +109,8 @@ fn answers_parse_into_calls_of_listed_tools_only() {
     // A list's arguments as written (as a stream sends them), else as JSON.
     assert_eq!(calls[0].arguments, "{\"a\": 1}");
     assert_eq!(calls[1].arguments, "{}");
-    let list = r#"[{"name": "f", "arguments": {"a": {"b": [1, "}"]}}}, {"name": "f", "arguments": {}}]"#;
+    let list =
+        r#"[{"name": "f", "arguments": {"a": {"b": [1, "}"]}}}, {"name": "f", "arguments": {}}]"#;
     let whole = tools.parse_output(list).expect("two calls");
     assert_eq!(whole, partial_calls(list), "as streamed");
     assert_eq!(whole[0].arguments, r#"{"a": {"b": [1, "}"]}}"#);
@@ -198,9 +199,8 @@ fn content_streams_up_to_a_possible_tag() {
 
 #[test]
 fn parameters_must_describe_an_object() {
-    let with = |p: Value| {
-        tool(&json!({"type": "function", "function": {"name": "f", "parameters": p}}))
-    };
+    let with =
+        |p: Value| tool(&json!({"type": "function", "function": {"name": "f", "parameters": p}}));
     assert!(with(json!({"type": "object", "properties": {}})).is_ok());
     assert!(with(json!({"type": ["object", "null"]})).is_ok());
     assert!(with(json!({"properties": {"a": {"type": "string"}}})).is_ok());
