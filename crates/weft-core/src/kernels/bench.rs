@@ -39,6 +39,12 @@ struct Case {
 
 /// `packed`: the weights interleaved by 8 rows, as the models load them.
 fn bench_case(pool: &ThreadPool, c: &Case, packed: bool) -> String {
+    let (line, _) = bench_case_gbs(pool, c, packed, Duration::from_millis(900));
+    line
+}
+
+/// [`bench_case`] with a time budget, and its GB/s.
+fn bench_case_gbs(pool: &ThreadPool, c: &Case, packed: bool, budget: Duration) -> (String, f64) {
     let mut rng = Rng::new(1);
     let mut one = random_weights(&mut rng, c.dtype, c.rows, c.cols);
     if packed {
@@ -54,7 +60,7 @@ fn bench_case(pool: &ThreadPool, c: &Case, packed: bool) -> String {
     let mut y = vec![0f32; c.tokens * c.rows];
     let mut scratch = MatmulScratch::default();
     let mut i = 0;
-    let secs = time(Duration::from_millis(900), || {
+    let secs = time(budget, || {
         let data = &mats[i % copies];
         let w = if packed {
             Matrix::interleaved(c.dtype, data, c.rows, c.cols).unwrap()
@@ -66,14 +72,68 @@ fn bench_case(pool: &ThreadPool, c: &Case, packed: bool) -> String {
     });
     let gflops = 2.0 * (c.rows * c.cols * c.tokens) as f64 / secs / 1e9;
     let gbs = one.len() as f64 / secs / 1e9;
-    format!(
+    let line = format!(
         "{:<36} {} thr {:>9.1} us {:>7.2} GB/s {:>7.1} GFLOP/s",
         format!("{}{}", c.name, if packed { " (i8)" } else { "" }),
         pool.n_threads(),
         secs * 1e6,
         gbs,
         gflops
-    )
+    );
+    (line, gbs)
+}
+
+/// The interleaved one-token products (weights from memory) with and without the tiles'
+/// weight hints ([`super::weight_prefetch`]), the two alternated within each of 6 rounds so
+/// that a shared host's slow minutes fall on both: GB/s per round, then the medians.
+#[test]
+#[ignore = "micro-benchmark; run with --release -- --ignored --nocapture"]
+fn bench_weight_prefetch() {
+    use GgmlType::*;
+    let case = |name, dtype, rows, cols| Case {
+        name,
+        dtype,
+        rows,
+        cols,
+        tokens: 1,
+        cold: true,
+    };
+    let cases = [
+        case("gemv Q4_1 1536x576", Q4_1, 1536, 576),
+        case("gemv Q4_K 640x2048", Q4_K, 640, 2048),
+        case("gemv Q8_0 49152x576", Q8_0, 49152, 576),
+        case("gemv Q8_0 262144x640", Q8_0, 262144, 640),
+    ];
+    println!(
+        "kernels: {:?}, CPU's choice: hints {}",
+        super::simd_level(),
+        super::weight_prefetch()
+    );
+    for n in bench_threads() {
+        let pool = ThreadPool::new(n);
+        for c in &cases {
+            let mut runs = [Vec::new(), Vec::new()];
+            for round in 0..6 {
+                let mut line = format!("{} {n} thr, round {round}:", c.name);
+                for (on, runs) in [true, false].into_iter().zip(&mut runs) {
+                    super::cpu::force_weight_prefetch(Some(on));
+                    let (_, gbs) = bench_case_gbs(&pool, c, true, Duration::from_millis(300));
+                    runs.push(gbs);
+                    line += &format!(" hints {on} {gbs:.1} GB/s");
+                }
+                println!("{line}");
+            }
+            super::cpu::force_weight_prefetch(None);
+            let [on, off] = runs.map(|mut v| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            });
+            println!(
+                "{} {n} thr, medians: hints {on:.1}, none {off:.1} GB/s",
+                c.name
+            );
+        }
+    }
 }
 
 #[test]

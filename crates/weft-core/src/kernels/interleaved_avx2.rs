@@ -74,9 +74,13 @@ unsafe fn tile_t<P: Isa, const HIGH: bool, const MIN: bool, const T: usize>(
     let ysum: [*const i32; T] = std::array::from_fn(|t| ys.sums.as_ptr().wrapping_add(t * nb));
     let (m4, m5) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
     let mut acc = [_mm256_setzero_ps(); T];
+    // Whether to hint the weights ahead: off on CPUs where the hints made these tiles slower.
+    let hint = super::weight_prefetch();
     for b in 0..nb {
         let p = w.as_ptr().add(b * bytes);
-        prefetch_ahead(p, bytes);
+        if hint {
+            prefetch_ahead(p, bytes);
+        }
         let dx = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
         let bits = if HIGH {
             load256(p.add(qh0))
@@ -158,6 +162,8 @@ unsafe fn tile_k4_t<P: Isa, const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f
     let ybs: [*const i16; T] = std::array::from_fn(|t| ys.bsums.as_ptr().add(t * nb * 16));
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); T];
+    // Whether to hint the weights ahead: off on CPUs where the hints made these tiles slower.
+    let hint = super::weight_prefetch();
     for b in 0..nb {
         let p = w.as_ptr().add(b * K4_GROUP_BYTES);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
@@ -166,7 +172,9 @@ unsafe fn tile_k4_t<P: Isa, const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f
         for s in 0..8 {
             let q = p.add(160 + 128 * s);
             // An eighth of the group per sub-block, so the header's lines are hinted too.
-            prefetch_ahead(p.add(s * K4_GROUP_BYTES / 8), K4_GROUP_BYTES / 8);
+            if hint {
+                prefetch_ahead(p.add(s * K4_GROUP_BYTES / 8), K4_GROUP_BYTES / 8);
+            }
             // The 8 rows' scales of sub-block s, each in both i16 halves of its lane.
             let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(32 + 8 * s) as *const __m128i));
             let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
@@ -261,13 +269,17 @@ unsafe fn tile_k6_t<P: Isa, const T: usize>(w: &[u8], ys: &Q8KRow, out: &mut [[f
                          2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15),
     );
     let mut acc = [_mm256_setzero_ps(); T];
+    // Whether to hint the weights ahead: off on CPUs where the hints made these tiles slower.
+    let hint = super::weight_prefetch();
     for b in 0..nb {
         let p = w.as_ptr().add(b * K6_GROUP_BYTES);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
         let mut isum = [_mm256_setzero_si256(); T];
         for s in 0..8 {
             let q = p.add(144 + 192 * s);
-            prefetch_ahead(p.add(s * K6_GROUP_BYTES / 8), K6_GROUP_BYTES / 8);
+            if hint {
+                prefetch_ahead(p.add(s * K6_GROUP_BYTES / 8), K6_GROUP_BYTES / 8);
+            }
             let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(16 + 16 * s) as *const __m128i));
             let (sc_lo, sc_hi) = (
                 _mm256_shuffle_epi8(pair, even),
@@ -336,9 +348,13 @@ unsafe fn tile_q8_t<P: Isa, const T: usize>(w: &[u8], ys: &LegacyActs, out: &mut
     let ysum: [*const i32; T] = std::array::from_fn(|t| ys.sums.as_ptr().wrapping_add(t * nb));
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     let mut acc = [_mm256_setzero_ps(); T];
+    // Whether to hint the weights ahead: off on CPUs where the hints made these tiles slower.
+    let hint = super::weight_prefetch();
     for b in 0..nb {
         let p = w.as_ptr().add(b * Q8_BLOCK_BYTES);
-        prefetch_ahead(p, Q8_BLOCK_BYTES);
+        if hint {
+            prefetch_ahead(p, Q8_BLOCK_BYTES);
+        }
         let dx = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
         let mut s = [_mm256_setzero_si256(); T];
         for c in 0..8 {

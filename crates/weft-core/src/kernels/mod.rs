@@ -35,6 +35,7 @@
 
 pub mod attention;
 pub mod bandwidth;
+mod cpu;
 mod float;
 pub mod gemm_f32;
 pub mod gemm_i16;
@@ -76,6 +77,7 @@ use half::f16;
 use crate::gguf::GgmlType;
 use crate::{Error, Result};
 
+pub use cpu::{one_token_pairs, weight_prefetch};
 pub use matmul::{matmul, matmul_split, MatmulScratch, MAX_SPLITS, TILE_TOKENS};
 pub use quantize::{Q8KRow, Q8_0Row, Q8_1Row};
 
@@ -184,50 +186,6 @@ pub fn simd_level() -> SimdLevel {
             },
         }
     })
-}
-
-/// Whether a one-token product (a decode step's matrix-vector product) on the `avx512` level
-/// takes the 512-bit pair tiles, two row groups per call, rather than the 256-bit EVEX tiles,
-/// one group per call; products of several tokens always take the pairs. Both give the same
-/// bits.
-///
-/// Measured (`weft bench -p 0 -n 128`, alternating runs): on an Intel Xeon (model 167) the pair
-/// tiles took SmolLM2's decode 10–13% higher than the 256-bit ones; on an AMD EPYC Zen 4
-/// (family 25, model 17) 25–35% lower for both models (SmolLM2 212–249 against 302–340 t/s,
-/// Gemma 3 102–108 against 127–155), while the prefill's several-token products gained from
-/// them there too. So the pairs are used for one token except on AMD CPUs; the environment
-/// variable `WEFT_PAIR_GEMV=1` or `0` decides instead (for comparisons).
-pub fn one_token_pairs() -> bool {
-    static PAIRS: OnceLock<bool> = OnceLock::new();
-    *PAIRS.get_or_init(|| match std::env::var("WEFT_PAIR_GEMV").as_deref() {
-        Ok("1") => true,
-        Ok("0") => false,
-        other => {
-            if let Ok(v) = other {
-                eprintln!("weft: WEFT_PAIR_GEMV={v:?} ignored: the choices are 0 and 1");
-            }
-            !cpu_is_amd()
-        }
-    })
-}
-
-/// Whether the CPU is AMD's (its vendor string, CPUID leaf 0, is `AuthenticAMD`).
-fn cpu_is_amd() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
-        #[allow(unused_unsafe)]
-        let id = unsafe { std::arch::x86_64::__cpuid(0) };
-        let mut vendor = [0u8; 12];
-        for (i, r) in [id.ebx, id.edx, id.ecx].into_iter().enumerate() {
-            vendor[4 * i..4 * i + 4].copy_from_slice(&r.to_le_bytes());
-        }
-        &vendor == b"AuthenticAMD"
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// The variant `WEFT_KERNELS=value` asks for, if this CPU can run it (`available`).

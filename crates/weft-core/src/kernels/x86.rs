@@ -319,6 +319,7 @@ pub unsafe fn prefetch(p: *const u8) {
 /// hardware prefetcher when a step reads more than a line (an interleaved Q4_1 block of 8 rows
 /// is 160 bytes); hinting them all made SmolLM2's decode 5–19% faster. Into L1: into L2
 /// (`t1`, as attention hints its pages) Gemma 3's tg128 ran 4% faster but SmolLM2's 1–4% slower.
+/// The 256-bit tiles hint only where [`super::weight_prefetch`] says so (not on Zen 4).
 ///
 /// # Safety
 /// None beyond the caller's: a prefetch reads nothing architecturally, whatever the address.

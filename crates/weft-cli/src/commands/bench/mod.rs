@@ -282,7 +282,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let extensions = weft::kernels::cpu_extensions();
     let level = weft::kernels::simd_level();
     errln!(
-        "kernels: {}{}{}; KV cache: {}",
+        "kernels: {}{}{}{}; KV cache: {}",
         level.name(),
         if extensions.is_empty() {
             String::new()
@@ -295,6 +295,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             weft::kernels::SimdLevel::Avx512 => ", one-token products on the 256-bit tiles",
             _ => "",
+        },
+        if level == weft::kernels::SimdLevel::Scalar || weft::kernels::weight_prefetch() {
+            ""
+        } else {
+            " (weights not hinted ahead)"
         },
         kv_layout.kv_type
     );
