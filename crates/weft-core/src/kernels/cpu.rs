@@ -59,13 +59,13 @@ fn cpu_is_amd() -> bool {
 /// On an Intel Xeon (model 167) hinting every line a step reads took SmolLM2's tg128 from
 /// 69–71% of the measured bus to 84–91%. On an AMD EPYC Zen 4 (family 25, model 17) the hints
 /// cost: in the cold-weights micro-benchmark (`kernels::bench::bench_weight_prefetch`, the two
-/// settings alternated within each of 6 rounds) the Q4_1 product streamed 22.2 against
-/// 17.4 GB/s on one thread and 32.7 against 28.0 on two, SmolLM2's Q8_0 LM head 41.8 against
-/// 31.9 on two; `weft bench` (tg64, alternating processes, 6 pairs a model) decoded SmolLM2
+/// settings alternated within each of 6 rounds; medians) the Q4_1 product streamed 21.9
+/// against 18.0 GB/s on one thread and 30.2 against 27.0 on two, SmolLM2's Q8_0 LM head 43.6
+/// against 37.5 on two; `weft bench` (tg64, alternating processes, 6 pairs a model) decoded SmolLM2
 /// 12–19% and Gemma 3 5–29% faster without them, every pair, and at depth 4,096 11–37%. The
 /// AVX-512 pair tiles keep their hints there (without them Gemma's 16 parallel decodes lost
 /// 7–13%). So the hints are off on Zen 4 (AMD family 25 with AVX-512; Zen 3, the same family,
-/// has no AVX-512 and was not measured) and on elsewhere; `WEFT_WEIGHT_PREFETCH=0` or `1`
+/// has no AVX-512; neither it nor Zen 5, family 26, was measured) and on elsewhere; `WEFT_WEIGHT_PREFETCH=0` or `1`
 /// decides instead.
 pub fn weight_prefetch() -> bool {
     match PREFETCH_OVERRIDE.load(Ordering::Relaxed) {
