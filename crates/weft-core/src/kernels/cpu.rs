@@ -4,6 +4,7 @@
 //! weights ahead ([`weight_prefetch`]). Each has an environment variable that decides instead,
 //! for comparisons on other CPUs.
 
+#[cfg(test)]
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
@@ -68,32 +69,35 @@ fn cpu_is_amd() -> bool {
 /// has no AVX-512; neither it nor Zen 5, family 26, was measured) and on elsewhere; `WEFT_WEIGHT_PREFETCH=0` or `1`
 /// decides instead.
 pub fn weight_prefetch() -> bool {
+    #[cfg(test)]
     match PREFETCH_OVERRIDE.load(Ordering::Relaxed) {
-        OFF => false,
-        ON => true,
-        _ => {
-            static DECIDED: OnceLock<bool> = OnceLock::new();
-            *DECIDED.get_or_init(|| match std::env::var("WEFT_WEIGHT_PREFETCH").as_deref() {
-                Ok("1") => true,
-                Ok("0") => false,
-                other => {
-                    if let Ok(v) = other {
-                        eprintln!(
-                            "weft: WEFT_WEIGHT_PREFETCH={v:?} ignored: the choices are 0 and 1"
-                        );
-                    }
-                    !cpu_is_zen4()
-                }
-            })
-        }
+        OFF => return false,
+        ON => return true,
+        _ => {}
     }
+    static DECIDED: OnceLock<bool> = OnceLock::new();
+    *DECIDED.get_or_init(|| match std::env::var("WEFT_WEIGHT_PREFETCH").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        other => {
+            if let Ok(v) = other {
+                eprintln!("weft: WEFT_WEIGHT_PREFETCH={v:?} ignored: the choices are 0 and 1");
+            }
+            !cpu_is_zen4()
+        }
+    })
 }
 
 /// [`weight_prefetch`]'s answer while a micro-benchmark compares the two in one process:
-/// `UNSET` (the CPU's choice), `OFF` or `ON`.
+/// `UNSET` (the CPU's choice), `OFF` or `ON`. Test builds only: a release build's tiles read
+/// the decision alone.
+#[cfg(test)]
 static PREFETCH_OVERRIDE: AtomicU8 = AtomicU8::new(UNSET);
+#[cfg(test)]
 const UNSET: u8 = 0;
+#[cfg(test)]
 const OFF: u8 = 1;
+#[cfg(test)]
 const ON: u8 = 2;
 
 /// Makes [`weight_prefetch`] answer `on` (`None`: the CPU's choice again), for the
