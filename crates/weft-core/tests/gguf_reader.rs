@@ -201,6 +201,35 @@ fn huge_counts_and_lengths_are_rejected_before_allocating() {
     assert!(matches!(parse(b), Error::ImplausibleCount { .. }));
 }
 
+/// A count in the header is checked against the bytes left (each entry takes some), which a
+/// large file lets through at billions: the parser must not reserve for all of them up front.
+/// The file here is 1 TiB and sparse, its header claiming as many entries (or tensors) as
+/// would fit; its entries, all zeros, are empty keys (names), the second a duplicate.
+#[test]
+fn a_count_as_large_as_a_huge_file_allows_reserves_nothing_up_front() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let size = 1u64 << 40;
+    for (count_at, what) in [(16, "metadata"), (8, "tensor")] {
+        let path = dir.path().join(format!("{what}.gguf"));
+        let mut header = GgufWriter::new().to_bytes();
+        header[count_at..count_at + 8].copy_from_slice(&(size / 32).to_le_bytes());
+        std::fs::write(&path, &header).expect("write the header");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("reopen");
+        file.set_len(size).expect("a sparse 1 TiB file");
+        let e = GgufFile::open(&path)
+            .map(|_| ())
+            .expect_err("zeros are not entries");
+        assert!(
+            matches!(e, Error::Duplicate { .. }),
+            "{what} count {}: {e}",
+            size / 32
+        );
+    }
+}
+
 #[test]
 fn unknown_types_are_rejected() {
     let mut w = GgufWriter::new();

@@ -276,6 +276,10 @@ impl<'a> Cursor<'a> {
 }
 
 /// Parses and validates the header of a GGUF file held in `bytes` (the whole file).
+/// Most metadata entries or tensor infos reserved for before any is read (a large model has a
+/// few thousand tensors).
+const RESERVE_MAX: usize = 4096;
+
 pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
     let mut cur = Cursor { bytes, pos: 0 };
     let magic: [u8; 4] = cur.array("magic")?;
@@ -291,8 +295,11 @@ pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
     // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes.
     let n_kv = cur.check_count(n_kv, 13, "metadata entries")?;
 
-    let mut metadata = Vec::with_capacity(n_kv);
-    let mut keys = HashSet::with_capacity(n_kv);
+    // The count is only plausible so far (each entry could fit in the file): reserve for a
+    // real file's worth and let a larger one grow as its entries parse, so a crafted count
+    // cannot ask for several times the file's size before the first entry is read.
+    let mut metadata = Vec::with_capacity(n_kv.min(RESERVE_MAX));
+    let mut keys = HashSet::with_capacity(n_kv.min(RESERVE_MAX));
     for _ in 0..n_kv {
         let key = cur.string("metadata key")?;
         let ty = cur.u32("metadata value type")?;
@@ -319,8 +326,8 @@ pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
 
     // A tensor info takes at least 8 (name length) + 4 (dims) + 4 (type) + 8 (offset) bytes.
     let n_tensors = cur.check_count(n_tensors, 24, "tensor infos")?;
-    let mut tensors = Vec::with_capacity(n_tensors);
-    let mut names = HashSet::with_capacity(n_tensors);
+    let mut tensors = Vec::with_capacity(n_tensors.min(RESERVE_MAX));
+    let mut names = HashSet::with_capacity(n_tensors.min(RESERVE_MAX));
     for _ in 0..n_tensors {
         let info = cur.tensor_info()?;
         if !names.insert(info.name.clone()) {
