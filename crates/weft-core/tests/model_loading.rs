@@ -17,9 +17,14 @@ fn f32s(n: u64, f: impl Fn(u64) -> f32) -> Vec<u8> {
 
 /// A 1-layer Llama with hidden size 32, 2 heads of 16, F32 weights (small values).
 fn tiny_llama() -> GgufWriter {
+    tiny_llama_claiming(1)
+}
+
+/// [`tiny_llama`] whose `llama.block_count` says `blocks` (it holds block 0 alone).
+fn tiny_llama_claiming(blocks: u32) -> GgufWriter {
     let mut w = GgufWriter::new();
     w.metadata("general.architecture", Value::String("llama".into()))
-        .metadata("llama.block_count", Value::U32(1))
+        .metadata("llama.block_count", Value::U32(blocks))
         .metadata("llama.embedding_length", Value::U32(D as u32))
         .metadata("llama.feed_forward_length", Value::U32(FF as u32))
         .metadata("llama.attention.head_count", Value::U32(2))
@@ -137,6 +142,27 @@ fn an_explicit_context_length_sizes_the_cache() {
         r.forward(&one_more),
         Err(Error::ContextOverflow { n_ctx: 300, .. })
     ));
+}
+
+/// With a layer pager the blocks load one by one; a block count of billions (the file holds
+/// one block) must end at block 1's missing tensors, not reserve a slot for every block first.
+#[test]
+fn a_huge_block_count_with_a_layer_pager_is_a_typed_error() {
+    let w = tiny_llama_claiming(u32::MAX);
+    let file = Arc::new(GgufFile::from_bytes(w.to_bytes()).expect("parses"));
+    let pager = Arc::new(weft_core::models::LayerPager::new(2));
+    let e = ModelRunner::new(
+        file,
+        &RunnerConfig {
+            n_threads: 2,
+            kv_tokens: 256,
+            layer_pager: Some(pager),
+            ..Default::default()
+        },
+    )
+    .map(|_| ())
+    .expect_err("block 1 is missing");
+    assert!(e.to_string().contains("blk.1."), "{e}");
 }
 
 #[test]

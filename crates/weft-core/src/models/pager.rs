@@ -155,13 +155,19 @@ impl<B> Blocks<B> {
                 pager,
                 load: Box::new(load),
                 state: Mutex::new(Resident {
-                    slots: (0..n).map(|_| None).collect(),
+                    slots: Vec::new(),
                     lru: VecDeque::new(),
                 }),
             }),
             resident: Vec::new(),
         };
+        // A slot for each block as it loads, not all `n` up front: the count comes from the
+        // file, and a crafted one (billions) must end at its first missing block's error.
         for i in 0..n {
+            if let Some(p) = &blocks.paged {
+                let mut guard = p.state.lock().unwrap_or_else(|e| e.into_inner());
+                guard.slots.push(None);
+            }
             blocks.get(i)?;
         }
         Ok(blocks)
