@@ -243,7 +243,19 @@ fn open_weights(dir: &Path) -> Result<Vec<TensorFile>> {
         names.dedup();
         return names
             .iter()
-            .map(|n| TensorFile::open(&dir.join(n)))
+            .map(|n| {
+                // A shard lies in the folder (or below it): a name that is absolute or climbs
+                // out with `..` would open whatever file it names.
+                let inside = Path::new(n)
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+                if !inside || n.is_empty() {
+                    return Err(bad(format!(
+                        "model.safetensors.index.json names {n:?}, not a file in the checkpoint's folder"
+                    )));
+                }
+                TensorFile::open(&dir.join(n))
+            })
             .collect();
     }
     let single = dir.join("model.safetensors");

@@ -253,6 +253,33 @@ fn a_sharded_checkpoint_reads_every_shard() {
     );
 }
 
+#[test]
+fn an_index_naming_a_file_outside_the_folder_is_refused() {
+    let tensors = llama_tensors();
+    let dir = folder(&llama_config(), &tensors, Dtype::F32);
+    let outside = folder(&llama_config(), &tensors, Dtype::F32);
+    let escape = format!(
+        "../{}/model.safetensors",
+        outside.path().file_name().unwrap().to_string_lossy()
+    );
+    let absolute = outside.path().join("model.safetensors");
+    for name in [escape.as_str(), &absolute.to_string_lossy(), ""] {
+        let map: HashMap<&str, &str> = tensors.iter().map(|(n, _)| (n.as_str(), name)).collect();
+        let index = json!({"metadata": {}, "weight_map": map});
+        std::fs::write(
+            dir.path().join("model.safetensors.index.json"),
+            index.to_string(),
+        )
+        .unwrap();
+        let e = convert(dir.path(), WeightType::Q8_0).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("not a file in the checkpoint's folder"),
+            "{name}: {e}"
+        );
+    }
+}
+
 /// Gemma 3's tensors, under `prefix`.
 fn gemma_tensors(prefix: &str) -> Vec<(String, Vec<usize>)> {
     let mut t = vec![

@@ -92,6 +92,10 @@ pub struct WordPiece {
     unk_id: u32,
     continuing_subword_prefix: String,
     max_input_chars_per_word: usize,
+    /// Bytes of the longest vocabulary entry: no longer piece can match, so the search for
+    /// one starts there (HF starts at the word's end: the same pieces, but a long word with a
+    /// file's large `max_input_chars_per_word` then took cubic time).
+    longest_entry: usize,
 }
 
 impl WordPiece {
@@ -103,7 +107,9 @@ impl WordPiece {
         max_input_chars_per_word: usize,
     ) -> Option<WordPiece> {
         let unk_id = *vocab.get(unk_token)?;
+        let longest_entry = vocab.keys().map(String::len).max().unwrap_or(0);
         Some(WordPiece {
+            longest_entry,
             vocab,
             unk_id,
             continuing_subword_prefix,
@@ -123,7 +129,10 @@ impl WordPiece {
         let mut key = String::new();
         let mut start = 0;
         while start < word.len() {
-            let mut end = word.len();
+            let mut end = word.len().min(start + self.longest_entry);
+            while !word.is_char_boundary(end) {
+                end -= 1;
+            }
             let id = loop {
                 let piece = &word[start..end];
                 let found = if start == 0 {
@@ -137,10 +146,10 @@ impl WordPiece {
                 if let Some(&id) = found {
                     break Some(id);
                 }
-                // Drop the last char; `piece` is non-empty here since start < end.
-                end -= piece.chars().next_back().map_or(1, char::len_utf8);
-                if end <= start {
-                    break None;
+                // Drop the last char (none left: no entry is as short as one char here).
+                match piece.chars().next_back() {
+                    Some(c) if end - c.len_utf8() > start => end -= c.len_utf8(),
+                    _ => break None,
                 }
             };
             match id {
@@ -312,6 +321,22 @@ mod tests {
         assert_eq!(encode(&wp, &"é".repeat(10)), [99, 0]);
         assert_eq!(encode(&wp, ""), [99]);
         assert!(WordPiece::new(HashMap::new(), "[UNK]", "##".into(), 100).is_none());
+    }
+
+    /// A file may raise `max_input_chars_per_word` far past HF's 100: a long word then splits
+    /// as HF splits it (pieces no longer than the longest entry are all that can match).
+    #[test]
+    fn a_long_word_under_a_large_limit_splits_into_its_pieces() {
+        let mut wp = model();
+        wp.max_input_chars_per_word = usize::MAX;
+        let mut want = vec![99, 4];
+        want.resize(2 + 20_000, 5);
+        assert_eq!(encode(&wp, &format!("a{}", "b".repeat(20_000))), want);
+        assert_eq!(
+            encode(&wp, &"é".repeat(5_000)),
+            [&[99, 6][..], &[7; 4_999]].concat()
+        );
+        assert_eq!(encode(&wp, &format!("{}x", "é".repeat(5_000))), [99, 0]);
     }
 
     #[test]
