@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use weft_core::kv::SeqId;
+use weft_core::models::SlotMask;
 use weft_core::sampling::{Rng, Sampler};
 
 use crate::chat::Message;
@@ -58,6 +59,12 @@ pub struct Context {
     pending_bias: BTreeMap<usize, Vec<f32>>,
     /// Some token ran with a custom attention mask or bias (so its KV cannot be recomputed).
     custom_attention: bool,
+    /// Per run token: whether it ran with plain causal attention (its pass had no masks).
+    causal: Vec<bool>,
+    /// The attention row (as a bias row: `-inf` where hidden) the last token of the latest
+    /// pass with masks ran with, and that token's index, so that running it again to get its
+    /// logits back ([`Context::unrun_last`]) attends as it did.
+    last_row: Option<(usize, Vec<f32>)>,
 }
 
 /// What a submitted pass changed in its context, kept to undo it if the pass fails.
@@ -67,6 +74,7 @@ pub(crate) struct PassRecord {
     pending: Vec<u32>,
     pending_bias: BTreeMap<usize, Vec<f32>>,
     custom_attention: bool,
+    last_row: Option<(usize, Vec<f32>)>,
 }
 
 /// A context's state between passes (run length, pending tokens, input vectors, bias rows):
@@ -111,6 +119,8 @@ impl Context {
             embeds: BTreeMap::new(),
             pending_bias: BTreeMap::new(),
             custom_attention: false,
+            causal: Vec::new(),
+            last_row: None,
         }
     }
 
@@ -133,6 +143,7 @@ impl Context {
             } else {
                 self.tokens.truncate(cached);
                 self.positions.truncate(cached);
+                self.drop_rows_from(cached);
                 self.embeds.retain(|&i, _| i < cached + self.pending.len());
             }
         }
@@ -202,15 +213,27 @@ impl Context {
         tokens: &[u32],
         positions: &[u32],
         vectors: BTreeMap<usize, Arc<[f32]>>,
-        custom_attention: bool,
+        masks: Option<&[SlotMask]>,
     ) {
         let record = PassRecord {
             len: self.tokens.len(),
             pending: std::mem::take(&mut self.pending),
             pending_bias: std::mem::take(&mut self.pending_bias),
             custom_attention: self.custom_attention,
+            last_row: self.last_row.clone(),
         };
-        self.custom_attention |= custom_attention;
+        self.custom_attention |= masks.is_some();
+        self.causal
+            .extend(std::iter::repeat_n(masks.is_none(), tokens.len()));
+        if let Some(last) = masks.and_then(<[SlotMask]>::last) {
+            let row = (0..last.len())
+                .map(|j| match last.allows(j) {
+                    true => last.bias().and_then(|b| b.get(j)).copied().unwrap_or(0.0),
+                    false => f32::NEG_INFINITY,
+                })
+                .collect();
+            self.last_row = Some((record.len + tokens.len() - 1, row));
+        }
         self.tokens.extend_from_slice(tokens);
         self.positions.extend_from_slice(positions);
         for (i, v) in vectors {
@@ -236,6 +259,8 @@ impl Context {
     fn undo(&mut self, r: PassRecord) {
         self.tokens.truncate(r.len);
         self.positions.truncate(r.len);
+        self.causal.truncate(r.len);
+        self.last_row = r.last_row;
         self.embeds.retain(|&i, _| i < r.len + r.pending.len());
         self.pending = r.pending;
         self.pending_bias = r.pending_bias;
@@ -281,6 +306,17 @@ impl Context {
         self.rng = rng;
         self.saved_generator = generator;
         self.custom_attention = custom_attention;
+        // A snapshot keeps no masks: its tokens count as custom if any was.
+        self.causal = vec![!custom_attention; self.tokens.len()];
+        self.last_row = None;
+    }
+
+    /// Forgets what the run tokens from index `n` on ran with (they are gone).
+    fn drop_rows_from(&mut self, n: usize) {
+        self.causal.truncate(n);
+        if self.last_row.as_ref().is_some_and(|(i, _)| *i >= n) {
+            self.last_row = None;
+        }
     }
 
     /// Whether tokens of this context ran under custom attention masks.
@@ -434,6 +470,8 @@ impl Context {
             embeds: self.embeds.clone(),
             pending_bias: self.pending_bias.clone(),
             custom_attention: self.custom_attention,
+            causal: self.causal[..n.min(self.causal.len())].to_vec(),
+            last_row: self.last_row.clone().filter(|(i, _)| *i < n),
         })
     }
 
@@ -462,6 +500,7 @@ impl Context {
         }
         self.tokens.truncate(n);
         self.positions.truncate(n);
+        self.drop_rows_from(n);
         self.pending.clear();
         self.pending_bias.clear();
         self.embeds.retain(|&i, _| i < n);
@@ -518,11 +557,39 @@ impl Context {
         r
     }
 
-    /// Moves the last run token back to the pending buffer (with its input vector, if it had
-    /// one), so the next pass computes its logits again.
+    /// Moves the last run token back to the pending buffer (with its input vector and its
+    /// attention row, if it had them), so the next pass computes its logits again, as they
+    /// were. A token that cannot run again as it ran — at a position other than the one
+    /// after the token before it, or under a mask this context no longer knows (it was
+    /// truncated back to it, or resumed from a snapshot) — is [`Error::Config`]: its logits
+    /// would not be the ones it gave.
     pub(crate) fn unrun_last(&mut self) -> Result<()> {
         let n = self.tokens.len();
         let last = *self.tokens.last().ok_or(Error::EmptyPass)?;
+        let (own, after) = (
+            self.positions[n - 1],
+            n.checked_sub(2).map(|i| self.positions[i] + 1),
+        );
+        if own != after.unwrap_or(0) {
+            return Err(Error::Config(format!(
+                "the last token ran at position {own}, not at {} after the one before it: \
+                 running it again to get its logits back would change them; give the \
+                 generation its first input token instead",
+                after.unwrap_or(0)
+            )));
+        }
+        let row = match (self.causal.get(n - 1), &self.last_row) {
+            (Some(true), _) => None,
+            (_, Some((i, row))) if *i == n - 1 => Some(row.clone()),
+            _ => {
+                return Err(Error::Config(
+                    "the last token ran under an attention mask or bias this context no \
+                     longer holds: running it again to get its logits back would change them; \
+                     give the generation its first input token instead"
+                        .into(),
+                ))
+            }
+        };
         let vector = self.embeds.get(&(n - 1)).cloned();
         let pending = std::mem::take(&mut self.pending);
         self.truncate(n - 1)?;
@@ -530,6 +597,9 @@ impl Context {
         self.pending.extend(pending);
         if let Some(v) = vector {
             self.embeds.insert(n - 1, v);
+        }
+        if let Some(row) = row {
+            self.pending_bias.insert(n - 1, row);
         }
         Ok(())
     }

@@ -510,7 +510,7 @@ impl<'c> Forward<'c> {
     pub async fn execute(self) -> Result<ForwardOutput> {
         let (ctx, req, vectors) = self.into_request()?;
         // If this future is dropped before the answer, the context settles later.
-        ctx.begin_pass(&req.tokens, &req.positions, vectors, req.masks.is_some());
+        ctx.begin_pass(&req.tokens, &req.positions, vectors, req.masks.as_deref());
         let rx = ctx.engine().inner.shared.submit(req);
         match rx.await.unwrap_or(Err(Error::EngineStopped)) {
             Ok(r) => {

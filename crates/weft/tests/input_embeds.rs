@@ -236,6 +236,66 @@ fn attention_bias_agrees_with_masks() {
     }
 }
 
+fn argmax(v: &[f32]) -> u32 {
+    (0..v.len())
+        .max_by(|&a, &b| v[a].total_cmp(&v[b]))
+        .unwrap_or(0) as u32
+}
+
+/// A generation that starts after the last token already ran gets its logits by running it
+/// again: under the attention it first ran with (a bias row, a mask), not plain causal
+/// attention. One it cannot run again as it ran (at a position of its own) is a typed error.
+#[test]
+fn generation_after_a_masked_last_token_starts_from_its_logits() {
+    for model in MODELS {
+        let engine = engine(model);
+        let ids = prompt_ids(&engine, TEXT);
+        let n = ids.len();
+        let rows = engine.input_embeddings(&ids).unwrap();
+        let reference = logits_of_ids(&engine, &ids);
+        // The last token sees the first one and itself; the others are causal.
+        let sees = |i: usize, j: usize| j <= i && (i < n - 1 || j == 0 || j == n - 1);
+        let bias: Vec<f32> = (0..n * n)
+            .map(|k| match sees(k / n, k % n) {
+                true => 0.0,
+                false => f32::NEG_INFINITY,
+            })
+            .collect();
+        let first = |ctx: &mut weft::Context| {
+            let gen = ctx.generate(Sampler::Argmax).max_tokens(1).ignore_eos();
+            block_on(gen.collect_tokens()).map(|t| t[0])
+        };
+        let mut ctx = engine.context();
+        let biased = block_on(ctx.prefill_from_embeds(&ids, &rows, Some(&bias))).unwrap();
+        assert_ne!(
+            argmax(&biased),
+            argmax(&reference[n - 1]),
+            "{model}: the bias must change the first token for this test to mean anything"
+        );
+        assert_eq!(first(&mut ctx).unwrap(), argmax(&biased), "{model}: bias");
+
+        let mut ctx = engine.context();
+        ctx.fill_tokens(&ids).unwrap();
+        let masks: Vec<Brle> = (0..n)
+            .map(|i| Brle::from_bools(&(0..=i).map(|j| sees(i, j)).collect::<Vec<_>>()))
+            .collect();
+        let mut fwd = ctx.forward();
+        fwd.attention_mask(masks);
+        let h = fwd.probe(n - 1, Logits);
+        let masked = block_on(fwd.execute()).unwrap().logits(h).unwrap().to_vec();
+        assert_eq!(first(&mut ctx).unwrap(), argmax(&masked), "{model}: mask");
+
+        let mut ctx = engine.context();
+        ctx.fill_tokens(&ids[..n - 1]).unwrap();
+        let mut fwd = ctx.forward();
+        fwd.input_at(&ids[n - 1..], &[n as u32 + 50]);
+        block_on(fwd.execute()).unwrap();
+        let e = first(&mut ctx).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{model}: {e}");
+        assert_eq!((ctx.len(), ctx.pending().len()), (n, 0), "{model}");
+    }
+}
+
 #[test]
 fn vectors_never_enter_the_prefix_cache() {
     let engine = engine("smollm2-135m");
