@@ -677,6 +677,10 @@ impl Context {
     /// engine's default sampler for `None` ([`EngineConfig::generation`]); it starts from the
     /// engine's default stop rules.
     ///
+    /// With nothing pending, the first step runs the last token again for its logits, under
+    /// the attention mask or bias it ran with; a last token that ran at a position of its own
+    /// ([`Forward::input_at`]) cannot be run again so, and that step is [`Error::Config`].
+    ///
     /// [`EngineConfig::generation`]: crate::EngineConfig::generation
     pub fn generate(&mut self, sampler: impl Into<Option<Sampler>>) -> Generator<'_> {
         let sampler = sampler
