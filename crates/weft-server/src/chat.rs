@@ -177,7 +177,10 @@ fn messages(body: &Body, fold_tools: bool) -> Result<Vec<Value>, ApiError> {
             "system" | "user" | "assistant" | "tool" => role,
             _ => return Err(bad(format!("messages[{i}] has an unknown role '{role}'."))),
         };
-        let tool_calls = obj.get("tool_calls").filter(|v| !v.is_null());
+        // No calls at all: absent, null or (as some clients send) an empty list.
+        let tool_calls = obj
+            .get("tool_calls")
+            .filter(|v| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty()));
         let content = match obj.get("content") {
             Some(Value::String(s)) => s.clone(),
             None | Some(Value::Null) if role == "assistant" && tool_calls.is_some() => {
@@ -207,6 +210,13 @@ fn messages(body: &Body, fold_tools: bool) -> Result<Vec<Value>, ApiError> {
             let calls = calls
                 .as_array()
                 .ok_or_else(|| bad(format!("messages[{i}].tool_calls must be a list.")))?;
+            for (k, c) in calls.iter().enumerate() {
+                if !c.get("function").is_some_and(Value::is_object) {
+                    return Err(bad(format!(
+                        "messages[{i}].tool_calls[{k}] needs a 'function' object."
+                    )));
+                }
+            }
             if fold_tools {
                 let listed: Vec<Value> = calls
                     .iter()
@@ -545,5 +555,36 @@ mod tests {
         let native = messages(&body, false).expect("messages");
         assert_eq!(native.len(), 5);
         assert_eq!(native[3]["tool_call_id"], "b");
+    }
+
+    fn with_calls(calls: Value) -> Body {
+        Body::parse(
+            json!({"messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello", "tool_calls": calls},
+                {"role": "user", "content": "go"}]})
+            .to_string()
+            .as_bytes(),
+        )
+        .expect("body")
+    }
+
+    #[test]
+    fn malformed_tool_calls_are_a_400_and_an_empty_list_is_none() {
+        for calls in [json!(["oops"]), json!([{"function": "x"}]), json!([{}])] {
+            for fold in [true, false] {
+                let e = messages(&with_calls(calls.clone()), fold).unwrap_err();
+                assert_eq!(e.status.as_u16(), 400, "{calls}");
+                assert!(
+                    e.message.contains("tool_calls[0]"),
+                    "{calls}: {}",
+                    e.message
+                );
+            }
+        }
+        for fold in [true, false] {
+            let m = messages(&with_calls(json!([])), fold).expect("messages");
+            assert_eq!(m[1], json!({"role": "assistant", "content": "hello"}));
+        }
     }
 }
