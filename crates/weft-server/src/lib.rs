@@ -80,11 +80,13 @@ pub fn router(state: Arc<State>) -> Router {
 /// preflight `OPTIONS` requests are answered, and responses say any origin may read them. An
 /// API key still guards the endpoints that run the model.
 fn cors() -> tower_http::cors::CorsLayer {
-    use tower_http::cors::{Any, CorsLayer};
+    use tower_http::cors::{AllowHeaders, Any, CorsLayer};
     CorsLayer::new()
         .allow_origin(Any)
         .allow_methods([Method::GET, Method::POST])
-        .allow_headers(Any)
+        // The headers a preflight asks for, named back: the `*` wildcard never covers
+        // `Authorization`, so a browser sending an API key would be refused.
+        .allow_headers(AllowHeaders::mirror_request())
         .expose_headers([header::RETRY_AFTER])
 }
 

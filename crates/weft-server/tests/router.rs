@@ -354,6 +354,12 @@ fn api_key_guards_the_api_but_not_health_or_models() {
         assert!(h["access-control-allow-methods"]
             .to_str()
             .is_ok_and(|m| m.contains("POST")));
+        // Named, not `*`: browsers never let the wildcard cover `Authorization`.
+        let allowed = h["access-control-allow-headers"].to_str().unwrap_or("");
+        assert!(
+            allowed.to_ascii_lowercase().contains("authorization"),
+            "{allowed}"
+        );
         let req = Request::builder()
             .method("POST")
             .uri("/tokenize")
