@@ -232,6 +232,34 @@ fn reseal(bytes: &mut [u8]) {
     bytes[24..56].copy_from_slice(&digest);
 }
 
+/// A resealed generator snapshot whose streamed length falls inside a character of the text
+/// is refused when the generator is taken up, not a panic at its first delta.
+#[test]
+fn a_generator_snapshot_streamed_inside_a_character_is_refused() {
+    let engine = engine("smollm2-135m", 2048);
+    let mut ctx = engine.context();
+    ctx.fill(PROMPT).unwrap();
+    let mut gen = ctx.generate(Sampler::Argmax);
+    let e_acute = engine.tokenize("é");
+    gen.accept(&e_acute).unwrap();
+    assert!(gen.text().starts_with('é'), "{:?}", gen.text());
+    let bytes = gen.snapshot().unwrap();
+    let needle = b"\"streamed\":0";
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the saved generator's streamed length");
+    let mut b = bytes.clone();
+    b[at + needle.len() - 1] = b'1';
+    reseal(&mut b);
+    let mut resumed = engine.resume(&b).expect("the context itself is sound");
+    let e = resumed.resume_generator().map(|_| ()).unwrap_err();
+    assert!(matches!(e, Error::SnapshotCorrupt { .. }), "{e}");
+    // Untouched, it resumes.
+    let mut resumed = engine.resume(&bytes).unwrap();
+    assert_eq!(resumed.resume_generator().unwrap().text(), "é");
+}
+
 #[test]
 fn damaged_snapshots_give_typed_errors_and_leak_nothing() {
     let engine = engine("smollm2-135m", 2048);

@@ -196,6 +196,11 @@ impl Context {
             gen.push_text(t);
         }
         gen.generated = generated;
+        if !gen.text.is_char_boundary(streamed.min(gen.text.len())) {
+            return Err(bad(
+                "the streamed length falls inside a character of the text",
+            ));
+        }
         gen.streamed = streamed.min(gen.text.len());
         gen.drafted = drafted;
         gen.draft_accepted = draft_accepted;
