@@ -173,6 +173,14 @@ impl Embedder {
                 ),
             }));
         }
+        if cfg.max_position_embeddings < 2 {
+            return Err(Error::Core(weft_core::Error::BadModel {
+                reason: format!(
+                    "max_position_embeddings is {}: an encoder needs room for [CLS] and [SEP]",
+                    cfg.max_position_embeddings
+                ),
+            }));
+        }
         // sentence-transformers truncates to `max_seq_length`, overriding the tokenizer file.
         let max_tokens = sentence
             .and_then(|s| s.get("max_seq_length"))

@@ -210,6 +210,14 @@ fn broken_configs_and_tokenizers_give_typed_errors() {
         ),
         ("relu", &CONFIG.replace("gelu", "relu"), "hidden_act"),
         (
+            "one position",
+            &CONFIG.replace(
+                "\"max_position_embeddings\": 16",
+                "\"max_position_embeddings\": 1",
+            ),
+            "max_position_embeddings",
+        ),
+        (
             "roberta",
             &CONFIG.replace("\"bert\"", "\"roberta\""),
             "roberta",
