@@ -51,7 +51,7 @@ impl Speculator for NgramSpeculator {
             // Latest earlier occurrence whose continuation is known.
             if let Some(start) = (0..len - n).rev().find(|&s| &tokens[s..s + n] == suffix) {
                 let from = start + n;
-                return tokens[from..(from + max).min(len)].to_vec();
+                return tokens[from..from.saturating_add(max).min(len)].to_vec();
             }
         }
         Vec::new()
@@ -145,5 +145,7 @@ mod tests {
         assert!(s.draft(&[1], 4).is_empty());
         // The continuation is cut at the end of the sequence.
         assert_eq!(s.draft(&[5, 6, 5, 6], 8), vec![5, 6]);
+        // However many are asked for.
+        assert_eq!(s.draft(&[5, 6, 5, 6], usize::MAX), vec![5, 6]);
     }
 }
