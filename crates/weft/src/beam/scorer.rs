@@ -239,14 +239,20 @@ impl BeamScorer {
                 }
             }
         }
+        // A token reported twice for one beam counts once, at its best score: grouped by
+        // (beam, token), best first, the first of each group kept.
+        all.sort_by(|a, b| {
+            (a.beam, a.token)
+                .cmp(&(b.beam, b.token))
+                .then(b.sum_logprobs.total_cmp(&a.sum_logprobs))
+        });
+        all.dedup_by(|a, b| a.beam == b.beam && a.token == b.token);
         all.sort_by(|a, b| {
             b.sum_logprobs
                 .total_cmp(&a.sum_logprobs)
                 .then(a.beam.cmp(&b.beam))
                 .then(a.token.cmp(&b.token))
         });
-        // A token reported twice for one beam counts once.
-        all.dedup_by(|a, b| a.beam == b.beam && a.token == b.token);
         all.truncate(self.beams_to_keep);
         all
     }

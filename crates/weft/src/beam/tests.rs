@@ -233,6 +233,13 @@ fn bad_options_and_steps_are_errors() {
     ));
     let mut s = BeamScorer::new(&[9], &BeamSearchConfig::new(2).max_new_tokens(1)).expect("ok");
     assert!(matches!(s.step(&[]), Err(Error::BeamSearch { .. })));
+    // A token listed twice for one beam counts once (at its better score), wherever the
+    // duplicates fall in the ranking: two distinct beams survive.
+    let mut d = BeamScorer::new(&[9], &BeamSearchConfig::new(3).max_new_tokens(2)).expect("ok");
+    d.step(&[vec![(A, -1.0), (B, -1.1), (A, -1.2), (C, -2.0)]])
+        .expect("step");
+    let beams: Vec<Vec<u32>> = d.running().map(<[u32]>::to_vec).collect();
+    assert_eq!(beams, [vec![9, A], vec![9, B], vec![9, C]]);
     s.step(&[vec![(A, -1.0), (B, -2.0)]]).expect("step");
     assert!(s.is_done());
     assert!(matches!(
