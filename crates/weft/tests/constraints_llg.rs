@@ -384,6 +384,15 @@ fn bad_schemas_fail_in_compile() {
         (Schema::Lark("start: (\"a\"".into()), "Lark grammar"),
         (Schema::Gbnf("root ::= \"a".into()), "GBNF grammar"),
         (Schema::Gbnf("root ::= missing".into()), "GBNF grammar"),
+        // Counts past u32 are refused, not read as 0 (or as an open bound).
+        (
+            Schema::Gbnf("root ::= \"a\"{4294967296}".into()),
+            "GBNF grammar",
+        ),
+        (
+            Schema::Gbnf("root ::= \"a\"{5,99999999999}".into()),
+            "GBNF grammar",
+        ),
     ];
     for (schema, want) in cases {
         match compile(engine, &schema) {

@@ -257,12 +257,12 @@ impl Parser<'_> {
     fn braces(&mut self) -> Result<String, String> {
         self.pos += 1;
         self.space(true);
-        let min = self.int().unwrap_or(0);
+        let min = self.int()?.unwrap_or(0);
         self.space(true);
         let max = if self.peek() == Some(b',') {
             self.pos += 1;
             self.space(true);
-            let max = self.int();
+            let max = self.int()?;
             self.space(true);
             max
         } else {
@@ -282,12 +282,21 @@ impl Parser<'_> {
         })
     }
 
-    fn int(&mut self) -> Option<u32> {
+    /// A repetition count: `None` where no digits are (an open bound), an error where they
+    /// do not fit a `u32` (rather than a silently different grammar).
+    fn int(&mut self) -> Result<Option<u32>, String> {
         let start = self.pos;
         while self.peek().is_some_and(|c| c.is_ascii_digit()) {
             self.pos += 1;
         }
-        self.src[start..self.pos].parse().ok()
+        let digits = &self.src[start..self.pos];
+        match digits.is_empty() {
+            true => Ok(None),
+            false => digits
+                .parse()
+                .map(Some)
+                .map_err(|_| self.err(&format!("repetition count {digits} is too large"))),
+        }
     }
 
     /// `[...]` → a Lark regex over one character.
