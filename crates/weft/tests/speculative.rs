@@ -358,6 +358,30 @@ fn a_dropped_step_future_is_undone_by_the_next_step() {
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
 
+/// Tokens accepted after a step whose future was dropped come after that step's input: the
+/// next step runs both (the dropped one is undone first, as `next` undoes it).
+#[test]
+fn tokens_accepted_after_a_dropped_step_run_after_its_input() {
+    use futures_util::FutureExt;
+    let engine = engine("smollm2-135m");
+    let mut ctx = engine.context();
+    ctx.fill("The capital of France is").expect("fill");
+    let mut g = ctx.generate(Sampler::Argmax).max_tokens(8);
+    let step = g.next().expect("next").expect("a step");
+    block_on(step.execute()).expect("first step");
+    let first = g.tokens().to_vec();
+    assert_eq!(first.len(), 1);
+    let step = g.next().expect("next").expect("a step");
+    drop(step.execute().now_or_never());
+    let chosen = engine.tokenize(" the")[0];
+    g.accept(&[chosen]).expect("accept");
+    assert_eq!(g.tokens(), [first[0], chosen]);
+    let step = g.next().expect("next").expect("a step");
+    block_on(step.execute()).expect("step after");
+    let run = g.context().tokens();
+    assert_eq!(run[run.len() - 2..], [first[0], chosen], "{run:?}");
+}
+
 /// Drafts that would cross a rule of the step: `min_tokens` (whose ban on the stop ids holds
 /// at every position of a step) and a constraint a draft token completes (the position after it
 /// allows only an end of sequence, which `min_tokens` bans). Greedy output and stop reason

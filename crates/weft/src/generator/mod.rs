@@ -502,6 +502,8 @@ impl<'c> Generator<'c> {
     /// the generation stops there ([`StopReason::ContextFull`]).
     pub fn accept(&mut self, tokens: &[u32]) -> Result<()> {
         self.ctx.engine().check_ids(tokens.iter().copied())?;
+        // After a dropped step, its input goes back first: these tokens come after it.
+        self.undo_dropped_step()?;
         let len = self.held() + tokens.len();
         let n_ctx = self.ctx.engine().n_ctx();
         if len > n_ctx + 1 && self.stopped.is_none() {
