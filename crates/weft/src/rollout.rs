@@ -8,13 +8,13 @@
 
 use futures_util::future::join_all;
 
-use crate::adapter::Adapter;
+use crate::adapter::{Adapter, PassAdapters};
 use crate::context::Context;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::generator::{Generator, StopReason};
 use weft_core::kv::PAGE_SIZE;
-use weft_core::sampling::{Penalties, Sampler};
+use weft_core::sampling::{validate_logit_bias, Penalties, Sampler};
 
 /// A prompt: text (tokenized with a BOS when the model wants one) or token ids, used as given.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -300,7 +300,8 @@ fn pad_rows(rows: &[(usize, Vec<u32>)], pad: u32) -> PaddedBatch {
 /// Generates for every request at once and returns every sequence, in request order.
 ///
 /// A request that cannot run (an empty prompt, one longer than the context, an id past the
-/// vocabulary) fails the batch before any pass, with [`Error::InRequest`] naming it.
+/// vocabulary, an invalid sampler, logit bias, penalty or adapter) fails the batch before any
+/// pass, with [`Error::InRequest`] naming it.
 ///
 /// A batch larger than the KV cache holds at once still runs: rollouts start in order while
 /// their worst case (prompt + `max_tokens`, at most the context length) fits the pages free
@@ -327,9 +328,20 @@ pub async fn generate_batch(engine: &Engine, requests: &[RolloutRequest]) -> Res
 }
 
 /// A context for `r`, seeded and filled with its prompt, after checking what would make it fail
-/// later: ids past the vocabulary (a stop sequence with one could never match), an empty
-/// prompt, one longer than the context.
+/// later: ids past the vocabulary (a stop sequence with one could never match), an invalid
+/// sampler, logit bias, penalties or adapter, an empty prompt, one longer than the context.
 fn start(engine: &Engine, r: &RolloutRequest) -> Result<Context> {
+    let vocab = engine.info().vocab_size;
+    r.sampler.validate(vocab)?;
+    validate_logit_bias(&r.logit_bias, vocab)?;
+    if let Some(p) = &r.penalties {
+        p.validate()?;
+    }
+    PassAdapters {
+        stack: r.adapters.clone(),
+        zo: None,
+    }
+    .resolve(engine)?;
     engine.check_ids(
         r.stop_sequences
             .iter()

@@ -530,6 +530,7 @@ fn rollouts_from_ids_padded_batches_and_max_length() {
     limited[1].max_length = Some(ids[1].len() + 50);
     let c = block_on(generate_batch(&engine, &limited)).expect("max_length");
     // A stop sequence past the vocabulary could never match: refused before anything runs.
+    let steps_before_refusals = engine.metrics().steps;
     let mut oov = from_ids.clone();
     oov[1].stop_sequences = vec![vec![u32::MAX]];
     let refused = block_on(generate_batch(&engine, &oov)).unwrap_err();
@@ -547,6 +548,29 @@ fn rollouts_from_ids_padded_batches_and_max_length() {
     bad[1].prompt = Prompt::Tokens(vec![ids[1][1]; engine.n_ctx() + 1]);
     let e = block_on(generate_batch(&engine, &bad)).unwrap_err();
     assert!(matches!(e.cause(), Error::ContextTooLong { .. }), "{e}");
+    // And the options a generator would refuse at its first step: a bad sampler, a logit
+    // bias past the vocabulary, penalties out of range.
+    let mut bad = from_ids.clone();
+    bad[1].sampler = Sampler::TopK {
+        k: 0,
+        temperature: 1.0,
+    };
+    let mut biased = from_ids.clone();
+    biased[1].logit_bias = vec![(u32::MAX, 1.0)];
+    let mut penalized = from_ids.clone();
+    penalized[1].penalties = Some(weft::Penalties {
+        repetition: f32::NAN,
+        ..weft::Penalties::default()
+    });
+    for batch in [bad, biased, penalized] {
+        let e = block_on(generate_batch(&engine, &batch)).unwrap_err();
+        assert!(
+            matches!(e, Error::InRequest { index: 1, .. })
+                && matches!(e.cause(), Error::Sampler(_)),
+            "{e:?}"
+        );
+    }
+    assert_eq!(engine.metrics().steps, steps_before_refusals);
     assert_eq!(engine.metrics().kv_pages_used, 0);
     assert_eq!(c[0].tokens, a[0].tokens[..3]);
     assert_eq!(
