@@ -232,6 +232,21 @@ fn reseal(bytes: &mut [u8]) {
     bytes[24..56].copy_from_slice(&digest);
 }
 
+/// A generator whose schema failed to compile cannot be saved (the snapshot would resume it
+/// unconstrained): the snapshot is the compile error.
+#[test]
+fn a_generator_with_a_failed_schema_is_not_saved() {
+    let engine = engine("smollm2-135m", 2048);
+    let mut ctx = engine.context();
+    ctx.fill(PROMPT).unwrap();
+    let mut gen = ctx
+        .generate(Sampler::Argmax)
+        .constrain_with(Schema::Regex("(".into()));
+    let e = gen.snapshot().unwrap_err();
+    assert!(matches!(e, Error::Grammar { .. }), "{e}");
+    assert!(gen.is_done());
+}
+
 /// A resealed generator snapshot whose streamed length falls inside a character of the text
 /// is refused when the generator is taken up, not a panic at its first delta.
 #[test]

@@ -9,7 +9,7 @@
 use serde_json::{json, Value};
 use weft_core::sampling::{Penalties, Sampler};
 
-use super::Generator;
+use super::{Generator, StopReason};
 use crate::constraint::Schema;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -44,6 +44,12 @@ impl Generator<'_> {
     /// ```
     pub fn snapshot(&mut self) -> Result<Vec<u8>> {
         self.undo_dropped_step()?;
+        // A schema that failed to compile is not among the saved ones: saving would resume
+        // the generation unconstrained. Its error comes now, as the first step's would.
+        if let Some(e) = self.config_error.take() {
+            self.stopped = Some(StopReason::Error);
+            return Err(e);
+        }
         if self.stopped.is_some() {
             return self.ctx.snapshot();
         }
