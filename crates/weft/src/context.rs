@@ -1,7 +1,7 @@
 //! A context: one sequence of tokens in the engine's KV cache, with its own sampling seed.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use weft_core::kv::SeqId;
 use weft_core::models::SlotMask;
@@ -65,7 +65,15 @@ pub struct Context {
     /// pass with masks ran with, and that token's index, so that running it again to get its
     /// logits back ([`Context::unrun_last`]) attends as it did.
     last_row: Option<(usize, Vec<f32>)>,
+    /// A step abandoned with its generator (see [`AbandonSlot`]).
+    abandoned: AbandonSlot,
 }
+
+/// Where a generator's step started, left here when the step's future was dropped while its
+/// pass was in flight and then the generator went too: the context's next operation goes
+/// back there, the step's inputs pending again, so tokens the step only tried (unchecked
+/// drafts) do not stay. Shared, so the generator can leave it as it is dropped.
+pub(crate) type AbandonSlot = Arc<Mutex<Option<(Mark, Vec<u32>)>>>;
 
 /// What a submitted pass changed in its context, kept to undo it if the pass fails.
 #[derive(Debug)]
@@ -121,6 +129,7 @@ impl Context {
             custom_attention: false,
             causal: Vec::new(),
             last_row: None,
+            abandoned: AbandonSlot::default(),
         }
     }
 
@@ -128,6 +137,21 @@ impl Context {
     /// orphaned pass and drops the tokens it recorded but the cache does not hold (the pass
     /// failed).
     pub(crate) fn settle(&mut self) {
+        self.settle_pass();
+        let abandoned = self
+            .abandoned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some((mark, input)) = abandoned {
+            // Nothing to report to: a failed truncation (the engine stopped) leaves the tokens.
+            let _ = self.rewind_to(mark);
+            self.pending.extend(input);
+        }
+    }
+
+    /// [`Context::settle`]'s first half: the dropped pass.
+    fn settle_pass(&mut self) {
         let Some(record) = self.inflight.take() else {
             return;
         };
@@ -265,6 +289,11 @@ impl Context {
         self.pending = r.pending;
         self.pending_bias = r.pending_bias;
         self.custom_attention = r.custom_attention;
+    }
+
+    /// The slot a generator leaves an abandoned step in (see [`AbandonSlot`]).
+    pub(crate) fn abandon_slot(&self) -> AbandonSlot {
+        self.abandoned.clone()
     }
 
     /// The state to come back to with [`Context::rewind_to`].
@@ -457,10 +486,9 @@ impl Context {
             shared.wait_idle(self.seq);
             n = n.min(shared.runner().kv().len(self.seq).unwrap_or(0));
         }
-        let seq = shared.fork_sequence(self.seq);
-        Ok(Context {
+        let mut fork = Context {
             engine: self.engine.clone(),
-            seq,
+            seq: shared.fork_sequence(self.seq),
             tokens: self.tokens[..n].to_vec(),
             positions: self.positions[..n].to_vec(),
             pending: self.pending.clone(),
@@ -472,7 +500,20 @@ impl Context {
             custom_attention: self.custom_attention,
             causal: self.causal[..n.min(self.causal.len())].to_vec(),
             last_row: self.last_row.clone().filter(|(i, _)| *i < n),
-        })
+            abandoned: AbandonSlot::default(),
+        };
+        // A step abandoned with its generator: the fork starts where the step did (a failed
+        // truncation drops the fork, which frees its sequence).
+        let abandoned = self
+            .abandoned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some((mark, input)) = abandoned {
+            fork.rewind_to(mark)?;
+            fork.pending.extend(input);
+        }
+        Ok(fork)
     }
 
     /// Keeps the first `n` tokens already run and drops the rest (and the pending buffer).

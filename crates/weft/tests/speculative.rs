@@ -358,6 +358,38 @@ fn a_dropped_step_future_is_undone_by_the_next_step() {
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
 
+/// A generator dropped right after one of its steps' futures (a timeout around a generation,
+/// with drafts in the step's pass): the context keeps the accepted tokens, not the drafts the
+/// step only tried.
+#[test]
+fn a_generator_dropped_with_its_step_leaves_only_accepted_tokens() {
+    use futures_util::FutureExt;
+    let engine = engine("smollm2-135m");
+    let mut ctx = engine.context();
+    ctx.fill("The capital of France is Paris. The capital of France is")
+        .expect("fill");
+    let prompt = ctx.pending().to_vec();
+    let accepted = {
+        let mut g = ctx
+            .generate(Sampler::Argmax)
+            .max_tokens(10)
+            .system_speculation();
+        let step = g.next().expect("next").expect("a step");
+        block_on(step.execute()).expect("first step");
+        let step = g.next().expect("next").expect("a step");
+        drop(step.execute().now_or_never());
+        g.tokens().to_vec()
+    };
+    assert_eq!(accepted.len(), 1);
+    let fork = ctx.fork().expect("fork");
+    block_on(ctx.flush_logits()).expect("the accepted token runs again");
+    assert_eq!(ctx.tokens(), [&prompt[..], &accepted].concat());
+    // A fork taken before that starts where the step did as well.
+    assert_eq!((fork.len(), fork.pending()), (prompt.len(), &accepted[..]));
+    drop((fork, ctx));
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
 /// Tokens accepted after a step whose future was dropped come after that step's input: the
 /// next step runs both (the dropped one is undone first, as `next` undoes it).
 #[test]

@@ -1,5 +1,7 @@
 //! The generation loop over [`Forward`]: sample, accept, check the stop rules, repeat.
 
+use std::sync::PoisonError;
+
 use weft_core::sampling::{Penalties, Sampler};
 use weft_core::tokenizer::Utf8Buffer;
 
@@ -12,7 +14,7 @@ pub use stop::{StopRules, StopStrings};
 
 use crate::adapter::{Adapter, PassAdapters};
 use crate::constraint::{self, Constraint, Schema, TokenMask};
-use crate::context::{Context, Mark};
+use crate::context::{AbandonSlot, Context, Mark};
 use crate::error::{Error, Result};
 use crate::probe::{Probe, ProbeHandle, ProbeKind};
 use crate::speculate::{NgramSpeculator, Speculator};
@@ -120,10 +122,34 @@ impl Drop for ForgetOnDrop {
     }
 }
 
-/// The state a step starts from: the context's, and the generator's next input.
+/// The state a step starts from: the context's, and the generator's next input. Dropped with
+/// them still in it (the step's future and then the generator were dropped while its pass
+/// was in flight), it leaves them to the context, whose next operation goes back there.
 struct Restart {
-    mark: Mark,
-    input: Vec<u32>,
+    state: Option<(Mark, Vec<u32>)>,
+    slot: AbandonSlot,
+}
+
+impl Restart {
+    fn new(ctx: &Context, input: Vec<u32>) -> Restart {
+        Restart {
+            state: Some((ctx.mark(), input)),
+            slot: ctx.abandon_slot(),
+        }
+    }
+
+    /// The state, taken: dropping the restart then leaves nothing.
+    fn take(&mut self) -> Option<(Mark, Vec<u32>)> {
+        self.state.take()
+    }
+}
+
+impl Drop for Restart {
+    fn drop(&mut self) {
+        if let Some(state) = self.state.take() {
+            *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(state);
+        }
+    }
 }
 
 /// Default longest draft of speculative decoding.
@@ -345,9 +371,9 @@ impl<'c> Generator<'c> {
 
     /// If the last step's future was dropped before it finished, undoes what it ran.
     fn undo_dropped_step(&mut self) -> Result<()> {
-        if let Some(r) = self.restart.take() {
-            self.ctx.rewind_to(r.mark)?;
-            self.next_input = r.input;
+        if let Some((mark, input)) = self.restart.take().and_then(|mut r| r.take()) {
+            self.ctx.rewind_to(mark)?;
+            self.next_input = input;
         }
         Ok(())
     }

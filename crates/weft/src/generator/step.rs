@@ -63,12 +63,11 @@ impl Step<'_, '_> {
     pub async fn execute(self) -> Result<StepOutput> {
         let gen = self.gen;
         let input = std::mem::take(&mut gen.next_input);
-        gen.restart = Some(super::Restart {
-            mark: gen.ctx.mark(),
-            input: input.clone(),
-        });
+        gen.restart = Some(super::Restart::new(gen.ctx, input.clone()));
         let result = run(gen, &input, self.auto, &self.probes).await;
-        gen.restart = None;
+        if let Some(mut r) = gen.restart.take() {
+            r.take();
+        }
         if result.is_err() {
             gen.next_input = input;
         }
