@@ -607,10 +607,17 @@ fn a_dropped_execute_future_whose_pass_fails_keeps_the_pending_tokens() {
         .logit_bias(&[(7, f32::NEG_INFINITY)]);
     let _ = fwd.sample(&[last], Sampler::Argmax);
     drop(fwd.execute().now_or_never());
+    // A fork taken before the context settles gets the pending tokens back too.
+    let mut fork = ctx.fork().expect("fork");
+    assert_eq!((fork.len(), fork.pending()), (0, &ids[..ids.len() - 1]));
     let got = block_on(ctx.prefill(&ids[ids.len() - 1..])).expect("next pass");
     assert_eq!(ctx.tokens(), &ids[..]);
     assert_eq!(got, want);
-    drop(ctx);
+    assert_eq!(
+        block_on(fork.prefill(&ids[ids.len() - 1..])).expect("the fork's pass"),
+        want
+    );
+    drop((ctx, fork));
     assert_pool_free(&engine);
 }
 
