@@ -75,7 +75,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => Box::new(std::io::stdin().lock()),
     };
     let mut out = std::io::stdout().lock();
-    let mut lines = Vec::with_capacity(args.batch);
+    // Grown as lines come: `--batch` may be any number.
+    let mut lines = Vec::new();
     // Input lines embedded so far, to name the lines of a batch that fails.
     let mut done = 0;
     let mut flush = |lines: &mut Vec<String>| -> anyhow::Result<()> {
