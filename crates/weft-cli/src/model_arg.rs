@@ -76,11 +76,6 @@ pub struct ThreadsArg {
 }
 
 impl ThreadsArg {
-    /// A runner for `file` with these options and default settings otherwise.
-    pub fn runner(&self, file: std::sync::Arc<GgufFile>) -> anyhow::Result<weft::ModelRunner> {
-        Ok(weft::ModelRunner::new(file, &self.runner_config()?)?)
-    }
-
     /// The runner configuration these options ask for.
     pub fn runner_config(&self) -> anyhow::Result<weft::RunnerConfig> {
         let mut cfg = weft::RunnerConfig::default();

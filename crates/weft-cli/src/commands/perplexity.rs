@@ -5,6 +5,7 @@
 //! when the model uses one; only the second half of each chunk is scored (the first half is
 //! context), each token by the log-probability the model gave it at the previous position.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -66,13 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let file = Arc::new(args.model.open()?);
     let tok = Tokenizer::from_gguf(&file)?;
-    let mut runner = args.threads.runner(file)?;
-    let threads = runner.n_threads();
     let mut tokens = tok.encode(&text, true, true);
-    let vocab = runner.info().vocab_size;
-    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-        anyhow::bail!("the tokenizer produced id {bad}, past the model's {vocab} outputs");
-    }
     let n_ctx = args.ctx;
     anyhow::ensure!(n_ctx >= 8, "--ctx-size must be at least 8");
     let n_chunks = tokens.len() / n_ctx;
@@ -82,6 +77,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tokens.len(),
         2 * n_ctx
     );
+    // Chunks of `-c` tokens, past the model's training context if asked (as `run` allows).
+    let mut cfg = args.threads.runner_config()?;
+    cfg.n_ctx = Some(n_ctx);
+    let mut runner = weft::ModelRunner::new(file, &cfg)?;
+    let threads = runner.n_threads();
+    let vocab = runner.info().vocab_size;
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        anyhow::bail!("the tokenizer produced id {bad}, past the model's {vocab} outputs");
+    }
     errln!("{} tokens, {n_chunks} chunks of {n_ctx}", tokens.len());
     let special = tok.vocab().special().clone();
     let bos = special.bos.filter(|_| special.add_bos);
@@ -123,7 +127,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         runner.free_sequence(seq);
         tokens[start] = original;
-        eprint!("[{}]{:.4},", chunk + 1, (nll / count as f64).exp());
+        // Progress only: a closed standard error does not stop the run.
+        let _ = write!(
+            std::io::stderr(),
+            "[{}]{:.4},",
+            chunk + 1,
+            (nll / count as f64).exp()
+        );
     }
     errln!();
     let mean = nll / count as f64;
