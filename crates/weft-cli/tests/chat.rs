@@ -438,6 +438,36 @@ fn chat_on_a_dumb_terminal() {
     assert!(screen.contains(&format!("{EXITED}0]")), "{screen}");
 }
 
+/// Ctrl-D at the continuation prompt after a line ending in `\` sends the message so far (as
+/// the end of a pipe does); it was dropped, and the chat ended.
+#[test]
+fn ctrl_d_after_a_continued_line_sends_the_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = format!("\"$0\" chat -m {MODEL} --temp 0 -n 8; echo \"{EXITED}$?]\"");
+    let mut s = Session {
+        tmux: Tmux::run_script(&script, dir.path()),
+        prompts: 0,
+    };
+    s.wait_prompt("the model to load and the first prompt");
+    s.tmux.type_text("Say hi\\");
+    s.tmux.press("Enter");
+    s.tmux.wait_for("the continuation prompt", 30, |screen| {
+        screen.lines().last().is_some_and(|l| l.starts_with("..."))
+    });
+    s.tmux.press("C-d");
+    s.wait_prompt("the prompt after the message Ctrl-D sent");
+    let saved = dir.path().join("sent.json");
+    s.send(&format!("/save {}", saved.display()));
+    let kept = read_messages(&saved);
+    assert_eq!(roles(&kept), ["user", "assistant"]);
+    assert_eq!(kept[0].content.trim(), "Say hi");
+    s.tmux.press("C-d");
+    let screen = s
+        .tmux
+        .wait_for("weft to end after Ctrl-D", 30, |s| s.contains(EXITED));
+    assert!(screen.contains(&format!("{EXITED}0]")), "{screen}");
+}
+
 /// A chat at a terminal whose replies go to a reader that leaves (`| head -c 5`) ends quietly
 /// and successfully, as `weft run | head` does (it panicked on the broken pipe).
 #[test]

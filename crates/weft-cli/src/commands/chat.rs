@@ -210,6 +210,11 @@ fn edit_message(ed: &mut rustyline::DefaultEditor) -> anyhow::Result<Option<Stri
                 errln!("^C\n(Use /exit or Ctrl-D to quit.)");
                 message.clear();
             }
+            // Ctrl-D after a `\` line: the message so far is sent, as from a pipe.
+            Err(ReadlineError::Eof) if !message.is_empty() => {
+                let _ = ed.add_history_entry(message.as_str());
+                return Ok(Some(message));
+            }
             Err(ReadlineError::Eof) => return Ok(None),
             // A terminal in another encoding: that message is lost, not the conversation.
             Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
