@@ -4,7 +4,7 @@
 mod common;
 
 use std::io::Write;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use common::weft;
 use weft_testkit::reference_dir;
@@ -253,6 +253,24 @@ fn perplexity(model: &str, ctx: usize, extra: &[&str]) -> f64 {
         .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("{model}: no estimate in {stdout:?}"))
+}
+
+/// Perplexity's progress goes to standard error; a reader of it that leaves (`2>&1 | head
+/// -c 3`) does not stop the run, whose estimate still reaches standard output (it panicked).
+#[test]
+fn perplexity_survives_a_closed_standard_error() {
+    let text = reference_dir().join("perplexity-text.txt");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["perplexity", "-m", "smollm2-135m", "-c", "128", "-f"])
+        .arg(&text)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run weft");
+    drop(child.stderr.take());
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("PPL = "));
 }
 
 /// The f16 cache's perplexity is within 2% of llama.cpp's (whose cache is f16 too, context
@@ -755,6 +773,20 @@ fn embed_prints_one_unit_vector_per_line() {
     for v in &tokens {
         let norm: f64 = v.iter().map(|x| x * x).sum::<f64>().sqrt();
         assert!(v.len() == 576 && (norm - 1.0).abs() < 1e-4, "{norm}");
+    }
+    // Any batch size: lines are gathered as they come (a huge `--batch` was reserved up
+    // front, a panic or an abort).
+    for batch in ["18446744073709551615", "100000000000000"] {
+        let out = weft(
+            &["embed", "-m", "smollm2-135m", "--batch", batch],
+            "hello world\n",
+        );
+        assert!(
+            out.status.success(),
+            "--batch {batch}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
     }
     // A usage error, as clap reports the others: status 2, before any model is loaded.
     let out = weft(&["embed", "--pooling", "median"], "x\n");
