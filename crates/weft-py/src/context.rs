@@ -109,7 +109,10 @@ impl Context {
             .map_err(|_| PyTypeError::new_err(shape))?
         {
             let m = m?;
-            // Any mapping: a dict, a MappingProxyType, ...
+            // Any mapping: a dict, a MappingProxyType, ... (a string or a pair is not one).
+            if m.cast::<pyo3::types::PyMapping>().is_err() {
+                return Err(PyTypeError::new_err(format!("{shape}; got a message {m}")));
+            }
             let field = |k: &str| -> PyResult<String> {
                 let v = m
                     .get_item(k)

@@ -112,6 +112,10 @@ def test_common_mistakes_get_plain_messages(smollm2):
         ctx.fill_chat("hi")
     with pytest.raises(TypeError, match='"content" must be a string'):
         ctx.fill_chat([{"role": "user", "content": 5}])
+    # A message that is not a mapping is the wrong type, not a missing key.
+    for not_a_message in (["hi"], [("user", "hi")]):
+        with pytest.raises(TypeError, match="list of messages"):
+            ctx.fill_chat(not_a_message)
     with pytest.raises(TypeError, match="not one string"):
         weft.generate_batch(smollm2, "hello")
     # A lone surrogate cannot be encoded: the error says so, not that a str is the wrong type.
