@@ -184,7 +184,15 @@ fn mask_of(
         return Ok(Ok(mask));
     }
     for id in answer.try_iter()? {
-        let id: u32 = id?.extract()?;
+        let id = id?;
+        // True and False are ints to Python: as ids they would allow tokens 1 and 0.
+        if id.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "a constraint's allowed() returned bools outside a list: a mask over the \
+                 vocabulary is a list (or a NumPy bool array), token ids are ints",
+            ));
+        }
+        let id: u32 = id.extract()?;
         if id as usize >= vocab_size {
             return Ok(Err(weft::Error::TokenOutOfVocab { id, vocab_size }));
         }

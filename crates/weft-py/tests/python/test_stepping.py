@@ -186,6 +186,16 @@ def test_exceptions_of_python_callbacks_reach_the_caller(smollm2):
         ctx.generate(weft.Argmax(), max_tokens=4, constrain=Wide()).text()
     with pytest.raises(TypeError, match="allowed"):
         ctx.generate(weft.Argmax(), constrain=object())
+
+    # Bools outside a list are refused, not read as the ids 0 and 1.
+    class Tuple:
+        def allowed(self, accepted, vocab_size):
+            return tuple(i % 2 == 0 for i in range(vocab_size))
+
+    ctx = smollm2.context()
+    ctx.fill("Hello")
+    with pytest.raises(TypeError, match="bools outside a list"):
+        ctx.generate(weft.Argmax(), max_tokens=4, constrain=Tuple()).text()
     with pytest.raises(TypeError, match="draft"):
         ctx.generate(weft.Argmax(), speculator=object())
     with pytest.raises(weft.ConfigError, match="not both"):
