@@ -105,8 +105,9 @@ impl Engine {
     fn context(&self) -> Context {
         use std::hash::BuildHasher;
         let mut ctx = self.inner.context();
-        // Each `RandomState` is keyed afresh from the process's random keys.
-        ctx.set_seed(std::collections::hash_map::RandomState::new().hash_one(0u8));
+        // Each `RandomState` is keyed afresh from the thread's random keys, which a forked
+        // child inherits: the process id sets the children (workers) of one parent apart.
+        ctx.set_seed(std::collections::hash_map::RandomState::new().hash_one(std::process::id()));
         Context::new(ctx)
     }
 
@@ -177,9 +178,10 @@ impl Engine {
         }
     }
 
-    /// The scheduler's counters now.
-    fn metrics(&self) -> Metrics {
-        Metrics::from(self.inner.metrics())
+    /// The scheduler's counters now (once the scheduler has applied the commands before: it
+    /// may finish a model call first, so other Python threads run meanwhile).
+    fn metrics(&self, py: Python<'_>) -> Metrics {
+        Metrics::from(py.detach(|| self.inner.metrics()))
     }
 
     /// Most tokens one context may hold.

@@ -178,6 +178,39 @@ def test_new_contexts_sample_apart_unless_seeded(smollm2):
     assert len({sample(seed=7) for _ in range(3)}) == 1
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_forked_workers_sample_apart(smollm2):
+    # Worker processes forked from one parent draw their own seeds (each inherits the
+    # parent's random keys: they all drew the same seeds).
+    import os
+
+    smollm2.context()  # the parent draws a seed before forking, as a server's would
+    reads = []
+    for _ in range(3):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            try:
+                # The parent's engine does not live on in a child: each loads its own.
+                e = weft.Engine("smollm2-135m", threads=1)
+                ctx = e.context()
+                ctx.fill("Once upon a time")
+                text = ctx.generate(weft.Temperature(1.0), max_tokens=16).text()
+                os.write(w, text.encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        reads.append((pid, r))
+    texts = []
+    for pid, r in reads:
+        with os.fdopen(r, "rb") as f:
+            texts.append(f.read())
+        os.waitpid(pid, 0)
+    assert all(texts), texts
+    assert len(set(texts)) > 1, texts
+
+
 def test_json_schema_output_parses_and_validates(smollm2):
     schema = {
         "type": "object",
