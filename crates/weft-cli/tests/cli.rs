@@ -355,6 +355,30 @@ fn checkpoint_folders_run_and_score_within_two_percent_of_llama_cpp() {
     }
 }
 
+/// `weft embed` takes a generator's checkpoint folder as its help says (`-m DIR`), as it
+/// takes the GGUF file: pooled hidden states (it read every folder as an encoder and refused
+/// the architecture). With `--weights f32` the folder holds the GGUF's dequantized weights,
+/// so its vectors are close to the GGUF's.
+#[test]
+fn embed_takes_a_decoder_checkpoint_folder() {
+    let dir = checkpoint("smollm2-135m", "f32");
+    let vector = |model: &str, extra: &[&str]| -> Vec<f64> {
+        let args = [&["embed", "-m", model, "--pooling", "mean"], extra].concat();
+        let out = weft(&args, "The cat sat on the mat.\n");
+        assert!(
+            out.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("one JSON array")
+    };
+    let folder = vector(&dir, &["--weights", "f32"]);
+    let gguf = vector("smollm2-135m", &[]);
+    assert_eq!(folder.len(), 576);
+    let cos: f64 = folder.iter().zip(&gguf).map(|(a, b)| a * b).sum();
+    assert!(cos > 0.99, "cosine {cos}");
+}
+
 /// A checkpoint folder is converted on its first load into `$WEFT_HOME/converted/`, mapped
 /// from there on (the same output), and converted again, replacing the old file, when a file
 /// of the folder changes.

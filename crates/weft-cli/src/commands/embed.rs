@@ -44,7 +44,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let pooling = args.pooling;
     anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
     let path = args.model.path()?;
-    let model: Arc<dyn EmbeddingModel> = if weft::is_gguf(&path) {
+    // A GGUF file or a generator's checkpoint folder is a decoder (pooled hidden states);
+    // anything else is read as an encoder (a sentence-transformers folder, its safetensors).
+    let checkpoint = path.is_dir() && path.join("config.json").is_file();
+    let decoder = checkpoint && weft::checkpoint::encoder_folder(&path).is_none();
+    let model: Arc<dyn EmbeddingModel> = if weft::is_gguf(&path) || decoder {
         let file = Arc::new(args.model.open_path(&path)?);
         Arc::new(args.threads.engine_at(file, &path)?)
     } else {

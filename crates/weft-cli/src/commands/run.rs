@@ -62,7 +62,8 @@ pub struct Args {
     #[arg(long, value_name = "PATH[:SCALE]", value_parser = parse_lora)]
     lora: Vec<(std::path::PathBuf, f32)>,
     /// The prompt, used as is (no chat template); `-` reads it from standard input, as does
-    /// no prompt at all when standard input is a pipe or a file (one final newline dropped).
+    /// no prompt at all when standard input is a pipe or a file (one final newline dropped)
+    /// — except with `--load-session`, where no prompt continues the session (give `-`).
     #[arg(default_value = "")]
     prompt: String,
 }
