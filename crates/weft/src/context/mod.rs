@@ -1,7 +1,7 @@
 //! A context: one sequence of tokens in the engine's KV cache, with its own sampling seed.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use weft_core::kv::SeqId;
 use weft_core::sampling::{Rng, Sampler};
@@ -363,11 +363,7 @@ impl Context {
         };
         // A step abandoned with its generator: the fork starts where the step did (a failed
         // truncation drops the fork, which frees its sequence).
-        let abandoned = self
-            .abandoned
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let abandoned = self.abandoned_step().clone();
         if let Some((mark, input)) = abandoned {
             fork.rewind_to(mark)?;
             fork.pending.extend(input);

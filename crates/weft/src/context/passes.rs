@@ -2,7 +2,7 @@
 //! it fails), the marks a generator goes back to when a step's future is dropped, the step a
 //! dropped generator leaves behind, and running the last token again for its logits.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use weft_core::models::SlotMask;
 use weft_core::sampling::Rng;
@@ -41,16 +41,19 @@ impl Context {
     /// failed); then goes back to where a step abandoned with its generator started.
     pub(crate) fn settle(&mut self) {
         self.settle_pass();
-        let abandoned = self
-            .abandoned
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let abandoned = self.abandoned_step().take();
         if let Some((mark, input)) = abandoned {
             // Nothing to report to: a failed truncation (the engine stopped) leaves the tokens.
             let _ = self.rewind_to(mark);
             self.pending.extend(input);
         }
+    }
+
+    /// The step a generator abandoned here, if any (a poisoned lock still holds it).
+    pub(super) fn abandoned_step(&self) -> MutexGuard<'_, Option<(Mark, Vec<u32>)>> {
+        self.abandoned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// [`Context::settle`]'s first half: the dropped pass.
