@@ -621,6 +621,43 @@ fn a_dropped_execute_future_whose_pass_fails_keeps_the_pending_tokens() {
     assert_pool_free(&engine);
 }
 
+/// A long pass on Gemma 3 runs in chunks, and after each its sliding-window layers give back
+/// pages two windows behind: when the pass then fails (here: a logit mask that allows no
+/// token), the cache cannot go back to where the pass began. The context keeps what the cache
+/// holds (it forgot the pass while the cache kept it, and every later pass failed), and goes
+/// on from there.
+#[test]
+fn a_chunked_pass_that_fails_on_a_sliding_window_model_leaves_context_and_cache_agreeing() {
+    let engine = engine("gemma3-270m", small());
+    let text = "The loom's shuttle carries the weft across the warp. ".repeat(120);
+    let ids = engine.tokenize(&text);
+    assert!(ids.len() > 1300, "{}", ids.len());
+    let mut ctx = engine.context();
+    ctx.fill_tokens(&ids[..100]).expect("fill");
+    block_on(ctx.flush_logits()).expect("the first 100 tokens");
+    let vocab = engine.info().vocab_size;
+    ctx.fill_tokens(&ids[100..1300]).expect("fill");
+    let mut fwd = ctx.forward();
+    let last = fwd.len() - 1;
+    fwd.mask(weft::Brle::only(vocab, &[7]))
+        .logit_bias(&[(7, f32::NEG_INFINITY)]);
+    let _ = fwd.sample(&[last], Sampler::Argmax);
+    let e = block_on(fwd.execute()).unwrap_err();
+    assert!(matches!(e, weft::Error::NothingAllowed), "{e}");
+    assert_eq!((ctx.len(), ctx.pending().len()), (1300, 0));
+    assert_eq!(ctx.tokens(), &ids[..1300]);
+    ctx.fill_tokens(&ids[1300..1301]).expect("fill");
+    let want = {
+        let mut fresh = engine.context();
+        fresh.fill_tokens(&ids[..1301]).expect("fill");
+        block_on(fresh.flush_logits()).expect("the reference")
+    };
+    let got = block_on(ctx.flush_logits()).expect("the next pass runs");
+    assert_eq!(got, want);
+    drop(ctx);
+    assert_pool_free(&engine);
+}
+
 /// Gemma 3's sliding-window layers give back pages two windows behind the highest position. A
 /// token placed back among tokens whose keys went that way is an error (it saw them as
 /// nothing, silently), and the context stays as it was.

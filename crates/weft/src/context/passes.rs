@@ -124,11 +124,29 @@ impl Context {
         self.rng = rng;
     }
 
-    /// The pass failed and the runner rolled the sequence back: so does the context.
+    /// The pass failed and the runner rolled the sequence back: so does the context. A long
+    /// pass on a sliding-window model runs in chunks and gives back pages behind its window
+    /// after each, so the cache may be unable to go back to where the pass began: the context
+    /// then keeps the tokens the cache holds, its pass's others pending again, so that the two
+    /// agree (it forgot them while the cache kept them, and every later pass failed).
     pub(crate) fn pass_failed(&mut self) {
-        if let Some(r) = self.inflight.take() {
+        let Some(r) = self.inflight.take() else {
+            return;
+        };
+        let kv = self.engine.inner.shared.runner().kv().len(self.seq);
+        let cached = kv.unwrap_or(r.len).min(self.tokens.len());
+        if cached <= r.len {
             self.undo(r);
+            return;
         }
+        self.pending = self.tokens.split_off(cached);
+        self.positions.truncate(cached);
+        self.drop_rows_from(cached);
+        self.pending_bias = r
+            .pending_bias
+            .into_iter()
+            .filter(|(i, _)| *i >= cached)
+            .collect();
     }
 
     /// Puts the context back where it was before the pass `r` recorded.
