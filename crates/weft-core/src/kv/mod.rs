@@ -188,10 +188,9 @@ impl KvCache {
         &self.layout
     }
 
-    /// Starts an empty sequence.
+    /// Starts an empty sequence (under an id no live sequence has).
     pub fn new_sequence(&mut self) -> SeqId {
-        let id = SeqId(self.next_id);
-        self.next_id = self.next_id.wrapping_add(1);
+        let id = self.free_id();
         let seq = Sequence {
             tables: vec![Vec::new(); self.groups.len()],
             ..Sequence::default()
@@ -411,10 +410,21 @@ impl KvCache {
     /// copied here, so a fork never needs a free page: the first write into a shared page (the
     /// partial last one, or any page after a rewind) copies it then (see [`KvCache::append`]).
     pub fn fork(&mut self, seq: SeqId) -> Result<SeqId> {
-        let id = SeqId(self.next_id);
+        self.seq(seq)?;
+        let id = self.free_id();
         self.fork_as(seq, id)?;
-        self.next_id = self.next_id.wrapping_add(1);
         Ok(id)
+    }
+
+    /// The next id no live sequence has (ids a caller chose with [`KvCache::insert_sequence`]
+    /// or [`KvCache::fork_as`] are skipped, not reused: that lost the sequence holding one).
+    fn free_id(&mut self) -> SeqId {
+        while self.seqs.contains_key(&SeqId(self.next_id)) {
+            self.next_id = self.next_id.wrapping_add(1);
+        }
+        let id = SeqId(self.next_id);
+        self.next_id = self.next_id.wrapping_add(1);
+        id
     }
 
     /// [`KvCache::fork`] under a caller-chosen id. Errors if `seq` is unknown or `id` taken.

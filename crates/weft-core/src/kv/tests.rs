@@ -55,6 +55,26 @@ fn append_truncate_free_returns_every_page() {
     assert!(kv.usage().iter().all(|u| u.free == u.total));
 }
 
+/// Ids a caller chose (`insert_sequence`, `fork_as`) are skipped by the ones the cache hands
+/// out: a new sequence took a live one's id and the old one's pages were never given back,
+/// and every fork after a collision failed.
+#[test]
+fn ids_the_cache_hands_out_skip_the_ones_a_caller_took() {
+    let mut kv = KvCache::new(layout(None), 4 * PAGE_SIZE).unwrap();
+    kv.insert_sequence(SeqId(0)).unwrap();
+    kv.append(SeqId(0), &positions(0..40)).unwrap();
+    kv.insert_sequence(SeqId(2)).unwrap();
+    let a = kv.new_sequence();
+    let b = kv.fork(SeqId(0)).expect("a fork");
+    let c = kv.new_sequence();
+    assert_eq!([a, b, c], [SeqId(1), SeqId(3), SeqId(4)]);
+    assert_eq!(kv.len(SeqId(0)).unwrap(), 40);
+    for s in [SeqId(0), SeqId(2), a, b, c] {
+        kv.free_sequence(s);
+    }
+    assert!(kv.usage().iter().all(|u| u.free == u.total));
+}
+
 #[test]
 fn fork_shares_full_pages_and_copies_on_write() {
     let mut kv = KvCache::new(layout(None), 8 * PAGE_SIZE).unwrap();
