@@ -655,6 +655,30 @@ fn a_chunked_pass_that_fails_on_a_sliding_window_model_leaves_context_and_cache_
     let got = block_on(ctx.flush_logits()).expect("the next pass runs");
     assert_eq!(got, want);
     drop(ctx);
+
+    // The same with the pass's future dropped: the next operation (or a fork before it)
+    // finds the context as the cache holds it.
+    use futures_util::FutureExt;
+    let mut ctx = engine.context();
+    ctx.fill_tokens(&ids[..100]).expect("fill");
+    block_on(ctx.flush_logits()).expect("the first 100 tokens");
+    ctx.fill_tokens(&ids[100..1300]).expect("fill");
+    let mut fwd = ctx.forward();
+    let last = fwd.len() - 1;
+    fwd.mask(weft::Brle::only(vocab, &[7]))
+        .logit_bias(&[(7, f32::NEG_INFINITY)]);
+    let _ = fwd.sample(&[last], Sampler::Argmax);
+    drop(fwd.execute().now_or_never());
+    let mut fork = ctx.fork().expect("fork");
+    ctx.fill_tokens(&ids[1300..1301]).expect("fill");
+    fork.fill_tokens(&ids[1300..1301]).expect("fill");
+    assert_eq!((ctx.len(), ctx.pending().len()), (1300, 1));
+    assert_eq!(block_on(ctx.flush_logits()).expect("the next pass"), want);
+    assert_eq!(
+        block_on(fork.flush_logits()).expect("the fork's pass"),
+        want
+    );
+    drop((ctx, fork));
     assert_pool_free(&engine);
 }
 
