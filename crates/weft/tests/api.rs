@@ -589,6 +589,15 @@ fn a_dropped_execute_future_settles_before_the_next_pass() {
     assert_pool_free(&engine);
 }
 
+/// Makes `fwd` fail once the model has run it: its logit mask allows only id 7, which a -inf
+/// bias then bans, so the sampler of its last token finds nothing (`NothingAllowed`).
+fn fail_after_running(fwd: &mut weft::Forward<'_>, vocab: usize) {
+    let last = fwd.len() - 1;
+    fwd.mask(weft::Brle::only(vocab, &[7]))
+        .logit_bias(&[(7, f32::NEG_INFINITY)]);
+    let _ = fwd.sample(&[last], Sampler::Argmax);
+}
+
 /// A dropped `execute` whose pass then fails in the scheduler (its mask allows only a banned
 /// id): the context gives its pending tokens back, as an awaited failure does, and the next
 /// pass runs them (they were lost, and the next token ran at position 0).
@@ -602,10 +611,7 @@ fn a_dropped_execute_future_whose_pass_fails_keeps_the_pending_tokens() {
     ctx.fill_tokens(&ids[..ids.len() - 1]).expect("fill");
     let vocab = engine.info().vocab_size;
     let mut fwd = ctx.forward();
-    let last = fwd.len() - 1;
-    fwd.mask(weft::Brle::only(vocab, &[7]))
-        .logit_bias(&[(7, f32::NEG_INFINITY)]);
-    let _ = fwd.sample(&[last], Sampler::Argmax);
+    fail_after_running(&mut fwd, vocab);
     drop(fwd.execute().now_or_never());
     // A fork taken before the context settles gets the pending tokens back too.
     let mut fork = ctx.fork().expect("fork");
@@ -632,16 +638,18 @@ fn a_chunked_pass_that_fails_on_a_sliding_window_model_leaves_context_and_cache_
     let text = "The loom's shuttle carries the weft across the warp. ".repeat(120);
     let ids = engine.tokenize(&text);
     assert!(ids.len() > 1300, "{}", ids.len());
-    let mut ctx = engine.context();
-    ctx.fill_tokens(&ids[..100]).expect("fill");
-    block_on(ctx.flush_logits()).expect("the first 100 tokens");
+    // 100 tokens run, 1,200 more filled: a pass of three chunks.
+    let started = || {
+        let mut ctx = engine.context();
+        ctx.fill_tokens(&ids[..100]).expect("fill");
+        block_on(ctx.flush_logits()).expect("the first 100 tokens");
+        ctx.fill_tokens(&ids[100..1300]).expect("fill");
+        ctx
+    };
     let vocab = engine.info().vocab_size;
-    ctx.fill_tokens(&ids[100..1300]).expect("fill");
+    let mut ctx = started();
     let mut fwd = ctx.forward();
-    let last = fwd.len() - 1;
-    fwd.mask(weft::Brle::only(vocab, &[7]))
-        .logit_bias(&[(7, f32::NEG_INFINITY)]);
-    let _ = fwd.sample(&[last], Sampler::Argmax);
+    fail_after_running(&mut fwd, vocab);
     let e = block_on(fwd.execute()).unwrap_err();
     assert!(matches!(e, weft::Error::NothingAllowed), "{e}");
     assert_eq!((ctx.len(), ctx.pending().len()), (1300, 0));
@@ -659,15 +667,9 @@ fn a_chunked_pass_that_fails_on_a_sliding_window_model_leaves_context_and_cache_
     // The same with the pass's future dropped: the next operation (or a fork before it)
     // finds the context as the cache holds it.
     use futures_util::FutureExt;
-    let mut ctx = engine.context();
-    ctx.fill_tokens(&ids[..100]).expect("fill");
-    block_on(ctx.flush_logits()).expect("the first 100 tokens");
-    ctx.fill_tokens(&ids[100..1300]).expect("fill");
+    let mut ctx = started();
     let mut fwd = ctx.forward();
-    let last = fwd.len() - 1;
-    fwd.mask(weft::Brle::only(vocab, &[7]))
-        .logit_bias(&[(7, f32::NEG_INFINITY)]);
-    let _ = fwd.sample(&[last], Sampler::Argmax);
+    fail_after_running(&mut fwd, vocab);
     drop(fwd.execute().now_or_never());
     let mut fork = ctx.fork().expect("fork");
     ctx.fill_tokens(&ids[1300..1301]).expect("fill");
