@@ -323,44 +323,28 @@ impl Context {
             shared.wait_idle(self.seq);
             n = n.min(shared.runner().kv().len(self.seq).unwrap_or(0));
         }
-        // What `settle` will make of this context, the fork takes now: a failed pass's
-        // pending tokens (and bias rows) back, no vectors past what is left.
-        let failed = self
-            .inflight
-            .as_ref()
-            .filter(|r| r.len == n && n < self.tokens.len());
-        let (pending, pending_bias, custom_attention, last_row) = match failed {
-            Some(r) => (
-                r.pending.clone(),
-                r.pending_bias.clone(),
-                r.custom_attention,
-                r.last_row.clone(),
-            ),
-            None => (
-                self.pending.clone(),
-                self.pending_bias.clone(),
-                self.custom_attention,
-                self.last_row.clone(),
-            ),
-        };
-        let mut embeds = self.embeds.clone();
-        embeds.retain(|&i, _| i < n + pending.len());
         let mut fork = Context {
             engine: self.engine.clone(),
             seq: shared.fork_sequence(self.seq),
             tokens: self.tokens[..n].to_vec(),
             positions: self.positions[..n].to_vec(),
-            pending,
+            pending: self.pending.clone(),
             rng: self.rng.clone(),
             inflight: None,
             saved_generator: None,
-            embeds,
-            pending_bias,
-            custom_attention,
+            embeds: self.embeds.clone(),
+            pending_bias: self.pending_bias.clone(),
+            custom_attention: self.custom_attention,
             causal: self.causal[..n.min(self.causal.len())].to_vec(),
-            last_row: last_row.filter(|(i, _)| *i < n),
+            last_row: self.last_row.clone().filter(|(i, _)| *i < n),
             abandoned: AbandonSlot::default(),
         };
+        // What `settle` will make of this context, the fork takes now: a failed pass undone
+        // (its pending tokens and bias rows back), no vectors past what is left.
+        match self.inflight.as_ref() {
+            Some(r) if r.len == n && n < self.tokens.len() => fork.undo(r.clone()),
+            _ => fork.embeds.retain(|&i, _| i < n + fork.pending.len()),
+        }
         // A step abandoned with its generator: the fork starts where the step did (a failed
         // truncation drops the fork, which frees its sequence).
         let abandoned = self.abandoned_step().clone();

@@ -16,7 +16,7 @@ use super::*;
 pub(crate) type AbandonSlot = Arc<Mutex<Option<(Mark, Vec<u32>)>>>;
 
 /// What a submitted pass changed in its context, kept to undo it if the pass fails.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct PassRecord {
     pub(super) len: usize,
     pub(super) pending: Vec<u32>,
@@ -150,7 +150,7 @@ impl Context {
     }
 
     /// Puts the context back where it was before the pass `r` recorded.
-    fn undo(&mut self, r: PassRecord) {
+    pub(super) fn undo(&mut self, r: PassRecord) {
         self.tokens.truncate(r.len);
         self.positions.truncate(r.len);
         self.causal.truncate(r.len);
