@@ -21,16 +21,22 @@ use std::sync::OnceLock;
 /// variable `WEFT_PAIR_GEMV=1` or `0` decides instead (for comparisons).
 pub fn one_token_pairs() -> bool {
     static PAIRS: OnceLock<bool> = OnceLock::new();
-    *PAIRS.get_or_init(|| match std::env::var("WEFT_PAIR_GEMV").as_deref() {
+    *PAIRS.get_or_init(|| env_switch("WEFT_PAIR_GEMV", || !cpu_is_amd()))
+}
+
+/// The environment variable `name` as a switch: `1` on, `0` off, else (unset, or any other
+/// value, which is reported) `default()`.
+fn env_switch(name: &str, default: impl FnOnce() -> bool) -> bool {
+    match std::env::var(name).as_deref() {
         Ok("1") => true,
         Ok("0") => false,
         other => {
             if let Ok(v) = other {
-                eprintln!("weft: WEFT_PAIR_GEMV={v:?} ignored: the choices are 0 and 1");
+                eprintln!("weft: {name}={v:?} ignored: the choices are 0 and 1");
             }
-            !cpu_is_amd()
+            default()
         }
-    })
+    }
 }
 
 /// Whether the CPU is AMD's (its vendor string, CPUID leaf 0, is `AuthenticAMD`).
@@ -76,16 +82,7 @@ pub fn weight_prefetch() -> bool {
         _ => {}
     }
     static DECIDED: OnceLock<bool> = OnceLock::new();
-    *DECIDED.get_or_init(|| match std::env::var("WEFT_WEIGHT_PREFETCH").as_deref() {
-        Ok("1") => true,
-        Ok("0") => false,
-        other => {
-            if let Ok(v) = other {
-                eprintln!("weft: WEFT_WEIGHT_PREFETCH={v:?} ignored: the choices are 0 and 1");
-            }
-            !cpu_is_zen4()
-        }
-    })
+    *DECIDED.get_or_init(|| env_switch("WEFT_WEIGHT_PREFETCH", || !cpu_is_zen4()))
 }
 
 /// [`weight_prefetch`]'s answer while a micro-benchmark compares the two in one process:
