@@ -46,8 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let path = args.model.path()?;
     // A GGUF file or a generator's checkpoint folder is a decoder (pooled hidden states);
     // anything else is read as an encoder (a sentence-transformers folder, its safetensors).
-    let checkpoint = path.is_dir() && path.join("config.json").is_file();
-    let decoder = checkpoint && weft::checkpoint::encoder_folder(&path).is_none();
+    let decoder = path.is_dir() && weft::ensure_decoder(&path).is_ok();
     let model: Arc<dyn EmbeddingModel> = if weft::is_gguf(&path) || decoder {
         let file = Arc::new(args.model.open_path(&path)?);
         Arc::new(args.threads.engine_at(file, &path)?)
