@@ -10,8 +10,16 @@ use crate::context::Context;
 use crate::errors::{to_py, ConfigError, IntoPyResult};
 
 /// The model path for a known name or a file path, fetched into the cache on first use.
-fn resolve(model: &str) -> weft::Result<std::path::PathBuf> {
-    Ok(weft::Hub::resolve_from_env(model, &mut weft::NoProgress)?)
+/// `model` comes from Python as a `str` or any `os.PathLike` (`pathlib.Path`).
+fn resolve(model: &std::path::Path) -> weft::Result<std::path::PathBuf> {
+    let Some(name_or_path) = model.to_str() else {
+        // A path whose bytes are not UTF-8 cannot be a known name: it is a file or nothing.
+        return Ok(model.to_path_buf());
+    };
+    Ok(weft::Hub::resolve_from_env(
+        name_or_path,
+        &mut weft::NoProgress,
+    )?)
 }
 
 /// The engine's configuration; 0 threads, KV tokens or context positions are refused (they
@@ -65,13 +73,14 @@ pub struct Engine {
 impl Engine {
     #[new]
     #[pyo3(signature = (
-        model = "smollm2-135m", threads = None, kv_tokens = None, n_ctx = None, kv_type = None,
+        model = std::path::PathBuf::from("smollm2-135m"), threads = None, kv_tokens = None, n_ctx = None, kv_type = None,
         prefix_cache = true, resident_layers = None, weights = None
-    ))]
+    ), text_signature = "(model='smollm2-135m', threads=None, kv_tokens=None, n_ctx=None, \
+        kv_type=None, prefix_cache=True, resident_layers=None, weights=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        model: &str,
+        model: std::path::PathBuf,
         threads: Option<usize>,
         kv_tokens: Option<usize>,
         n_ctx: Option<usize>,
@@ -94,7 +103,7 @@ impl Engine {
             Some(k) => Some(std::sync::Arc::new(weft::models::LayerPager::new(k))),
         };
         let inner = py
-            .detach(|| resolve(model).and_then(|p| weft::Engine::open(&p, config)))
+            .detach(|| resolve(&model).and_then(|p| weft::Engine::open(&p, config)))
             .py()?;
         Ok(Engine { inner })
     }
@@ -231,11 +240,18 @@ pub struct Embedder {
 #[pymethods]
 impl Embedder {
     #[new]
-    #[pyo3(signature = (model = "all-minilm-l6-v2", threads = None))]
-    fn new(py: Python<'_>, model: &str, threads: Option<usize>) -> PyResult<Embedder> {
+    #[pyo3(
+        signature = (model = std::path::PathBuf::from("all-minilm-l6-v2"), threads = None),
+        text_signature = "(model='all-minilm-l6-v2', threads=None)"
+    )]
+    fn new(
+        py: Python<'_>,
+        model: std::path::PathBuf,
+        threads: Option<usize>,
+    ) -> PyResult<Embedder> {
         let config = config(threads, None, None)?;
         let inner = py
-            .detach(|| resolve(model).and_then(|p| weft::open_embedding_model(&p, config)))
+            .detach(|| resolve(&model).and_then(|p| weft::open_embedding_model(&p, config)))
             .py()?;
         Ok(Embedder { inner })
     }

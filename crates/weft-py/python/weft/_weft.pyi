@@ -189,7 +189,7 @@ class Engine:
     """
     def __new__(
         cls,
-        model: str = "smollm2-135m",
+        model: Union[str, os.PathLike[str]] = "smollm2-135m",
         threads: Optional[int] = None,
         kv_tokens: Optional[int] = None,
         n_ctx: Optional[int] = None,
@@ -232,7 +232,9 @@ class Engine:
 @final
 class Embedder:
     """A sentence-embedding encoder (e.g. ``"all-minilm-l6-v2"``) or a GGUF decoder used for embeddings."""
-    def __new__(cls, model: str = "all-minilm-l6-v2", threads: Optional[int] = None) -> Embedder: ...
+    def __new__(
+        cls, model: Union[str, os.PathLike[str]] = "all-minilm-l6-v2", threads: Optional[int] = None
+    ) -> Embedder: ...
     @property
     def dimensions(self) -> int: ...
     @overload

@@ -2,6 +2,7 @@
 greedy run."""
 
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -75,7 +76,7 @@ def test_a_checkpoint_folder_loads_and_follows_llama_cpp(reference):
     if not path:
         pytest.fail("WEFT_HF_CHECKPOINT is not set: run this suite through `cargo test -p weft-py`")
     prompt, steps = greedy_case(reference)
-    engine = weft.Engine(path, threads=2)
+    engine = weft.Engine(pathlib.Path(path), threads=2)  # any os.PathLike names a path
     follows_llama_cpp(greedy(engine, prompt), steps, near_tie=0.5)
     with pytest.raises(weft.ConfigError, match="q8_0, f16 or f32"):
         weft.Engine(path, weights="q4_0")

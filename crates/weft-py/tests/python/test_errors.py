@@ -163,6 +163,11 @@ def test_bad_model_files(tmp_path):
     bad.write_bytes(b"GGUF" + b"\x00" * 64)
     with pytest.raises(weft.ModelError):
         weft.Engine(str(bad))
+    # A `pathlib.Path` is read as the path it names, for both kinds of model.
+    with pytest.raises(weft.ModelError):
+        weft.Engine(bad)
+    with pytest.raises(weft.ModelError):
+        weft.Embedder(bad)
 
 
 def test_json_collector_on_unconstrained_text(smollm2):
