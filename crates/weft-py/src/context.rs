@@ -79,25 +79,36 @@ impl Context {
             None => Err(busy()),
         }
     }
+
+    /// Runs `f` on the context with the GIL released: tokenizing a long text or waiting for
+    /// the scheduler must not stop the process's other Python threads.
+    fn detached<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut weft::Context) -> weft::Result<T> + Send,
+    ) -> PyResult<T> {
+        let mut lease = Lease::take(&self.slot)?;
+        py.detach(|| f(lease.ctx())).py()
+    }
 }
 
 #[pymethods]
 impl Context {
     /// Appends the tokens of `text` (not run until the next pass).
-    fn fill(&self, text: &str) -> PyResult<()> {
-        self.with(|c| c.fill(text).py())
+    fn fill(&self, py: Python<'_>, text: &str) -> PyResult<()> {
+        self.detached(py, |c| c.fill(text))
     }
 
     /// Appends token ids.
-    fn fill_tokens(&self, ids: Vec<u32>) -> PyResult<()> {
-        self.with(|c| c.fill_tokens(&ids).py())
+    fn fill_tokens(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
+        self.detached(py, |c| c.fill_tokens(&ids))
     }
 
     /// Makes the context hold `messages` (`[{"role": ..., "content": ...}]`) rendered by the
     /// model's chat template, with the assistant's turn opened. Call it with the whole
     /// conversation at every turn: a context holding an earlier turn keeps the start of its
     /// tokens the new rendering shares and buffers only the rest.
-    fn fill_chat(&self, messages: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn fill_chat(&self, py: Python<'_>, messages: &Bound<'_, PyAny>) -> PyResult<()> {
         use pyo3::exceptions::{PyKeyError, PyTypeError};
         let shape = "fill_chat takes a list of messages: [{\"role\": ..., \"content\": ...}]";
         if messages.is_instance_of::<pyo3::types::PyString>() {
@@ -123,7 +134,7 @@ impl Context {
             };
             list.push(weft::Message::new(field("role")?, field("content")?));
         }
-        self.with(|c| c.fill_chat(&list).py())
+        self.detached(py, |c| c.fill_chat(&list))
     }
 
     /// The context as bytes — tokens, KV pages, pending tokens, random state — for
@@ -138,8 +149,8 @@ impl Context {
     /// Gives the context's KV pages back to the pool but keeps its tokens: they become
     /// pending again and the next pass recomputes them (outputs unchanged). Contexts with
     /// custom positions or attention masks cannot be recomputed (`weft.ConfigError`).
-    fn evict(&self) -> PyResult<()> {
-        self.with(|c| c.evict().py())
+    fn evict(&self, py: Python<'_>) -> PyResult<()> {
+        self.detached(py, |c| c.evict())
     }
 
     /// Appends tokens given as vectors: `rows` (`len(ids) × n_embd` floats, e.g. a NumPy
@@ -152,13 +163,14 @@ impl Context {
     #[pyo3(signature = (ids, rows, attn_bias = None))]
     fn fill_embeds(
         &self,
+        py: Python<'_>,
         ids: Vec<u32>,
         rows: &Bound<'_, PyAny>,
         attn_bias: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let rows = crate::forward::vectors(rows, ids.len())?;
         let bias = attn_bias.map(crate::forward::floats).transpose()?;
-        self.with(|c| c.fill_embeds(&ids, &rows, bias.as_deref()).py())
+        self.detached(py, |c| c.fill_embeds(&ids, &rows, bias.as_deref()))
     }
 
     /// Takes up the generation saved in the snapshot this context was resumed from
@@ -188,13 +200,13 @@ impl Context {
     }
 
     /// A copy sharing this context's KV pages (copy-on-write).
-    fn fork(&self) -> PyResult<Context> {
-        self.with(|c| Ok(Context::new(c.fork().py()?)))
+    fn fork(&self, py: Python<'_>) -> PyResult<Context> {
+        self.detached(py, |c| c.fork()).map(Context::new)
     }
 
     /// Keeps the first `n` tokens.
-    fn truncate(&self, n: usize) -> PyResult<()> {
-        self.with(|c| c.truncate(n).py())
+    fn truncate(&self, py: Python<'_>, n: usize) -> PyResult<()> {
+        self.detached(py, |c| c.truncate(n))
     }
 
     /// Sets the seed of this context's sampling.

@@ -300,3 +300,32 @@ def test_a_dropped_iterator_frees_its_kv_pages():
     assert asyncio.run(main()) == 3
     gc.collect()
     assert wait_pages(engine, 0) == 0
+
+
+def test_long_context_calls_let_other_threads_run(smollm2):
+    """Tokenizing a long text (`fill`, `fill_chat`) runs without the GIL: another Python thread
+    makes a thousand GIL hand-offs meanwhile. A call holding the GIL would not let it start
+    before the call returned, and main would see it unfinished right after."""
+    text = "The quick brown fox jumps over the lazy dog. " * 40000  # 1.8 MB, ~400k tokens
+    calls = {
+        "fill": lambda c: c.fill(text),
+        "fill_chat": lambda c: c.fill_chat([{"role": "user", "content": text}]),
+    }
+    for name, call in calls.items():
+        ctx = smollm2.context()
+        go, done = threading.Event(), threading.Event()
+
+        def spin():
+            go.wait()
+            for _ in range(1000):
+                time.sleep(0)  # gives the GIL up and takes it back
+            done.set()
+
+        t = threading.Thread(target=spin)
+        t.start()
+        go.set()
+        call(ctx)
+        finished = done.is_set()
+        t.join()
+        assert finished, f"{name} held the GIL while it tokenized"
+        assert len(ctx.pending) > 100_000
