@@ -64,7 +64,8 @@ impl BeamHypothesis {
 /// `num_beams` beams, at most `max_new_tokens` new tokens each, the best
 /// `num_return_sequences` hypotheses returned. `early_stopping` is True, False or "never"
 /// (Hugging Face's); `eos_token_ids` defaults to the model's end-of-turn set;
-/// `allowed_tokens` restricts every step to those ids.
+/// `allowed_tokens` restricts every step to those ids. A Ctrl-C stops the search at once
+/// (`KeyboardInterrupt`).
 #[pyfunction]
 #[pyo3(signature = (
     engine, prompt, num_beams = 4, *, max_new_tokens = 20, num_return_sequences = 1,
@@ -112,7 +113,8 @@ pub fn beam_search(
     if let Some(allowed) = allowed_tokens {
         config = config.allowed_tokens(allowed);
     }
-    let found = crate::wait(py, weft::beam::beam_search(&engine.inner, &ids, &config))?.py()?;
+    let search = weft::beam::beam_search(&engine.inner, &ids, &config);
+    let found = crate::wait_interruptible(py, search)?.py()?;
     Ok(found
         .into_iter()
         .map(|h| BeamHypothesis {

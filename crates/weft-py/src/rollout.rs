@@ -114,6 +114,8 @@ fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 /// `every` tokens of the unfinished rollouts, `on_partial` gets the list of every `Rollout` so
 /// far (`stop_reason` None). It runs on the batch's thread and cannot call weft; an exception
 /// it raises is raised here once the batch has run (later calls are skipped).
+///
+/// A Ctrl-C stops the batch at once (`KeyboardInterrupt`); its contexts give their pages back.
 #[pyfunction]
 #[pyo3(signature = (
     engine, prompts, sampler = None, *, max_tokens = 128, max_length = None,
@@ -222,7 +224,7 @@ pub fn generate_batch<'py>(
         });
         *failed = called.err();
     });
-    let rollouts = crate::wait(py, stream)?;
+    let rollouts = crate::wait_interruptible(py, stream)?;
     if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
     }

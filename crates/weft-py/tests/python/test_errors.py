@@ -211,6 +211,60 @@ def test_ctrl_c_during_a_pass_is_a_keyboard_interrupt():
     assert done.stdout.split() == ["KeyboardInterrupt", "2"], (done.stdout, done.stderr[-2000:])
 
 
+INTERRUPTED_BATCH = r"""
+import signal, time
+import weft
+
+engine = weft.Engine("smollm2-135m", threads=2)
+def steps():
+    return engine.metrics().steps
+prompts = [f"Story number {i}:" for i in range(8)]
+signal.signal(signal.SIGALRM, signal.default_int_handler)
+for name, call in [
+    ("generate_batch", lambda: weft.generate_batch(
+        engine, prompts, max_tokens=1000, ignore_eos=True)),
+    ("beam_search", lambda: weft.beam_search(
+        engine, "Once upon a time", 4, max_new_tokens=1000, eos_token_ids=[])),
+]:
+    before = steps()
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        call()
+        print(name, "not interrupted")
+    except KeyboardInterrupt:
+        print(name, "KeyboardInterrupt")
+    ran = steps() - before
+    # The call's contexts gave their pages back.
+    for _ in range(200):
+        if engine.metrics().kv_pages_used == 0:
+            break
+        time.sleep(0.01)
+    print(name, "ran", "all" if ran >= 1000 else "part", engine.metrics().kv_pages_used)
+again = engine.context()
+again.fill("Hi")
+print(len(again.generate(weft.Argmax(), max_tokens=2, ignore_eos=True).tokens()))
+"""
+
+
+def test_ctrl_c_stops_a_batch_or_a_beam_search_at_once():
+    """A Ctrl-C during `generate_batch` or `beam_search` (1000 tokens each) raises
+    KeyboardInterrupt before they finish, and their KV pages go back to the pool."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_BATCH], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "generate_batch KeyboardInterrupt",
+        "generate_batch ran part 0",
+        "beam_search KeyboardInterrupt",
+        "beam_search ran part 0",
+        "2",
+    ], (done.stdout, done.stderr[-2000:])
+
+
 FORKED = r"""
 import asyncio
 import os
