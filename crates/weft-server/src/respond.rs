@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -40,7 +41,7 @@ pub async fn start(
     tokio::spawn(async move {
         let _permit = permit;
         let arrived = job.arrived;
-        let s = generate::run(state.clone(), engine, job, tx).await;
+        let s = guarded(generate::run(state.clone(), engine, job, tx.clone()), tx).await;
         let m = &state.metrics;
         let outcome = if let Some(e) = &s.error {
             m.requests_failed.fetch_add(1, Ordering::Relaxed);
@@ -70,6 +71,35 @@ pub async fn start(
         );
     });
     Ok(rx)
+}
+
+/// Runs a job to its summary. A panic inside it (a bug in weft) ends the answer with a 500
+/// (an error chunk when streaming): otherwise the channel would just close, which reads as a
+/// finished job, and the client would get a 200 with part of the text.
+async fn guarded(
+    run: impl Future<Output = generate::Summary> + Send + 'static,
+    tx: mpsc::Sender<Event>,
+) -> generate::Summary {
+    match tokio::spawn(run).await {
+        Ok(summary) => summary,
+        Err(e) => {
+            let what = match e.try_into_panic() {
+                Ok(panic) => panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".to_string()),
+                // Only when the runtime shuts down, which ends this task too.
+                Err(_) => "the server is shutting down".to_string(),
+            };
+            let e = ApiError::internal(format!("The generation failed inside weft: {what}"));
+            let _ = tx.send(Event::Failed(e.clone())).await;
+            generate::Summary {
+                error: Some(e.message),
+                ..generate::Summary::default()
+            }
+        }
+    }
 }
 
 /// Turns a job's events into the JSON chunks of one endpoint's stream.
@@ -235,4 +265,37 @@ pub fn check_schema(
         ApiError::param(param, e.to_string())
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_job_that_panics_ends_with_a_500() {
+        let (tx, rx) = mpsc::channel(4);
+        let job_tx = tx.clone();
+        let summary = guarded(
+            async move {
+                let delta = crate::text::Delta {
+                    text: "partial".into(),
+                    logprobs: Vec::new(),
+                };
+                let _ = job_tx.send(Event::Delta { choice: 0, delta }).await;
+                panic!("a bug");
+            },
+            tx,
+        )
+        .await;
+        assert!(summary
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("a bug")));
+        let gathered = gather(rx, vec![String::new()]).await;
+        let e = gathered
+            .err()
+            .expect("the answer is an error, not the partial text");
+        assert_eq!(e.status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(e.message.contains("a bug"), "{}", e.message);
+    }
 }
