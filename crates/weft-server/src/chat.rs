@@ -54,7 +54,7 @@ pub async fn handle(
         params.schema = Some(weft::Schema::JsonSchema(t.schema()?));
     }
     let prompt = render(&engine, &body, tools.as_ref())?;
-    respond::check_length("messages", prompt.len(), params.max_tokens, engine.n_ctx())?;
+    respond::check_length("messages", prompt.len(), &params, engine.n_ctx())?;
     respond::check_schema(&engine, params.schema.as_ref(), forced)?;
     if let Some(t) = tools.as_ref().filter(|t| !t.forced()) {
         // Under `auto` nothing constrains the calls, but a tool schema that does not compile

@@ -77,7 +77,7 @@ pub async fn handle(
                 "A prompt must hold at least one token (this model adds no BOS to an empty string).",
             ));
         }
-        respond::check_length("prompt", ids.len(), params.max_tokens, engine.n_ctx())?;
+        respond::check_length("prompt", ids.len(), &params, engine.n_ctx())?;
     }
     // OpenAI's legacy endpoint writes 16 tokens unless asked for more (without a limit, a
     // base model given a short prompt wrote 8,188 tokens, two minutes on 2 cores); chat's

@@ -58,7 +58,7 @@ impl ApiError {
             Some(m) => format!(
                 "This model's maximum context length is {n_ctx} tokens. However, you requested \
                  {} tokens ({prompt} in the prompt, {m} for the completion). Please reduce the \
-                 prompt or max_tokens.",
+                 prompt or {param}.",
                 prompt + m
             ),
             None => format!(

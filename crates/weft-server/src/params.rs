@@ -20,6 +20,8 @@ pub const MAX_TOP_LOGPROBS: i64 = 20;
 pub struct GenParams {
     /// `max_tokens` / `max_completion_tokens` (`None`: up to the context's end).
     pub max_tokens: Option<usize>,
+    /// Which of the two the request gave (what an error about it names).
+    pub max_tokens_param: &'static str,
     pub min_tokens: usize,
     pub n: usize,
     pub sampler: Sampler,
@@ -44,10 +46,14 @@ impl GenParams {
     /// be as low as `min_max_tokens` (0 where an echoed prompt is an answer in itself).
     pub fn parse(body: &Body, vocab: usize, min_max_tokens: i64) -> Result<GenParams, ApiError> {
         let limit = i64::from(u32::MAX);
-        let max_tokens = match body.integer("max_completion_tokens", min_max_tokens, limit)? {
-            Some(m) => Some(m),
-            None => body.integer("max_tokens", min_max_tokens, limit)?,
-        };
+        let (max_tokens, max_tokens_param) =
+            match body.integer("max_completion_tokens", min_max_tokens, limit)? {
+                Some(m) => (Some(m), "max_completion_tokens"),
+                None => (
+                    body.integer("max_tokens", min_max_tokens, limit)?,
+                    "max_tokens",
+                ),
+            };
         let n = body.integer("n", 1, MAX_N)?.unwrap_or(1) as usize;
         let temperature = body.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;
         let top_p = body.number("top_p", 0.0, 1.0)?;
@@ -131,6 +137,7 @@ impl GenParams {
         };
         Ok(GenParams {
             max_tokens: max_tokens.map(|m| m as usize),
+            max_tokens_param,
             min_tokens,
             n,
             sampler,

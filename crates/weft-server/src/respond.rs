@@ -15,6 +15,7 @@ use weft::Engine;
 
 use crate::error::ApiError;
 use crate::generate::{self, Event, Finish, Job};
+use crate::params::GenParams;
 use crate::state::State;
 use crate::text::TokenLogprob;
 
@@ -222,21 +223,22 @@ pub fn usage(prompt: usize, completion: usize) -> Value {
     })
 }
 
-/// Checks that a prompt leaves room in the context: 400 `context_length_exceeded` if not.
+/// Checks that a prompt (the request's `param`) leaves room in the context for the
+/// completion: 400 `context_length_exceeded` if not, naming the field to lower.
 pub fn check_length(
     param: &str,
     prompt: usize,
-    max_tokens: Option<usize>,
+    params: &GenParams,
     n_ctx: usize,
 ) -> Result<(), ApiError> {
     if prompt >= n_ctx {
         return Err(ApiError::context_length(param, prompt, None, n_ctx));
     }
-    if let Some(m) = max_tokens {
+    if let Some(m) = params.max_tokens {
         if prompt + m > n_ctx {
             // The prompt fits: what to lower is the completion asked for.
             return Err(ApiError::context_length(
-                "max_tokens",
+                params.max_tokens_param,
                 prompt,
                 Some(m),
                 n_ctx,

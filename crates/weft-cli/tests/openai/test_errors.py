@@ -129,6 +129,12 @@ def test_prompt_plus_max_tokens_over_the_context_is_context_length_exceeded(serv
     _context_error(r)
     # The prompt fits: the parameter to lower is max_tokens.
     assert r.json()["error"]["param"] == "max_tokens", r.json()
+    # Asked for under its newer name, the error names that one.
+    body["max_completion_tokens"] = body.pop("max_tokens")
+    r = http.post(CHAT, json={**body, "messages": user(body.pop("prompt"))})
+    _context_error(r)
+    assert r.json()["error"]["param"] == "max_completion_tokens", r.json()
+    assert "max_completion_tokens" in r.json()["error"]["message"], r.json()
 
 
 def test_a_completion_without_max_tokens_writes_16_tokens_as_openai(client, model):
