@@ -15,11 +15,12 @@ use axum::extract::State as Extract;
 use axum::Json;
 use base64::Engine as _;
 use serde_json::{json, Value};
+use weft::kv::PAGE_SIZE;
 use weft::{EmbedOptions, EmbeddingModel};
 
 use crate::body::Body;
 use crate::error::ApiError;
-use crate::state::State;
+use crate::state::{Embedding, State};
 
 /// Most inputs one request may carry (OpenAI's limit).
 const MAX_INPUTS: usize = 2048;
@@ -97,7 +98,11 @@ pub async fn handle(
 ) -> Result<Json<Value>, ApiError> {
     let body = Body::read(body)?;
     let asked = body.string("model")?;
-    let (model_id, model) = state.embedding_model(asked.as_deref())?;
+    let Embedding {
+        id: model_id,
+        model,
+        kv,
+    } = state.embedding_model(asked.as_deref())?;
     let inputs = inputs(&body)?;
     let base64 = match body.string("encoding_format")?.as_deref() {
         None | Some("float") => false,
@@ -122,9 +127,7 @@ pub async fn handle(
         pooling: model.default_pooling(),
         normalize: true,
     };
-    let (vectors, tokens) = tokio::task::spawn_blocking(move || embed(&*model, &inputs, opts))
-        .await
-        .map_err(|e| ApiError::internal(format!("the embedding task failed: {e}")))??;
+    let (vectors, tokens) = run(&state, model, kv, inputs, opts).await?;
     let data: Vec<Value> = vectors
         .iter()
         .enumerate()
@@ -146,13 +149,80 @@ pub async fn handle(
     })))
 }
 
+/// The vectors and the number of tokens the model read, computed off the async workers.
+///
+/// On the chat engine (`kv`) the inputs run as contexts of its KV pool, as generations do,
+/// and are admitted as one is: the request waits (or gets 429) until the pool has room for
+/// its longest input. Generations admitted before it may still take that room before its
+/// passes run; then it waits for pages as a preempted generation does, and runs again
+/// (nothing of a failed run is kept).
+async fn run(
+    state: &State,
+    model: Arc<dyn EmbeddingModel>,
+    kv: Option<weft::Engine>,
+    inputs: Inputs,
+    opts: EmbedOptions,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    let Some(engine) = kv else {
+        return blocking(move || embed(&*model, &inputs, opts))
+            .await?
+            .map_err(api_error);
+    };
+    let ids = match inputs {
+        Inputs::Ids(ids) => ids,
+        Inputs::Texts(texts) => {
+            let model = model.clone();
+            blocking(move || texts.iter().map(|t| model.input_ids(t)).collect()).await?
+        }
+    };
+    let need = ids
+        .iter()
+        .map(|i| i.len().next_multiple_of(PAGE_SIZE))
+        .max();
+    let need = need.unwrap_or(0);
+    let _permit = state.admission.admit(&engine, need).await?;
+    let inputs = Arc::new(Inputs::Ids(ids));
+    let mut _preempted = None;
+    loop {
+        let (model, inputs) = (model.clone(), inputs.clone());
+        match blocking(move || embed(&*model, &inputs, opts)).await? {
+            Err(e) if e.is_kv_full() => _preempted = Some(state.preempted(&engine, need).await),
+            done => return done.map_err(api_error),
+        }
+    }
+}
+
+/// `f` run off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("the embedding task failed: {e}")))
+}
+
 /// The vectors and the number of tokens the model read.
 fn embed(
     model: &dyn EmbeddingModel,
     inputs: &Inputs,
     opts: EmbedOptions,
-) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
-    let map_err = |e: weft::Error| match e {
+) -> weft::Result<(Vec<Vec<f32>>, usize)> {
+    match inputs {
+        Inputs::Texts(texts) => {
+            let tokens = texts.iter().map(|t| model.input_ids(t).len()).sum();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            Ok((model.embed_texts(&refs, opts)?, tokens))
+        }
+        Inputs::Ids(ids) => {
+            let tokens = ids.iter().map(Vec::len).sum();
+            Ok((model.embed_ids(ids, opts)?, tokens))
+        }
+    }
+}
+
+/// An embedding's error, naming `input` where the input is at fault.
+fn api_error(e: weft::Error) -> ApiError {
+    match e {
         weft::Error::ContextTooLong { len, n_ctx } => {
             ApiError::context_length("input", len, None, n_ctx)
         }
@@ -160,16 +230,5 @@ fn embed(
             ApiError::param("input", e.to_string())
         }
         e => ApiError::from(e),
-    };
-    match inputs {
-        Inputs::Texts(texts) => {
-            let tokens = texts.iter().map(|t| model.input_ids(t).len()).sum();
-            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            Ok((model.embed_texts(&refs, opts).map_err(map_err)?, tokens))
-        }
-        Inputs::Ids(ids) => {
-            let tokens = ids.iter().map(Vec::len).sum();
-            Ok((model.embed_ids(ids, opts).map_err(map_err)?, tokens))
-        }
     }
 }

@@ -112,18 +112,26 @@ impl State {
 
     /// The model a `/v1/embeddings` request names (absent: the embedding model if there is
     /// one, else the chat model), with the id to report.
-    pub fn embedding_model(
-        &self,
-        asked: Option<&str>,
-    ) -> Result<(String, Arc<dyn EmbeddingModel>), ApiError> {
+    pub fn embedding_model(&self, asked: Option<&str>) -> Result<Embedding, ApiError> {
         let chat_id = self.config.model_id.as_str();
+        let chat = || -> Result<Embedding, ApiError> {
+            let engine = self.engine()?.clone();
+            Ok(Embedding {
+                id: chat_id.to_string(),
+                model: Arc::new(engine.clone()),
+                kv: Some(engine),
+            })
+        };
+        let served = |e: &Served| Embedding {
+            id: e.id.clone(),
+            model: e.model.clone(),
+            kv: None,
+        };
         match (self.embedding.get(), asked.map(canonical)) {
-            (Some(e), None) => Ok((e.id.clone(), e.model.clone())),
-            (Some(e), Some(m)) if m == e.id => Ok((e.id.clone(), e.model.clone())),
-            (_, None) => Ok((chat_id.to_string(), Arc::new(self.engine()?.clone()))),
-            (_, Some(m)) if m == chat_id => {
-                Ok((chat_id.to_string(), Arc::new(self.engine()?.clone())))
-            }
+            (Some(e), None) => Ok(served(e)),
+            (Some(e), Some(m)) if m == e.id => Ok(served(e)),
+            (_, None) => chat(),
+            (_, Some(m)) if m == chat_id => chat(),
             (_, Some(m)) => {
                 let mut served = vec![chat_id.to_string()];
                 served.extend(self.embedding_id().map(str::to_string));
@@ -256,6 +264,16 @@ impl State {
             engine: self.engine.get().map(Engine::metrics),
         }
     }
+}
+
+/// The model a `/v1/embeddings` request runs on.
+pub struct Embedding {
+    /// The id to report.
+    pub id: String,
+    pub model: Arc<dyn EmbeddingModel>,
+    /// The chat engine, when the vectors come from it: they take pages of its KV pool, so
+    /// the request is admitted as a generation is.
+    pub kv: Option<Engine>,
 }
 
 /// Seconds since the Unix epoch (OpenAI's `created`).

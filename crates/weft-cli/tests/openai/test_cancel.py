@@ -205,3 +205,48 @@ def test_first_signal_drains_second_signal_stops():
         assert not t.is_alive()
     finally:
         srv.stop()
+
+
+@MODEL_INDEPENDENT
+def test_chat_model_embeddings_wait_for_kv_pages_like_requests(server, model):
+    """Embeddings on the chat model use its KV pool: under pressure from generations they wait
+    for pages as a request does, rather than failing with a 500, and their vectors are the
+    ones an idle server gives."""
+    srv = start_server("--kv-tokens", "512")
+    c = make_client(srv)
+    text = " ".join(f"Sentence {i} of a long text to embed." for i in range(30))  # ~300 tokens
+    try:
+
+        def generate(i: int):
+            return c.chat.completions.create(
+                model=model,
+                messages=user(f"Tell me story number {i}."),
+                max_tokens=200,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+
+        def embed(i: int):
+            time.sleep(0.5 + 0.5 * i)  # while the generations hold the pool
+            with httpx.Client(base_url=srv.base_url, timeout=HTTP_TIMEOUT) as h:
+                return h.post("/v1/embeddings", json={"model": model, "input": text})
+
+        with ThreadPoolExecutor(8) as pool:
+            gens = [pool.submit(generate, i) for i in range(4)]
+            embeds = [pool.submit(embed, i) for i in range(4)]
+            gen_results = [g.result() for g in gens]
+            embed_results = [e.result() for e in embeds]
+        for r in gen_results:
+            assert r.usage.completion_tokens == 200, r.usage
+        for r in embed_results:
+            assert r.status_code == 200, r.text[:300]
+        kv_idle(srv.base_url)
+        with httpx.Client(base_url=server.base_url, timeout=HTTP_TIMEOUT) as h:
+            alone = h.post("/v1/embeddings", json={"model": model, "input": text}).json()
+        want = alone["data"][0]["embedding"]
+        for r in embed_results:
+            got = r.json()["data"][0]["embedding"]
+            assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
+    finally:
+        c.close()
+        srv.stop()
