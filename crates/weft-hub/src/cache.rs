@@ -307,7 +307,14 @@ impl PartialFile {
             }
             return Ok(target);
         }
-        write_marker(&target, spec)?;
+        // The file is whole and checked: a marker that cannot be written (a full disk) only
+        // means the next use hashes it again, not that it is fetched again.
+        if let Err(e) = write_marker(&target, spec) {
+            tracing::warn!(
+                "{e}: {} will be checked again on its next use",
+                target.display()
+            );
+        }
         Ok(target)
     }
 }
@@ -364,6 +371,20 @@ mod tests {
         assert_eq!(entries(dir.path()), ["m.gguf", "m.gguf.verified"]);
         let (sha, size) = hash_file(&path, &mut NoProgress).unwrap();
         assert_eq!((sha.as_str(), size), (spec.sha256, 11));
+    }
+
+    #[test]
+    fn a_marker_that_cannot_be_written_keeps_the_download() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec_for(b"hello world", "m.gguf");
+        // A folder where the marker goes: renaming the marker into place fails.
+        fs::create_dir(dir.path().join("m.gguf.verified")).unwrap();
+        let mut p = PartialFile::create(dir.path(), spec.file_name).unwrap();
+        p.write(b"hello world").unwrap();
+        let path = p.commit(&spec).expect("a checked download is kept");
+        assert_eq!(fs::read(&path).unwrap(), b"hello world");
+        assert!(!is_verified(&path, &spec));
+        assert_eq!(entries(dir.path()), ["m.gguf", "m.gguf.verified"]);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The Hugging Face source: one HTTPS GET of the `resolve/main` URL, streamed
 //! through the same hash-while-writing partial file as the PyPI source.
 
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -107,7 +108,9 @@ fn download(
     {
         let label = format!("downloading {}", spec.file_name);
         let mut step = Step::begin(progress, &label, Some(spec.size));
-        let mut reader = response.into_body().into_reader();
+        // A server that gives no length is read one byte past the file's size at most: enough
+        // to tell it sent too much, without filling the disk first.
+        let mut reader = response.into_body().into_reader().take(spec.size + 1);
         partial
             .copy_from(&mut reader, Path::new(url), &mut step)
             .map_err(|e| match e {
@@ -161,6 +164,16 @@ mod tests {
         body: Vec<u8>,
         missing: usize,
     ) -> (String, thread::JoinHandle<Vec<String>>) {
+        serve(status, body, Some(missing))
+    }
+
+    /// Serves one response: with a Content-Length `missing` bytes more than `body` (and then
+    /// a stall, if more), or with none (the body ends when the connection closes).
+    fn serve(
+        status: &str,
+        body: Vec<u8>,
+        missing: Option<usize>,
+    ) -> (String, thread::JoinHandle<Vec<String>>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let status = status.to_string();
@@ -176,13 +189,15 @@ mod tests {
                 headers.push(line.trim().to_string());
             }
             let mut stream = stream;
-            let head = format!(
-                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len() + missing
-            );
+            let length = match missing {
+                Some(m) => format!("Content-Length: {}\r\n", body.len() + m),
+                None => String::new(),
+            };
+            let head = format!("HTTP/1.1 {status}\r\n{length}Connection: close\r\n\r\n");
             stream.write_all(head.as_bytes()).unwrap();
-            stream.write_all(&body).unwrap();
-            if missing > 0 {
+            // The client may hang up on an unsized body it has read enough of.
+            let _ = stream.write_all(&body);
+            if missing.is_some_and(|m| m > 0) {
                 stream.flush().unwrap();
                 thread::sleep(Duration::from_secs(60));
             }
@@ -239,6 +254,26 @@ mod tests {
         assert!(err.to_string().contains("HF_TOKEN"), "{err}");
         server.join().unwrap();
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn an_unsized_body_longer_than_the_file_stops_past_its_size() {
+        let spec = spec_for(&[7u8; 1000]);
+        let dir = tempfile::tempdir().unwrap();
+        let (url, server) = serve("200 OK", vec![7u8; 8 << 20], None);
+        let err = download(&spec, &url, None, dir.path(), STALL, &mut NoProgress).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HubError::SizeMismatch {
+                    expected: 1000,
+                    actual: 1001
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        server.join().unwrap();
     }
 
     #[test]
