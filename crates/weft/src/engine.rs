@@ -304,6 +304,7 @@ impl Engine {
         config: EngineConfig,
         tokenizer: Option<Tokenizer>,
     ) -> Result<Engine> {
+        weft_core::models::check_architecture(&file)?;
         let tokenizer = match tokenizer {
             Some(t) => t,
             None => Tokenizer::from_gguf(&file)?,

@@ -20,6 +20,7 @@ mod input_embeds;
 mod layer_pager;
 mod lora;
 mod minilm;
+mod model_files;
 mod prefix_cache;
 mod readme;
 mod snapshot;

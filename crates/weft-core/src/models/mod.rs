@@ -177,6 +177,25 @@ pub trait Model: Send + Sync {
     fn input_embeddings(&self, ids: &[u32], out: &mut [f32]) -> Result<()>;
 }
 
+/// Refuses a file of an architecture weft does not run, naming it: checked before anything
+/// else is read from the file (its tokenizer may be one weft lacks too, which would hide
+/// the reason). A BERT-family GGUF is told that encoders load from safetensors.
+pub fn check_architecture(file: &GgufFile) -> Result<()> {
+    match file.architecture()? {
+        "llama" | "gemma3" => Ok(()),
+        other => Err(Error::UnknownArchitecture {
+            arch: other.to_string(),
+            supported: match other.contains("bert") {
+                true => {
+                    "llama, gemma3; encoders such as BERT load from a sentence-transformers \
+                         folder with model.safetensors, not from GGUF"
+                }
+                false => SUPPORTED_ARCHITECTURES,
+            },
+        }),
+    }
+}
+
 /// Loads the model a GGUF file describes, every block resident.
 pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>> {
     load_paged(file, None)
@@ -185,6 +204,7 @@ pub fn load(file: Arc<GgufFile>) -> Result<Box<dyn Model>> {
 /// Loads the model a GGUF file describes; with a `pager`, at most its number of blocks stay
 /// resident (see [`LayerPager`]).
 pub fn load_paged(file: Arc<GgufFile>, pager: Option<Arc<LayerPager>>) -> Result<Box<dyn Model>> {
+    check_architecture(&file)?;
     let arch = file.architecture()?.to_string();
     let loader = Loader {
         file,
