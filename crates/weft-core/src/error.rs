@@ -143,6 +143,17 @@ pub enum Error {
     /// A model hyper-parameter that is missing, zero or inconsistent.
     #[error("invalid model: {reason}")]
     BadModel { reason: String },
+    /// A model that uses something weft does not implement (`what`): refused rather than run
+    /// without it, which would give wrong outputs silently.
+    #[error("this model uses {what}, which weft does not implement")]
+    UnsupportedModel { what: String },
+    /// A weight of a type the matrix kernels do not run.
+    #[error(
+        "tensor {name} is {dtype}, a type weft has no matrix kernels for (they run {}){}",
+        matmul_type_names(),
+        widen_hint(*dtype)
+    )]
+    UnsupportedWeight { name: String, dtype: GgmlType },
     /// A forward batch that cannot run.
     #[error("invalid batch: {reason}")]
     BadBatch { reason: String },
@@ -163,3 +174,23 @@ pub enum Error {
 
 /// Result with the engine core's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The types the matrix kernels run, for [`Error::UnsupportedWeight`].
+fn matmul_type_names() -> String {
+    let names: Vec<String> = crate::kernels::MATMUL_TYPES
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    names.join(", ")
+}
+
+/// How to run a weight type the kernels lack but can be dequantized.
+fn widen_hint(dtype: GgmlType) -> &'static str {
+    match crate::quant::is_supported(dtype) {
+        true => {
+            "; widened to F16 or F32 as the model loads (`--weights f16`, \
+                 `EngineConfig::checkpoint_weights`) it runs"
+        }
+        false => "",
+    }
+}

@@ -234,3 +234,135 @@ fn missing_tensors_bad_shapes_and_bad_hyperparameters_are_typed_errors() {
     .expect("must fail");
     assert!(matches!(e, Error::WrongValueType { .. }), "{e}");
 }
+
+/// `w` with its metadata `meta` set (added or replaced) and tensors `extra` added.
+fn with(
+    w: &GgufWriter,
+    meta: &[(&str, Value)],
+    extra: &[(&str, GgmlType, Vec<u64>)],
+) -> GgufWriter {
+    let file = GgufFile::from_bytes(w.to_bytes()).expect("valid");
+    let mut out = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        if !meta.iter().any(|(mk, _)| mk == k) {
+            out.metadata(k, v.clone());
+        }
+    }
+    for (k, v) in meta {
+        out.metadata(k, v.clone());
+    }
+    for t in file.tensors() {
+        if let Some((_, dtype, shape)) = extra.iter().find(|(n, ..)| *n == t.name) {
+            // Replaced: the same name with another type (zero bytes of the right size).
+            let bytes = dtype.row_bytes(shape[0]).expect("whole blocks") * shape[1];
+            out.tensor(&t.name, *dtype, shape, vec![0; bytes as usize]);
+        } else {
+            out.tensor(&t.name, t.dtype, &t.shape, file.tensor_data(t).to_vec());
+        }
+    }
+    for (name, dtype, shape) in extra {
+        if file.tensor(name).is_err() {
+            let n: u64 = shape.iter().product();
+            out.tensor(name, *dtype, shape, f32s(n, |_| 0.5));
+        }
+    }
+    out
+}
+
+/// Logits of tokens 1, 2, 3 at positions 0, 1, 2 (RoPE turns every one but the first).
+fn logits_of(w: &GgufWriter) -> Vec<f32> {
+    let mut r = load(w).expect("loads");
+    let seq = r.new_sequence();
+    let out = r
+        .forward(&BatchEntry::run_of(&[1, 2, 3], seq, 0, true))
+        .expect("forward")
+        .to_vec();
+    r.free_sequence(seq);
+    out
+}
+
+#[test]
+fn more_heads_than_dimensions_is_a_head_size_of_0() {
+    // 64 heads of a 32-wide model and no key length: a head size of 0, with the empty
+    // attention matrices that size makes. Refused as the head size it is (it was refused only
+    // by the output projection's shape, as a matrix of no columns).
+    let w = with(
+        &tiny_llama(),
+        &[("llama.attention.head_count", Value::U32(64))],
+        &[
+            ("blk.0.attn_q.weight", GgmlType::F32, vec![D, 0]),
+            ("blk.0.attn_k.weight", GgmlType::F32, vec![D, 0]),
+            ("blk.0.attn_v.weight", GgmlType::F32, vec![D, 0]),
+            ("blk.0.attn_output.weight", GgmlType::F32, vec![0, D]),
+        ],
+    );
+    let e = load(&w).err().expect("must fail");
+    assert!(matches!(e, Error::BadModel { .. }), "{e}");
+}
+
+/// Biases (a "llamafied" Qwen) and a mixture of experts are refused by name: the Llama model
+/// reads neither, and running without them would give wrong outputs silently.
+#[test]
+fn biases_and_experts_the_model_does_not_read_are_refused() {
+    for (name, what) in [
+        ("blk.0.attn_q.bias", "bias vectors (blk.0.attn_q.bias)"),
+        ("blk.0.ffn_gate_exps.weight", "a mixture of experts"),
+    ] {
+        let w = with(&tiny_llama(), &[], &[(name, GgmlType::F32, vec![D])]);
+        let e = load(&w).err().expect("must fail");
+        assert!(
+            matches!(e, Error::UnsupportedModel { .. }) && e.to_string().contains(what),
+            "{e}"
+        );
+    }
+}
+
+/// RoPE scaling as llama.cpp reads it: linear by default, from `rope.scaling.factor` or the
+/// older `rope.scale_linear`; none for type "none"; YaRN refused rather than read as linear.
+#[test]
+fn rope_scaling_types_are_read_as_llama_cpp_reads_them() {
+    let plain = logits_of(&tiny_llama());
+    let factor = |key: &str| (key.to_string(), Value::F32(4.0));
+    let (k1, v1) = factor("llama.rope.scaling.factor");
+    let linear = logits_of(&with(&tiny_llama(), &[(&k1, v1.clone())], &[]));
+    assert_ne!(linear, plain, "a factor of 4 changes the logits");
+    let (k2, v2) = factor("llama.rope.scale_linear");
+    assert_eq!(logits_of(&with(&tiny_llama(), &[(&k2, v2)], &[])), linear);
+    let typed = |t: &str| {
+        with(
+            &tiny_llama(),
+            &[
+                (&k1, v1.clone()),
+                ("llama.rope.scaling.type", Value::String(t.into())),
+            ],
+            &[],
+        )
+    };
+    assert_eq!(logits_of(&typed("linear")), linear);
+    assert_eq!(logits_of(&typed("none")), plain);
+    let e = load(&typed("yarn")).err().expect("must fail");
+    assert!(
+        matches!(e, Error::UnsupportedModel { .. }) && e.to_string().contains("yarn"),
+        "{e}"
+    );
+}
+
+/// A weight of a type the kernels do not run names the tensor; one that can be dequantized
+/// (Q8_1) says that widening the weights runs it, one that cannot (IQ4_NL) does not.
+#[test]
+fn a_weight_type_without_kernels_names_the_tensor() {
+    for (dtype, widens) in [(GgmlType::Q8_1, true), (GgmlType::IQ4_NL, false)] {
+        let w = with(
+            &tiny_llama(),
+            &[],
+            &[("blk.0.attn_output.weight", dtype, vec![D, D])],
+        );
+        let e = load(&w).err().expect("must fail");
+        let text = e.to_string();
+        assert!(
+            matches!(e, Error::UnsupportedWeight { ref name, .. } if name == "blk.0.attn_output.weight"),
+            "{e}"
+        );
+        assert_eq!(text.contains("widened"), widens, "{text}");
+    }
+}

@@ -93,6 +93,7 @@ impl Gemma3 {
             .unwrap_or(n_embd / n_head);
         let value_dim = l.opt_usize("attention.value_length")?.unwrap_or(head_dim);
         if n_head % n_head_kv != 0
+            || head_dim == 0
             || head_dim > attention::MAX_HEAD_DIM
             || head_dim % 2 != 0
             || value_dim != head_dim
@@ -134,10 +135,8 @@ impl Gemma3 {
         let base = l
             .opt_f32_where("rope.freq_base", "a number > 0", |v| v > 0.0)?
             .unwrap_or(1_000_000.0);
-        let scale = l
-            .opt_f32("rope.scaling.factor")?
-            .filter(|&f| f > 0.0)
-            .unwrap_or(1.0);
+        let scale = l.rope_scale()?;
+        l.refuse_unread()?;
         let blocks = Blocks::load_from(l, &cfg, cfg.n_layers, pager, load_block)?;
         let info = ModelInfo {
             arch: l.arch.clone(),

@@ -69,7 +69,11 @@ impl Llama {
         let head_dim = l
             .opt_usize("attention.key_length")?
             .unwrap_or(n_embd / n_head);
-        if n_head % n_head_kv != 0 || head_dim > attention::MAX_HEAD_DIM || head_dim % 2 != 0 {
+        if n_head % n_head_kv != 0
+            || head_dim == 0
+            || head_dim > attention::MAX_HEAD_DIM
+            || head_dim % 2 != 0
+        {
             return Err(Error::BadModel {
                 reason: format!("{n_head} heads, {n_head_kv} KV heads, head size {head_dim}"),
             });
@@ -116,11 +120,8 @@ impl Llama {
         let base = l
             .opt_f32_where("rope.freq_base", "a number > 0", |v| v > 0.0)?
             .unwrap_or(10000.0);
-        let scale = l
-            .opt_f32("rope.scaling.factor")?
-            .filter(|&f| f > 0.0)
-            .unwrap_or(1.0);
-        let rope = Rope::new(rope_dims, base, 1.0 / scale, false, freq_factors);
+        let rope = Rope::new(rope_dims, base, 1.0 / l.rope_scale()?, false, freq_factors);
+        l.refuse_unread()?;
         let blocks = Blocks::load_from(l, &cfg, cfg.n_layers, pager, load_block)?;
         let info = ModelInfo {
             arch: l.arch.clone(),

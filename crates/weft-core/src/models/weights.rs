@@ -291,6 +291,12 @@ impl Loader {
                 info.shape
             )));
         }
+        if !kernels::MATMUL_TYPES.contains(&info.dtype) {
+            return Err(Error::UnsupportedWeight {
+                name: name.to_string(),
+                dtype: info.dtype,
+            });
+        }
         let lin = Linear {
             info: info.clone(),
             packed: None,
@@ -299,7 +305,7 @@ impl Loader {
             rows,
             cols,
         };
-        lin.matrix(&self.file)?; // checks the type is one the kernels run
+        lin.matrix(&self.file)?; // checks the shape fits the type's blocks
         Ok(lin)
     }
 
@@ -314,6 +320,52 @@ impl Loader {
         } else {
             self.table(name, rows, cols)
         }
+    }
+
+    /// The RoPE frequency scale factor, read as llama.cpp reads it: `rope.scaling.factor`, or
+    /// the older `rope.scale_linear`, applied linearly unless `rope.scaling.type` says
+    /// otherwise ("none" leaves positions unscaled). YaRN and LongRoPE are refused: read as
+    /// linear they would garble every position, and weft does not implement them.
+    pub fn rope_scale(&self) -> Result<f32> {
+        let key = |k: &str| format!("{}.rope.{k}", self.arch);
+        let factor = match self.opt_f32("rope.scaling.factor")? {
+            Some(f) => Some(f),
+            None => self.opt_f32("rope.scale_linear")?,
+        };
+        let factor = factor.filter(|&f| f > 0.0).unwrap_or(1.0);
+        match self.file.opt_str(&key("scaling.type"))? {
+            None | Some("linear") => Ok(factor),
+            Some("none") => Ok(1.0),
+            Some(other) => Err(Error::UnsupportedModel {
+                what: format!(
+                    "{other:?} RoPE scaling ({} = {other:?})",
+                    key("scaling.type")
+                ),
+            }),
+        }
+    }
+
+    /// Refuses a file whose blocks hold biases or a mixture of experts, which the model files
+    /// (Llama, Gemma 3) do not read: run without them, the outputs would be wrong silently
+    /// (a "llamafied" Qwen has biases on Q, K and V), and a mixture of experts would only fail
+    /// later, on a missing dense feed-forward.
+    pub fn refuse_unread(&self) -> Result<()> {
+        for t in self.file.tensors() {
+            let Some(rest) = t.name.strip_prefix("blk.") else {
+                continue;
+            };
+            let what = if rest.ends_with(".bias") {
+                "bias vectors"
+            } else if rest.contains("_exps.") || rest.contains(".ffn_gate_inp.") {
+                "a mixture of experts"
+            } else {
+                continue;
+            };
+            return Err(Error::UnsupportedModel {
+                what: format!("{what} ({})", t.name),
+            });
+        }
+        Ok(())
     }
 
     /// Whether the file has a tensor `name`.
