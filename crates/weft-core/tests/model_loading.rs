@@ -366,3 +366,77 @@ fn a_weight_type_without_kernels_names_the_tensor() {
         assert_eq!(text.contains("widened"), widens, "{text}");
     }
 }
+
+/// A Gemma 3 of `blocks` blocks, hidden size 64, 2 heads of 16 (so n_embd / n_head = 32 is
+/// not the head size), F32 weights, with `attention.scale` if given.
+fn tiny_gemma3(blocks: u32, scale: Option<f32>) -> GgufWriter {
+    const E: u64 = 64;
+    const HD: u64 = 16;
+    let mut w = GgufWriter::new();
+    w.metadata("general.architecture", Value::String("gemma3".into()))
+        .metadata("gemma3.block_count", Value::U32(blocks))
+        .metadata("gemma3.embedding_length", Value::U32(E as u32))
+        .metadata("gemma3.feed_forward_length", Value::U32(FF as u32))
+        .metadata("gemma3.attention.head_count", Value::U32(2))
+        .metadata("gemma3.attention.head_count_kv", Value::U32(1))
+        .metadata("gemma3.attention.key_length", Value::U32(HD as u32))
+        .metadata("gemma3.attention.value_length", Value::U32(HD as u32))
+        .metadata("gemma3.context_length", Value::U32(64));
+    if let Some(s) = scale {
+        w.metadata("gemma3.attention.scale", Value::F32(s));
+    }
+    let wgt = |rows: u64, cols: u64| f32s(rows * cols, |i| ((i * 37 % 17) as f32 - 8.0) / 16.0);
+    let ones = |n: u64| f32s(n, |i| 0.5 + (i % 3) as f32 / 4.0);
+    w.tensor(
+        "token_embd.weight",
+        GgmlType::F32,
+        &[E, VOCAB],
+        wgt(VOCAB, E),
+    )
+    .tensor("output_norm.weight", GgmlType::F32, &[E], ones(E));
+    for b in 0..blocks {
+        for (name, rows, cols) in [
+            ("attn_q", 2 * HD, E),
+            ("attn_k", HD, E),
+            ("attn_v", HD, E),
+            ("attn_output", E, 2 * HD),
+            ("ffn_gate", FF, E),
+            ("ffn_up", FF, E),
+            ("ffn_down", E, FF),
+        ] {
+            let t = format!("blk.{b}.{name}.weight");
+            w.tensor(&t, GgmlType::F32, &[cols, rows], wgt(rows, cols));
+        }
+        for (name, n) in [
+            ("attn_norm", E),
+            ("attn_q_norm", HD),
+            ("attn_k_norm", HD),
+            ("post_attention_norm", E),
+            ("ffn_norm", E),
+            ("post_ffw_norm", E),
+        ] {
+            let t = format!("blk.{b}.{name}.weight");
+            w.tensor(&t, GgmlType::F32, &[n], ones(n));
+        }
+    }
+    w
+}
+
+/// Without `attention.scale` (llama.cpp's converter writes none), Gemma 3 scales its queries
+/// by 1/√(head size), except the 27B, told by its 62 blocks, which scales by
+/// 1/√(n_embd / n_head) (its `query_pre_attn_scalar`, 168 where the head size is 128), as
+/// llama.cpp does.
+#[test]
+fn gemma3_27b_scales_its_queries_by_the_hidden_size_per_head() {
+    for (blocks, per_head) in [(18, 16.0f32), (62, 32.0)] {
+        let default = logits_of(&tiny_gemma3(blocks, None));
+        let named = logits_of(&tiny_gemma3(blocks, Some(1.0 / per_head.sqrt())));
+        assert_eq!(default, named, "{blocks} blocks");
+        let other = if per_head == 16.0 { 32.0f32 } else { 16.0 };
+        let wrong = logits_of(&tiny_gemma3(blocks, Some(1.0 / other.sqrt())));
+        assert_ne!(
+            default, wrong,
+            "{blocks} blocks: the scale shows in the logits"
+        );
+    }
+}

@@ -104,9 +104,10 @@ impl Gemma3 {
                 ),
             });
         }
+        let n_layers = l.usize("block_count")?;
         let cfg = Config {
             n_embd,
-            n_layers: l.usize("block_count")?,
+            n_layers,
             n_head,
             n_head_kv,
             head_dim,
@@ -117,9 +118,14 @@ impl Gemma3 {
                 })?
                 .unwrap_or(1e-6),
             window: l.opt_usize("attention.sliding_window")?.unwrap_or(512),
+            // Gemma 3 27B scales its queries by 1/√(n_embd/n_head) = 1/√168, not by its head
+            // size, 128 (`query_pre_attn_scalar`); llama.cpp tells it by its 62 blocks.
             attn_scale: l
                 .opt_f32_where("attention.scale", "a number > 0", |v| v > 0.0)?
-                .unwrap_or(1.0 / (head_dim as f32).sqrt()),
+                .unwrap_or(match n_layers {
+                    62 => 1.0 / ((n_embd / n_head) as f32).sqrt(),
+                    _ => 1.0 / (head_dim as f32).sqrt(),
+                }),
         };
         let embd_info = l.file.tensor("token_embd.weight")?;
         let vocab = embd_info.shape.get(1).copied().unwrap_or(0) as usize;
