@@ -579,7 +579,10 @@ pub(crate) mod scalar {
     use super::{key_value, row_value, KvType, Q8_KEY_QS, Q8_KEY_SECTION};
     use half::f16;
 
-    /// `exp(x)` computed as the vector kernels do (see [`super::exp_consts`]).
+    /// `exp(x)` by the vector kernels' method and constants (see [`super::exp_consts`]), but
+    /// with separate roundings where they fuse a multiply-add: it may differ from their
+    /// results in the last bit, which the tests allow (a CPU without FMA has no fast fused
+    /// multiply-add for this path to use).
     pub fn exp(x: f32) -> f32 {
         if x.is_nan() || x < EXP_FLOOR {
             return 0.0;
