@@ -59,49 +59,11 @@ where
     F: std::future::Future + Send,
     F::Output: Send,
 {
-    use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
-    use std::task::{Poll, Wake, Waker};
-    /// Unparks the waiting thread; the flag keeps a wake-up that comes while polling.
-    struct Wakeup {
-        woken: AtomicBool,
-        thread: std::thread::Thread,
-    }
-    impl Wake for Wakeup {
-        fn wake(self: Arc<Self>) {
-            self.wake_by_ref();
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.woken.store(true, Ordering::Release);
-            self.thread.unpark();
-        }
-    }
     callbacks::not_inside_a_callback()?;
     let mut fut = std::pin::pin!(fut);
     loop {
-        // Polled on the thread that waits, as `weft::block_on` does, for 50 ms at a time.
-        let out = py.detach(|| {
-            let wakeup = Arc::new(Wakeup {
-                woken: AtomicBool::new(false),
-                thread: std::thread::current(),
-            });
-            let waker = Waker::from(wakeup.clone());
-            let mut cx = std::task::Context::from_waker(&waker);
-            let until = Instant::now() + Duration::from_millis(50);
-            loop {
-                if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-                    return Some(out);
-                }
-                while !wakeup.woken.swap(false, Ordering::Acquire) {
-                    let left = until.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return None;
-                    }
-                    std::thread::park_timeout(left);
-                }
-            }
-        });
-        match out {
+        let slice = Duration::from_millis(50);
+        match py.detach(|| weft::block_on_for(fut.as_mut(), slice)) {
             Some(out) => return Ok(out),
             None => py.check_signals()?,
         }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 /// Wakes one `block_on` call: its own flag (a nested call parking on the same thread may
 /// take the thread's unpark token, never this flag), then the thread.
@@ -43,29 +44,88 @@ impl Wake for Wakeup {
 /// # Ok::<(), weft::Error>(())
 /// ```
 pub fn block_on<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Some(out) = block_on_for(f.as_mut(), Duration::MAX) {
+            return out;
+        }
+    }
+}
+
+/// [`block_on`] for at most `limit`: the output if the future finished by then, else `None`
+/// and the future as it is, to be polled again (or dropped, which cancels it). A caller that
+/// must look at something else now and then while it waits (a Ctrl-C) waits in slices.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// let engine = weft::Engine::load("smollm2-135m")?;
+/// let mut ctx = engine.context();
+/// ctx.fill("Once upon a time")?;
+/// let mut text = std::pin::pin!(ctx.generate(weft::Sampler::Argmax).max_tokens(64).collect_text());
+/// let text = loop {
+///     match weft::block_on_for(text.as_mut(), Duration::from_millis(50)) {
+///         Some(done) => break done?,
+///         None => eprint!("."), // still running
+///     }
+/// };
+/// # Ok::<(), weft::Error>(())
+/// ```
+pub fn block_on_for<F: Future + ?Sized>(
+    mut f: std::pin::Pin<&mut F>,
+    limit: Duration,
+) -> Option<F::Output> {
+    let until = Instant::now().checked_add(limit);
     let wakeup = Arc::new(Wakeup {
         woken: AtomicBool::new(false),
         thread: std::thread::current(),
     });
     let waker = Waker::from(wakeup.clone());
     let mut cx = Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
     loop {
         if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
-            return out;
+            return Some(out);
         }
         // A wake-up that came while polling is in the flag: poll again without parking.
         while !wakeup.woken.swap(false, Ordering::Acquire) {
-            std::thread::park();
+            match until {
+                None => std::thread::park(),
+                Some(until) => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    std::thread::park_timeout(left);
+                }
+            }
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::block_on;
+    use super::{block_on, block_on_for};
     use std::future::Future;
     use std::task::Poll;
+    use std::time::Duration;
+
+    /// A slice that ends first gives the future back unfinished, and a later call finishes it.
+    #[test]
+    fn waits_in_slices() {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            wait.recv().ok();
+            tx.send(7).ok();
+        });
+        let mut rx = std::pin::pin!(rx);
+        assert_eq!(block_on_for(rx.as_mut(), Duration::from_millis(10)), None);
+        go.send(()).ok();
+        assert_eq!(
+            block_on_for(rx.as_mut(), Duration::from_secs(60)),
+            Some(Ok(7))
+        );
+        t.join().ok();
+    }
 
     #[test]
     fn runs_futures_woken_from_other_threads_and_nests() {

@@ -60,7 +60,7 @@ pub use embed::{
 pub use embedder::{Embedder, EmbedderConfig};
 pub use engine::{Engine, EngineConfig, GenerationDefaults, Metrics};
 pub use error::{Error, Result};
-pub use executor::block_on;
+pub use executor::{block_on, block_on_for};
 pub use forward::Forward;
 pub use generator::{Generator, Step, StepOutput, StopReason, StopRules, StopStrings};
 pub use output::{ForwardOutput, OutputHandle, SampleHandle};
