@@ -108,19 +108,24 @@ def test_disconnected_streams_end_and_return_their_kv_pages(server, model):
     kv_idle(server.base_url)
 
 
+def _story(c, model: str, i: int):
+    """200 greedy tokens of story number `i` (EOS ignored)."""
+    return c.chat.completions.create(
+        model=model,
+        messages=user(f"Tell me story number {i}."),
+        max_tokens=200,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+
+
 def test_kv_pressure_queues_or_preempts_but_completes_every_request(server, model):
     srv = start_server("--kv-tokens", "512")
     c = make_client(srv)
     try:
 
         def run(i: int):
-            return c.chat.completions.create(
-                model=model,
-                messages=user(f"Tell me story number {i}."),
-                max_tokens=200,
-                temperature=0,
-                extra_body={"ignore_eos": True},
-            )
+            return _story(c, model, i)
 
         with ThreadPoolExecutor(6) as pool:
             results = list(pool.map(run, range(6)))
@@ -134,13 +139,7 @@ def test_kv_pressure_queues_or_preempts_but_completes_every_request(server, mode
         alone = make_client(server)
         try:
             for i in (0, 5):
-                ref = alone.chat.completions.create(
-                    model=model,
-                    messages=user(f"Tell me story number {i}."),
-                    max_tokens=200,
-                    temperature=0,
-                    extra_body={"ignore_eos": True},
-                )
+                ref = _story(alone, model, i)
                 assert results[i].choices[0].message.content == ref.choices[0].message.content, i
         finally:
             alone.close()
@@ -217,22 +216,13 @@ def test_chat_model_embeddings_wait_for_kv_pages_like_requests(server, model):
     text = " ".join(f"Sentence {i} of a long text to embed." for i in range(30))  # ~300 tokens
     try:
 
-        def generate(i: int):
-            return c.chat.completions.create(
-                model=model,
-                messages=user(f"Tell me story number {i}."),
-                max_tokens=200,
-                temperature=0,
-                extra_body={"ignore_eos": True},
-            )
-
         def embed(i: int):
             time.sleep(0.5 + 0.5 * i)  # while the generations hold the pool
             with httpx.Client(base_url=srv.base_url, timeout=HTTP_TIMEOUT) as h:
                 return h.post("/v1/embeddings", json={"model": model, "input": text})
 
         with ThreadPoolExecutor(8) as pool:
-            gens = [pool.submit(generate, i) for i in range(4)]
+            gens = [pool.submit(_story, c, model, i) for i in range(4)]
             embeds = [pool.submit(embed, i) for i in range(4)]
             gen_results = [g.result() for g in gens]
             embed_results = [e.result() for e in embeds]
