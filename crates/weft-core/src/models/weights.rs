@@ -337,10 +337,7 @@ impl Loader {
             None | Some("linear") => Ok(factor),
             Some("none") => Ok(1.0),
             Some(other) => Err(Error::UnsupportedModel {
-                what: format!(
-                    "{other:?} RoPE scaling ({} = {other:?})",
-                    key("scaling.type")
-                ),
+                what: format!("{other:?} RoPE scaling ({})", key("scaling.type")),
             }),
         }
     }
