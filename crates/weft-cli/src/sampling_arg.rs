@@ -11,17 +11,18 @@ pub struct SamplingArg {
     /// Sampling temperature (≥ 0); 0 picks the most likely token every step.
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temp: f32,
-    /// Random seed (default: from the clock). Unused when sampling is greedy (`--temp 0`).
-    #[arg(long, allow_negative_numbers = true)]
-    pub seed: Option<u64>,
-    /// Sample among the K most likely tokens only (0: off).
+    /// Random seed, 0 or more; -1 (or none) draws one from the clock, as llama.cpp's. Unused
+    /// when sampling is greedy (`--temp 0`).
+    #[arg(long, value_parser = parse_seed, allow_negative_numbers = true)]
+    pub seed: Option<Seed>,
+    /// Sample among the K most likely tokens only (0 or less: off, as llama.cpp's).
     #[arg(
         long,
         value_name = "K",
         default_value_t = 0,
         allow_negative_numbers = true
     )]
-    pub top_k: usize,
+    pub top_k: i64,
     /// Sample among the smallest set of most likely tokens whose probability reaches P
     /// (1: off).
     #[arg(
@@ -64,7 +65,7 @@ impl SamplingArg {
         let vocab = usize::MAX;
         Sampler::from_params(
             self.temp,
-            (self.top_k > 0).then_some(self.top_k),
+            usize::try_from(self.top_k).ok().filter(|&k| k > 0),
             (self.top_p != 1.0).then_some(self.top_p),
             (self.min_p != 0.0).then_some(self.min_p),
             vocab,
@@ -98,7 +99,7 @@ impl SamplingArg {
 
     /// `--seed`, or one from the clock.
     pub fn seed(&self) -> u64 {
-        self.seed.unwrap_or_else(|| {
+        self.seed.and_then(|s| s.0).unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
@@ -106,11 +107,27 @@ impl SamplingArg {
     }
 }
 
+/// `--seed`: a seed, or (`-1`) one to draw from the clock.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Seed(pub Option<u64>);
+
+fn parse_seed(s: &str) -> Result<Seed, String> {
+    match s.trim() {
+        "-1" => Ok(Seed(None)),
+        v => v.parse().map(|n| Seed(Some(n))).map_err(|_| {
+            format!(
+                "a seed is a whole number from 0 to {}, or -1 for one from the clock",
+                u64::MAX
+            )
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn args(temp: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingArg {
+    fn args(temp: f32, top_k: i64, top_p: f32, min_p: f32) -> SamplingArg {
         SamplingArg {
             temp,
             seed: None,
@@ -146,6 +163,19 @@ mod tests {
                 temperature: 0.7
             }
         );
+    }
+
+    /// llama.cpp's spellings of "off" and "random": a top-k of 0 or less, a seed of -1.
+    #[test]
+    fn llama_cpp_off_values_are_read_as_its() {
+        assert_eq!(
+            args(0.8, -1, 1.0, 0.0).sampler().unwrap(),
+            Sampler::Temperature { temperature: 0.8 }
+        );
+        assert_eq!(parse_seed("-1"), Ok(Seed(None)));
+        assert_eq!(parse_seed("42"), Ok(Seed(Some(42))));
+        let e = parse_seed("-2").unwrap_err();
+        assert!(e.contains("-1 for one from the clock"), "{e}");
     }
 
     #[test]

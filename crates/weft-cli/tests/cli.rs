@@ -690,6 +690,16 @@ fn session_files_continue_and_reuse_a_run() {
     assert_eq!(ran, prompt_ids[prompt_ids.len() - 1..], "prompt run again");
     assert_eq!(again, whole[..12]);
 
+    // Sampling on from a session without --seed keeps the random state it saved: the note
+    // says so, rather than naming a clock seed that played no part.
+    let out = weft(
+        &["run", "--temp", "0.8", "-n", "2", "--load-session", s],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("| seed from the session"), "{stderr}");
+
     // A save that dies half-way (here the file-size limit kills it) leaves the previous session
     // file whole: the snapshot is written beside it and renamed over it once complete.
     let before = std::fs::read(&session).unwrap();
@@ -858,6 +868,15 @@ fn embed_takes_an_encoder_folder_and_trailing_empty_lines() {
     let out = weft(&["run", "-m", folder, "Hello"], "");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is an encoder model"), "{stderr}");
+    // A `.gguf` file that is not one (a web page saved in its place) gets the GGUF reader's
+    // error, not the safetensors reader's.
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("model.gguf");
+    std::fs::write(&page, "<!DOCTYPE html><html>...</html>").unwrap();
+    let out = weft(&["embed", "-m", page.to_str().unwrap()], "hi\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not a GGUF file"), "{stderr}");
 }
 
 /// `weft models` names each model with its aliases (what the unknown-model error lists).

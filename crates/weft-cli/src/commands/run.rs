@@ -217,11 +217,16 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let ran = t_prompt.is_some();
     let t_prompt = t_prompt.unwrap_or(total);
     let t_gen = total.saturating_sub(t_prompt).as_secs_f64();
-    // A greedy generation draws no random number: its seed means nothing.
-    let seed_note = if !args.sampling.is_greedy() {
-        format!(" | seed {seed}")
-    } else {
-        String::new()
+    // A greedy generation draws no random number: its seed means nothing. A loaded session
+    // samples on with the random state it saved, unless --seed says otherwise.
+    let seed_note = match (
+        args.sampling.is_greedy(),
+        args.sampling.seed,
+        &args.load_session,
+    ) {
+        (true, ..) => String::new(),
+        (false, None, Some(_)) => " | seed from the session".to_string(),
+        (false, ..) => format!(" | seed {seed}"),
     };
     let (drafted, accepted) = g.speculation_stats();
     let cut_constraint =
