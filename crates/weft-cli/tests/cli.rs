@@ -943,6 +943,14 @@ fn run_announces_a_seed_only_when_sampling() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("| seed 7"), "{stderr}");
+    // llama.cpp's spellings: a seed of -1 draws one, a top-k of -1 is off.
+    let out = weft(
+        &["run", "--seed", "-1", "--top-k", "-1", "-n", "2", prompt],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("| seed "), "{stderr}");
     let out = weft(&["run", "--top-p", "0", prompt], "");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

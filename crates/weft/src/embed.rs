@@ -250,8 +250,17 @@ pub fn ensure_decoder(path: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// Whether the file at `path` starts with the GGUF magic.
+/// Whether the file at `path` is to be read as GGUF: it starts with the GGUF magic, or its
+/// name ends in `.gguf` (a damaged or mistaken download then gets the GGUF reader's error,
+/// not a safetensors reader's).
 pub fn is_gguf(path: &std::path::Path) -> bool {
+    if path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return true;
+    }
     let mut magic = [0u8; 4];
     std::fs::File::open(path)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
