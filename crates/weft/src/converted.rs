@@ -200,10 +200,16 @@ pub fn conversions(home: &Path) -> Vec<Conversion> {
 /// Removes the conversions under `home` that no load will use again (see
 /// [`Conversion::current`]) and temporary files left by interrupted ones; returns what was
 /// removed. A removed conversion costs only a new conversion should its source come back.
+/// An error names the file that could not be removed.
 pub fn prune_conversions(home: &Path) -> std::io::Result<Vec<Conversion>> {
+    let remove = |f: &Path| {
+        std::fs::remove_file(f).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot remove {}: {e}", f.display()))
+        })
+    };
     let mut removed = Vec::new();
     for c in conversions(home).into_iter().filter(|c| !c.current) {
-        std::fs::remove_file(&c.file)?;
+        remove(&c.file)?;
         let _ = std::fs::remove_file(sidecar(&c.file));
         removed.push(c);
     }
@@ -222,7 +228,7 @@ pub fn prune_conversions(home: &Path) -> std::io::Result<Vec<Conversion>> {
             });
             if name.starts_with('.') && pid.is_some() && !alive {
                 let bytes = e.metadata().map_or(0, |m| m.len());
-                std::fs::remove_file(e.path())?;
+                remove(&e.path())?;
                 removed.push(Conversion {
                     file: e.path(),
                     bytes,
