@@ -981,6 +981,21 @@ fn bench_skips_zero_lengths() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("nothing to measure"), "{stderr}");
+    // Options whose rows would not be there are refused, not ignored.
+    for (args, says) in [
+        (&["--parallel", "4"][..], "--parallel measures decoding"),
+        (&["--bandwidth"][..], "--bandwidth measures decoding"),
+        (&["--speculate"][..], "--speculate measures decoding"),
+    ] {
+        let out = weft(&[&["bench", "-p", "8", "-n", "0"][..], args].concat(), "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+    let out = weft(&["bench", "-p", "0", "-n", "4", "--raw"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("give --parallel P too"), "{stderr}");
 }
 
 #[test]

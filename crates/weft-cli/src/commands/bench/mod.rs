@@ -154,6 +154,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         !gens.is_empty() || args.n_prompt.iter().any(|&p| p > 0),
         "nothing to measure: the prompt lengths (-p) and the generation length (-n) are all 0"
     );
+    // Options that only add decode rows would be ignored without them: say so instead.
+    let decode_only = [
+        (!args.parallel.is_empty(), "--parallel"),
+        (args.speculate, "--speculate"),
+        (!args.lora.is_empty(), "--lora"),
+        (args.bandwidth, "--bandwidth"),
+    ];
+    if let Some((_, flag)) = decode_only.iter().find(|(set, _)| *set && gens.is_empty()) {
+        anyhow::bail!("{flag} measures decoding, and -n 0 asks for none: give -n N");
+    }
+    anyhow::ensure!(
+        !args.raw || !args.parallel.is_empty(),
+        "--raw runs the parallel tests on the bare forward: give --parallel P too"
+    );
     let file = Arc::new(args.model.open()?);
     let size: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
