@@ -96,6 +96,13 @@ impl ThreadsArg {
         Ok(self.threads)
     }
 
+    /// Checks the options' ranges: called first, so that a bad value is an error before a
+    /// model is fetched, loaded or converted (minutes for a checkpoint folder).
+    pub fn check(&self) -> anyhow::Result<()> {
+        self.checked()?;
+        self.pager().map(drop)
+    }
+
     /// The layer pager `--resident-layers` asks for.
     pub fn pager(&self) -> anyhow::Result<Option<std::sync::Arc<weft::models::LayerPager>>> {
         match self.resident_layers {
@@ -149,11 +156,17 @@ impl ContextArg {
         path: &Path,
     ) -> anyhow::Result<weft::Engine> {
         let mut cfg = threads.engine_config()?;
+        self.check()?;
+        cfg.n_ctx = self.ctx_size;
+        Ok(weft::Engine::from_file_at(file, path, cfg)?)
+    }
+
+    /// Checks `--ctx-size`'s range (see [`ThreadsArg::check`]).
+    pub fn check(&self) -> anyhow::Result<()> {
         if let Some(n) = self.ctx_size {
             anyhow::ensure!(n >= MIN_CTX, "--ctx-size must be at least {MIN_CTX}");
-            cfg.n_ctx = Some(n);
         }
-        Ok(weft::Engine::from_file_at(file, path, cfg)?)
+        Ok(())
     }
 }
 

@@ -1541,3 +1541,53 @@ fn embed_refuses_decoder_options_for_an_encoder() {
         );
     }
 }
+
+/// A bad option value is an error before any model is fetched, loaded or converted (for a
+/// checkpoint folder, minutes): here the model does not even exist, and the option is named.
+#[test]
+fn option_values_are_checked_before_the_model_is_loaded() {
+    let nowhere = "/nonexistent/model.gguf";
+    for (args, says) in [
+        (
+            &["run", "-m", nowhere, "-t", "0", "Hi"][..],
+            "--threads must be",
+        ),
+        (
+            &["run", "-m", nowhere, "-c", "3", "Hi"][..],
+            "--ctx-size must be at least 16",
+        ),
+        (
+            &["run", "-m", nowhere, "--resident-layers", "0", "Hi"][..],
+            "--resident-layers must",
+        ),
+        (
+            &["chat", "-m", nowhere, "-t", "999"][..],
+            "--threads must be",
+        ),
+        (
+            &["embed", "-m", nowhere, "-t", "0"][..],
+            "--threads must be",
+        ),
+        (
+            &["embed", "-m", nowhere, "/nonexistent/input.txt"][..],
+            "cannot read /nonexistent/input.txt",
+        ),
+        (
+            &["perplexity", "-m", nowhere, "-c", "4", "-f", "-"][..],
+            "--ctx-size must be at least 8",
+        ),
+        (
+            &["bench", "-m", nowhere, "-t", "0"][..],
+            "--threads must be",
+        ),
+    ] {
+        let out = weft(args, "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let out = weft(&["serve", "--max-body-mib", "18446744073709551615"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--max-body-mib is larger"), "{stderr}");
+}

@@ -71,6 +71,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let sampler = args.sampling.sampler()?;
     let penalties = args.sampling.penalties()?;
+    args.threads.check()?;
+    args.context.check()?;
     let path = args.model.path()?;
     let file = Arc::new(args.model.open_path(&path)?);
     let engine = args.context.engine_at(&args.threads, file, &path)?;

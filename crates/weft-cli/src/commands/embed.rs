@@ -43,6 +43,14 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let pooling = args.pooling;
     anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
+    args.threads.check()?;
+    // The input is opened first: a missing file is an error before a model is fetched.
+    let input: Box<dyn BufRead> = match &args.file {
+        Some(p) if p.as_os_str() != "-" => Box::new(std::io::BufReader::new(
+            std::fs::File::open(p).with_context(|| format!("cannot read {}", p.display()))?,
+        )),
+        _ => Box::new(std::io::stdin().lock()),
+    };
     let path = args.model.path()?;
     // A GGUF file or a generator's checkpoint folder is a decoder (pooled hidden states);
     // anything else is read as an encoder (a sentence-transformers folder, its safetensors).
@@ -70,12 +78,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = EmbedOptions {
         pooling: pooling.unwrap_or_else(|| model.default_pooling()),
         normalize: !args.no_normalize,
-    };
-    let input: Box<dyn BufRead> = match &args.file {
-        Some(p) if p.as_os_str() != "-" => Box::new(std::io::BufReader::new(
-            std::fs::File::open(p).with_context(|| format!("cannot read {}", p.display()))?,
-        )),
-        _ => Box::new(std::io::stdin().lock()),
     };
     let mut out = std::io::stdout().lock();
     // Grown as lines come: `--batch` may be any number.

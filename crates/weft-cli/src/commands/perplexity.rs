@@ -59,6 +59,8 @@ fn target_logprobs(logits: &[f32], targets: &[u32], threads: usize) -> Vec<f64> 
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    args.threads.check()?;
+    anyhow::ensure!(args.ctx >= 8, "--ctx-size must be at least 8");
     let text = if args.file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?
     } else {
@@ -69,7 +71,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tok = Tokenizer::from_gguf(&file)?;
     let mut tokens = tok.encode(&text, true, true);
     let n_ctx = args.ctx;
-    anyhow::ensure!(n_ctx >= 8, "--ctx-size must be at least 8");
     let n_chunks = tokens.len() / n_ctx;
     anyhow::ensure!(
         n_chunks >= 1 && tokens.len() >= 2 * n_ctx,

@@ -118,6 +118,8 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let schemas = args.schemas()?;
     let sampler = args.sampling.sampler()?;
     let penalties = args.sampling.penalties()?;
+    args.threads.check()?;
+    args.context.check()?;
     let path = args.model.path()?;
     let file = Arc::new(args.model.open_path(&path)?);
     let engine = args.context.engine_at(&args.threads, file, &path)?;

@@ -85,6 +85,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
     anyhow::ensure!(args.max_body_mib >= 1, "--max-body-mib must be at least 1");
+    let body_limit = args
+        .max_body_mib
+        .checked_mul(1 << 20)
+        .context("--max-body-mib is larger than this machine can address")?;
     if let Some(k) = args.kv_tokens {
         anyhow::ensure!(k >= 32, "--kv-tokens must be at least 32");
     }
@@ -121,7 +125,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         api_key,
         parallel: args.parallel,
         max_queue: args.max_queue,
-        body_limit: args.max_body_mib << 20,
+        body_limit,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -168,6 +168,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         !args.raw || !args.parallel.is_empty(),
         "--raw runs the parallel tests on the bare forward: give --parallel P too"
     );
+    args.threads.check()?;
     let file = Arc::new(args.model.open()?);
     let size: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
