@@ -1591,3 +1591,25 @@ fn option_values_are_checked_before_the_model_is_loaded() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("--max-body-mib is larger"), "{stderr}");
 }
+
+/// `weft models` lists the known models without a cache directory too, and says there is none.
+#[test]
+fn models_lists_the_known_names_without_a_cache() {
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .arg("models")
+        .env_remove("HOME")
+        .env_remove("WEFT_HOME")
+        .output()
+        .expect("run weft");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("smollm2-135m (alias smollm2, default): "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("not fetched yet"), "{stdout}");
+    assert!(stderr.contains("set WEFT_HOME"), "{stderr}");
+}

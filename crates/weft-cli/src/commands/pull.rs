@@ -35,8 +35,10 @@ pub struct ListArgs {
 }
 
 pub fn list(args: ListArgs) -> anyhow::Result<()> {
-    let hub = Hub::from_env()?;
+    // The known models are listed without a cache too (neither WEFT_HOME nor HOME set).
+    let cache = Hub::from_env();
     if args.prune {
+        let hub = cache?;
         let removed = weft::prune_conversions(hub.home())?;
         for c in &removed {
             outln!("removed {} ({})", c.file.display(), size(c.bytes))?;
@@ -49,8 +51,15 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
         )?;
         return Ok(());
     }
+    let hub = match cache {
+        Ok(hub) => Some(hub),
+        Err(e) => {
+            errln!("weft: {e}: no model is cached");
+            None
+        }
+    };
     for spec in weft::hub::known_models() {
-        let status = match hub.cached_path(spec) {
+        let status = match hub.as_ref().and_then(|h| h.cached_path(spec)) {
             Some(p) => format!("cached at {}", p.display()),
             None => "not fetched yet".to_string(),
         };
@@ -64,6 +73,7 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
         };
         outln!("{}{notes}: {} — {status}", spec.name, spec.description)?;
     }
+    let Some(hub) = hub else { return Ok(()) };
     let conversions = weft::conversions(hub.home());
     if !conversions.is_empty() {
         let total = conversions.iter().map(|c| c.bytes).sum();
