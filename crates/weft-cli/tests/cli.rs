@@ -379,6 +379,43 @@ fn embed_takes_a_decoder_checkpoint_folder() {
     assert!(cos > 0.99, "cosine {cos}");
 }
 
+/// `weft tokenize` on a checkpoint folder reads its tokenizer alone: the ids of the GGUF file
+/// it was made from, and no conversion of its matrices in the cache (it converted them all).
+#[test]
+fn tokenize_reads_a_checkpoint_folders_tokenizer_without_converting_it() {
+    let dir = checkpoint("smollm2-135m", "f32");
+    let home = tempfile::tempdir().expect("tempdir");
+    let text = "The history of weaving begins <|im_start|> here.";
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["tokenize", "-m", &dir])
+        .env("WEFT_HOME", home.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(text.as_bytes())?;
+            child.wait_with_output()
+        })
+        .expect("run weft tokenize");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gguf = weft(&["tokenize", "-m", "smollm2-135m"], text);
+    assert_eq!(out.stdout, gguf.stdout);
+    assert!(
+        !home.path().join("converted").exists(),
+        "tokenizing converted the checkpoint"
+    );
+}
+
 /// A checkpoint folder is converted on its first load into `$WEFT_HOME/converted/`, mapped
 /// from there on (the same output), and converted again, replacing the old file, when a file
 /// of the folder changes.

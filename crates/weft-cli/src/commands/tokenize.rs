@@ -31,7 +31,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot read {}", json.display()))?;
             Tokenizer::from_json(&text)?
         }
-        None => Tokenizer::from_gguf(&args.model.open_path(&path)?)?,
+        // A decoder's checkpoint folder: the tokenizer alone, not a conversion of every
+        // matrix (minutes, written to the cache).
+        None => match weft::checkpoint::folder_of(&path) {
+            Some(dir) => {
+                weft::ensure_decoder(&path)?;
+                let metadata = weft::checkpoint::convert_metadata(&dir)
+                    .with_context(|| format!("cannot read the checkpoint {}", dir.display()))?;
+                Tokenizer::from_gguf(&weft::GgufFile::from_bytes(metadata)?)?
+            }
+            // A GGUF file as it is: `--weights` widens matrices, which tokenizing never reads.
+            None => Tokenizer::from_gguf(&weft::GgufFile::open(&path)?)?,
+        },
     };
     let mut text = String::new();
     std::io::stdin()

@@ -123,6 +123,28 @@ fn opt_json(path: &Path) -> Result<Option<Value>> {
 /// # Ok::<(), weft_core::Error>(())
 /// ```
 pub fn convert(dir: &Path, weights: WeightType) -> Result<Vec<u8>> {
+    let files = open_weights(dir)?;
+    let (mut w, cfg) = metadata(dir)?;
+    Tensors::new(&files, &cfg, weights)?.write_all(&mut w)?;
+    Ok(w.into_bytes())
+}
+
+/// The GGUF file [`convert`] makes of the checkpoint in `dir`, without its tensors: the
+/// hyper-parameters, the tokenizer with its special ids, the chat template. What tokenizing
+/// with the checkpoint needs, read in a moment (a whole conversion quantizes every matrix).
+///
+/// ```no_run
+/// use weft_core::{checkpoint, gguf::GgufFile, tokenizer::Tokenizer};
+/// let file = GgufFile::from_bytes(checkpoint::convert_metadata("SmolLM2-135M".as_ref())?)?;
+/// let ids = Tokenizer::from_gguf(&file)?.encode("Hello", true, true);
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+pub fn convert_metadata(dir: &Path) -> Result<Vec<u8>> {
+    Ok(metadata(dir)?.0.into_bytes())
+}
+
+/// The metadata of [`convert`]'s file, and the configuration its tensors are made with.
+fn metadata(dir: &Path) -> Result<(GgufWriter, HfConfig)> {
     let top = read_json(&dir.join("config.json"))?;
     let cfg = config::read(&top)?;
     let tok_path = dir.join("tokenizer.json");
@@ -139,7 +161,6 @@ pub fn convert(dir: &Path, weights: WeightType) -> Result<Vec<u8>> {
         serde_json::from_str(&tokenizer_json).map_err(|e| Error::BadTokenizer {
             reason: format!("{} is not JSON: {e}", tok_path.display()),
         })?;
-    let files = open_weights(dir)?;
     let mut w = GgufWriter::new();
     let arch = cfg.family.arch();
     w.metadata("general.architecture", Meta::String(arch.into()));
@@ -149,8 +170,7 @@ pub fn convert(dir: &Path, weights: WeightType) -> Result<Vec<u8>> {
     tokenizer_metadata(&mut w, dir, &cfg, &tokenizer)?;
     drop(tokenizer); // a large tree for a large vocabulary: gone before the tensors come
     w.metadata("tokenizer.huggingface.json", Meta::String(tokenizer_json));
-    Tensors::new(&files, &cfg, weights)?.write_all(&mut w)?;
-    Ok(w.into_bytes())
+    Ok((w, cfg))
 }
 
 /// The id of the token `text` in a `tokenizer.json`: an added token's, else the model's.
