@@ -220,7 +220,16 @@ pub fn generate_batch<'py>(
         };
         let called = crate::callbacks::call(|py| {
             let list: Vec<Rollout> = partial.iter().cloned().map(Rollout::from).collect();
-            callback.call1(py, (list,)).map(drop)
+            match callback.call1(py, (list,)) {
+                // A Ctrl-C that landed in the callback is made pending again, so that the
+                // wait stops the batch now rather than raising once it has run to its end.
+                Err(e) if e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) => {
+                    // SAFETY: `PyErr_SetInterrupt` only sets the interpreter's signal flag.
+                    unsafe { pyo3::ffi::PyErr_SetInterrupt() };
+                    Ok(())
+                }
+                other => other.map(drop),
+            }
         });
         *failed = called.err();
     });

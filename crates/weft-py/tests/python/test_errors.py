@@ -220,11 +220,20 @@ def steps():
     return engine.metrics().steps
 prompts = [f"Story number {i}:" for i in range(8)]
 signal.signal(signal.SIGALRM, signal.default_int_handler)
+
+def slow(rollouts):
+    # 20 ms of Python a token: the interrupt lands in here, not in the wait.
+    t = time.monotonic()
+    while time.monotonic() - t < 0.02:
+        pass
+
 for name, call in [
     ("generate_batch", lambda: weft.generate_batch(
         engine, prompts, max_tokens=1000, ignore_eos=True)),
     ("beam_search", lambda: weft.beam_search(
         engine, "Once upon a time", 4, max_new_tokens=1000, eos_token_ids=[])),
+    ("on_partial", lambda: weft.generate_batch(
+        engine, prompts, max_tokens=1000, ignore_eos=True, every=1, on_partial=slow)),
 ]:
     before = steps()
     signal.setitimer(signal.ITIMER_REAL, 0.3)
@@ -248,7 +257,9 @@ print(len(again.generate(weft.Argmax(), max_tokens=2, ignore_eos=True).tokens())
 
 def test_ctrl_c_stops_a_batch_or_a_beam_search_at_once():
     """A Ctrl-C during `generate_batch` or `beam_search` (1000 tokens each) raises
-    KeyboardInterrupt before they finish, and their KV pages go back to the pool."""
+    KeyboardInterrupt before they finish, and their KV pages go back to the pool; also when
+    it lands in an `on_partial` callback (it was kept as the callback's error until the
+    batch had run to its end)."""
     import subprocess
     import sys
 
@@ -261,6 +272,8 @@ def test_ctrl_c_stops_a_batch_or_a_beam_search_at_once():
         "generate_batch ran part 0",
         "beam_search KeyboardInterrupt",
         "beam_search ran part 0",
+        "on_partial KeyboardInterrupt",
+        "on_partial ran part 0",
         "2",
     ], (done.stdout, done.stderr[-2000:])
 
