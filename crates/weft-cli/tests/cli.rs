@@ -752,6 +752,17 @@ fn session_files_continue_and_reuse_a_run() {
         "the session file was damaged"
     );
 
+    // A temp file a killed save left (its writer's process is gone) is removed by the next
+    // save to the same file; one whose writer lives (this test) is left alone.
+    let left = dir.join(".s.weft.4294967295.AbCdEf.tmp");
+    let live = dir.join(format!(".s.weft.{}.AbCdEf.tmp", std::process::id()));
+    std::fs::write(&left, b"half a snapshot").unwrap();
+    std::fs::write(&live, b"being written").unwrap();
+    let (_, _) = run_json(&[&greedy[..], &["-n", "2", "--save-session", s, prompt]].concat());
+    assert!(!left.exists(), "the temp file of a dead writer was kept");
+    assert!(live.exists(), "the temp file of a live writer was removed");
+    std::fs::remove_file(&live).unwrap();
+
     // A damaged session file: a clear error, no panic.
     let mut bytes = std::fs::read(&session).unwrap();
     let last = bytes.len() - 1;

@@ -284,13 +284,12 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A context resumed from the session file `f`, keeping the longest part of its tokens that
-/// `prompt` starts with and buffering the rest of the prompt (an empty prompt continues the
-/// session as it is). Returns the context and how many of the prompt's tokens it reused.
 /// Where `--save-session` writes: a temp file beside the target, made before the generation
 /// (so that an unwritable place is an error before any work) and renamed over the target only
 /// once the whole snapshot is written, so that an interrupted or failed save (a full disk, a
-/// Ctrl-C) leaves the previous session file as it was. Dropped unwritten, it is removed.
+/// Ctrl-C) leaves the previous session file as it was. Dropped unwritten, it is removed; one
+/// a killed run left (a Ctrl-C ends the process without dropping it) is removed by the next
+/// save to the same target: its name holds the writer's process id.
 struct SessionFile {
     target: std::path::PathBuf,
     tmp: tempfile::NamedTempFile,
@@ -315,7 +314,8 @@ impl SessionFile {
             .unwrap_or(std::path::Path::new("."));
         anyhow::ensure!(dir.is_dir(), fail("no such directory"));
         let name = target.file_name().unwrap_or_default().to_string_lossy();
-        let prefix = format!(".{name}.");
+        remove_left_temp_files(dir, &format!(".{name}."));
+        let prefix = format!(".{name}.{}.", std::process::id());
         let mut builder = tempfile::Builder::new();
         builder.prefix(&prefix).suffix(".tmp");
         #[cfg(unix)]
@@ -341,6 +341,32 @@ impl SessionFile {
     }
 }
 
+/// Removes the temp files `.NAME.PID.*.tmp` in `dir` (`start` is `.NAME.`) whose writer
+/// process is gone. Where there is no /proc to ask, every writer counts as alive.
+fn remove_left_temp_files(dir: &std::path::Path, start: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(start)
+            .and_then(|rest| rest.strip_suffix(".tmp"))
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let gone = |p: u32| {
+            std::path::Path::new("/proc/self").exists()
+                && !std::path::Path::new(&format!("/proc/{p}")).exists()
+        };
+        if pid.is_some_and(gone) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// A context resumed from the session file `f`, keeping the longest part of its tokens that
+/// `prompt` starts with and buffering the rest of the prompt (an empty prompt continues the
+/// session as it is). Returns the context and how many of the prompt's tokens it reused.
 fn load_session(
     engine: &weft::Engine,
     f: &std::path::Path,
