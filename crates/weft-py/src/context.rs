@@ -141,8 +141,7 @@ impl Context {
     /// `Engine.resume`, in this process or another with the same model file. The LoRA
     /// adapters that computed the pages are not recorded: resume with the same ones.
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
-        let mut lease = Lease::take(&self.slot)?;
-        let bytes = py.detach(|| lease.ctx().snapshot()).py()?;
+        let bytes = self.detached(py, |c| c.snapshot())?;
         Ok(pyo3::types::PyBytes::new(py, &bytes))
     }
 
