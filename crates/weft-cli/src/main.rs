@@ -31,6 +31,7 @@ macro_rules! out {
 mod commands;
 mod model_arg;
 mod progress;
+mod replacing_file;
 mod sampling_arg;
 
 use std::io::Write;

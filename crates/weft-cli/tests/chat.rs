@@ -18,9 +18,21 @@ const MODEL: &str = "smollm2-135m";
 
 /// The greedy reply of the library to `messages`, at most `n` tokens.
 fn greedy_reply(engine: &Engine, messages: &[Message], n: usize) -> String {
+    greedy_reply_and_stop(engine, messages, n).0
+}
+
+/// The greedy reply of the library to `messages`, at most `n` tokens, and whether it was
+/// cut at `n` tokens (rather than ended by the model).
+fn greedy_reply_and_stop(engine: &Engine, messages: &[Message], n: usize) -> (String, bool) {
     let mut ctx = engine.context();
     ctx.fill_chat(messages).expect("fill_chat");
-    block_on(ctx.generate(Sampler::Argmax).max_tokens(n).collect_text()).expect("generate")
+    let mut generator = ctx.generate(Sampler::Argmax).max_tokens(n);
+    let mut text = String::new();
+    while let Some(piece) = block_on(generator.next_text()).expect("generate") {
+        text.push_str(&piece);
+    }
+    let cut = generator.stop_reason() == Some(&weft::StopReason::MaxTokens);
+    (text, cut)
 }
 
 fn read_messages(path: &Path) -> Vec<Message> {
@@ -92,18 +104,24 @@ fn chat_reads_a_pipe_one_message_a_line() {
         (String::from_utf8(out.stdout).expect("utf-8"), stderr)
     };
     // What a user of llama.cpp or ollama tries first, with the default model.
-    let (stdout, _) = run(&["chat", "--temp", "0", "-n", "16"], "Hi\nWhat is 2+2?\n");
+    let (stdout, stderr) = run(&["chat", "--temp", "0", "-n", "16"], "Hi\nWhat is 2+2?\n");
     let engine = Engine::load(weft::hub::DEFAULT_MODEL).expect("load the default model");
     let mut messages = vec![Message::user("Hi")];
-    let first = greedy_reply(&engine, &messages, 16);
+    let (first, first_cut) = greedy_reply_and_stop(&engine, &messages, 16);
     messages.push(Message::assistant(first.clone()));
     messages.push(Message::user("What is 2+2?"));
-    let second = greedy_reply(&engine, &messages, 16);
+    let (second, second_cut) = greedy_reply_and_stop(&engine, &messages, 16);
     assert!(!first.is_empty() && !second.is_empty());
     assert_eq!(
         stdout,
         format!("{first}\n{second}\n"),
         "two replies, no decoration"
+    );
+    // A reply the model ended has no note (a cut one has: below).
+    assert_eq!(
+        stderr.matches("(reply cut at").count(),
+        usize::from(first_cut) + usize::from(second_cut),
+        "{stderr}"
     );
 
     // A system message, commands in the pipe, an empty line skipped.
@@ -126,6 +144,15 @@ fn chat_reads_a_pipe_one_message_a_line() {
     assert_eq!(roles(&saved), ["system", "user", "assistant"]);
     assert_eq!(saved[0].content, "Answer in French.");
     check_replies(&engine, &saved, 8, &[]);
+    // That reply was cut at -n: standard error says so, as at a terminal.
+    assert!(
+        greedy_reply_and_stop(&engine, &saved[..2], 8).1,
+        "the reply was not cut"
+    );
+    assert!(
+        stderr.contains("(reply cut at 8 tokens; -n sets the limit)"),
+        "{stderr}"
+    );
 
     // A bad command in a pipe is an error (exit status 1), not a message to the model.
     let out = common::weft(&["chat", "--temp", "0", "-n", "4"], "/load\n");
@@ -152,6 +179,60 @@ fn chat_reads_a_pipe_one_message_a_line() {
     let (stdout, _) = run(&["chat", "--temp", "0", "-n", "8"], "//usr/bin/env?\n");
     let reply = greedy_reply(&engine, &[Message::user("/usr/bin/env?")], 8);
     assert_eq!(stdout, format!("{reply}\n"));
+}
+
+/// `/save` over a conversation saved before: a save that dies half-way (here the file-size
+/// limit kills it) leaves that file whole, and the temp file it left is removed by the next
+/// save to the same file.
+#[test]
+fn chat_save_that_dies_keeps_the_previous_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("c.json");
+    let save = format!("/save {}\n", f.display());
+    let out = common::weft(&["chat", "--temp", "0", "-n", "2"], &format!("Hi\n{save}"));
+    assert!(out.status.success(), "{out:?}");
+    let before = std::fs::read(&f).expect("saved");
+    assert!(
+        before.len() < 512,
+        "the first save is too long for the limit"
+    );
+
+    // The next message alone is longer than the 1,024 bytes the limit lets a file reach.
+    let script = format!("/load {}\n{}\n{save}", f.display(), "weave ".repeat(300));
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -f 1; exec "$0" chat --temp 0 -n 1"#)
+        .arg(env!("CARGO_BIN_EXE_weft"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run sh");
+    let mut stdin = child.stdin.take().expect("stdin");
+    std::io::Write::write_all(&mut stdin, script.as_bytes()).expect("write");
+    drop(stdin);
+    let out = child.wait_with_output().expect("wait");
+    assert!(!out.status.success(), "the save was not stopped: {out:?}");
+    let after = std::fs::read(&f).expect("the conversation file is gone");
+    assert!(
+        after == before,
+        "the conversation file was damaged: {}",
+        String::from_utf8_lossy(&after)
+    );
+    let temp_files = || {
+        std::fs::read_dir(dir.path())
+            .expect("read_dir")
+            .filter(|e| e.as_ref().is_ok_and(|e| e.file_name() != "c.json"))
+            .count()
+    };
+    assert_eq!(
+        temp_files(),
+        1,
+        "the killed save left no temp file to clean"
+    );
+    let out = common::weft(&["chat", "--temp", "0", "-n", "2"], &format!("Hi\n{save}"));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(temp_files(), 0, "the temp file of a dead save was kept");
 }
 
 /// `-c/--ctx-size`: a reply that reaches the end of the context stops there (the library's

@@ -27,6 +27,7 @@ use anyhow::Context as _;
 use weft::{block_on, Context, Engine, Message, Penalties, Sampler, StopReason};
 
 use crate::model_arg::{ContextArg, ModelArg, ThreadsArg};
+use crate::replacing_file::ReplacingFile;
 use crate::sampling_arg::SamplingArg;
 
 #[derive(Debug, clap::Args)]
@@ -151,7 +152,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Ok(ending) => {
                 print_flush(if interactive { "\n\n" } else { "\n" })?;
                 match ending {
-                    Ending::Cut if interactive => errln!(
+                    // On standard error, as the other endings: a script reading the
+                    // replies from standard output still learns that one was cut.
+                    Ending::Cut => errln!(
                         "(reply cut at {} tokens; -n sets the limit)",
                         args.n_predict
                     ),
@@ -364,9 +367,13 @@ impl Chat {
             }
             "save" => {
                 let f = &file()?;
-                let json = serde_json::to_string_pretty(&self.messages)?;
-                std::fs::write(f, json + "\n")
-                    .with_context(|| format!("cannot write {}", f.display()))?;
+                // Written whole before it replaces the file: a full disk or a Ctrl-C does
+                // not cost the conversation saved there before.
+                let out = ReplacingFile::create(f, "save the conversation")?;
+                out.write(|w| {
+                    serde_json::to_writer_pretty(&mut *w, &self.messages)?;
+                    w.write_all(b"\n")
+                })?;
                 errln!(
                     "(saved {} to {})",
                     messages(self.messages.len()),

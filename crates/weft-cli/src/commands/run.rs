@@ -11,6 +11,7 @@ use anyhow::Context as _;
 use weft::{block_on, Schema};
 
 use crate::model_arg::{ContextArg, ModelArg, ThreadsArg};
+use crate::replacing_file::ReplacingFile;
 use crate::sampling_arg::SamplingArg;
 
 #[derive(Debug, clap::Args)]
@@ -139,7 +140,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let session_out = args
         .save_session
         .as_deref()
-        .map(SessionFile::create)
+        .map(|f| ReplacingFile::create(f, "save the session"))
         .transpose()?;
     let prompt_ids = ctx.pending().to_vec();
     anyhow::ensure!(
@@ -235,7 +236,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         constrained && matches!(g.stop_reason(), Some(weft::StopReason::MaxTokens));
     drop(g);
     if let Some(out) = session_out {
-        out.write(&mut ctx)?;
+        out.write(|w| ctx.snapshot_to(w))?;
     }
     let session_note = if args.load_session.is_some() {
         format!(" ({reused} more from the session)")
@@ -282,86 +283,6 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         crate::count(ids.len(), "token"),
     );
     Ok(())
-}
-
-/// Where `--save-session` writes: a temp file beside the target, made before the generation
-/// (so that an unwritable place is an error before any work) and renamed over the target only
-/// once the whole snapshot is written, so that an interrupted or failed save (a full disk, a
-/// Ctrl-C) leaves the previous session file as it was. Dropped unwritten, it is removed; one
-/// a killed run left (a Ctrl-C ends the process without dropping it) is removed by the next
-/// save to the same target: its name holds the writer's process id.
-struct SessionFile {
-    target: std::path::PathBuf,
-    tmp: tempfile::NamedTempFile,
-}
-
-impl SessionFile {
-    fn create(f: &std::path::Path) -> anyhow::Result<Self> {
-        let fail = |why: &str| anyhow::anyhow!("cannot save the session to {}: {why}", f.display());
-        // A symbolic link is written through, as a plain write would.
-        let target = match f.is_symlink() {
-            true => std::fs::canonicalize(f).map_err(|e| fail(&e.to_string()))?,
-            false => f.to_path_buf(),
-        };
-        match std::fs::metadata(&target) {
-            Ok(m) if m.is_dir() => return Err(fail("it is a directory (name a file in it)")),
-            Ok(m) if !m.is_file() => return Err(fail("it is not a regular file")),
-            _ => {}
-        }
-        let dir = target
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(std::path::Path::new("."));
-        anyhow::ensure!(dir.is_dir(), fail("no such directory"));
-        let name = target.file_name().unwrap_or_default().to_string_lossy();
-        remove_left_temp_files(dir, &format!(".{name}."));
-        let prefix = format!(".{name}.{}.", std::process::id());
-        let mut builder = tempfile::Builder::new();
-        builder.prefix(&prefix).suffix(".tmp");
-        #[cfg(unix)]
-        {
-            // As a file `File::create` makes (the umask applies), not a temp file's 0600.
-            use std::os::unix::fs::PermissionsExt;
-            builder.permissions(std::fs::Permissions::from_mode(0o666));
-        }
-        let tmp = builder.tempfile_in(dir).map_err(|e| fail(&e.to_string()))?;
-        Ok(SessionFile { target, tmp })
-    }
-
-    /// Writes `ctx`'s snapshot, then puts it in place.
-    fn write(self, ctx: &mut weft::Context) -> anyhow::Result<()> {
-        let target = self.target.display().to_string();
-        let mut tmp = self.tmp;
-        ctx.snapshot_to(std::io::BufWriter::new(tmp.as_file_mut()))
-            .and_then(|()| Ok(tmp.as_file().sync_all()?))
-            .with_context(|| format!("cannot save the session to {target}"))?;
-        tmp.persist(&self.target)
-            .map_err(|e| anyhow::anyhow!("cannot save the session to {target}: {}", e.error))?;
-        Ok(())
-    }
-}
-
-/// Removes the temp files `.NAME.PID.*.tmp` in `dir` (`start` is `.NAME.`) whose writer
-/// process is gone. Where there is no /proc to ask, every writer counts as alive.
-fn remove_left_temp_files(dir: &std::path::Path, start: &str) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .strip_prefix(start)
-            .and_then(|rest| rest.strip_suffix(".tmp"))
-            .and_then(|rest| rest.split('.').next())
-            .and_then(|p| p.parse::<u32>().ok());
-        let gone = |p: u32| {
-            std::path::Path::new("/proc/self").exists()
-                && !std::path::Path::new(&format!("/proc/{p}")).exists()
-        };
-        if pid.is_some_and(gone) {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
 }
 
 /// A context resumed from the session file `f`, keeping the longest part of its tokens that
