@@ -253,6 +253,10 @@ impl KvCache {
             .get(&seq)
             .ok_or(Error::UnknownSequence { seq: seq.0 })?;
         let start = s.positions.len();
+        if positions.is_empty() {
+            // Nothing will be written: a shared last page stays shared.
+            return Ok(start);
+        }
         let end = start + positions.len();
         // A token placed behind the highest position so far (custom positions) would see the
         // keys within its window: none of them may lie in a page a sliding-window group

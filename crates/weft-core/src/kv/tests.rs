@@ -87,6 +87,9 @@ fn fork_shares_full_pages_and_copies_on_write() {
     let b = kv.fork(a).unwrap();
     // Both pages shared, nothing copied yet: 2 pages used in group 0.
     assert_eq!(kv.usage()[0].free, 6);
+    // Appending nothing writes nothing: the shared partial page stays shared.
+    assert_eq!(kv.append(a, &[]).unwrap(), 40);
+    assert_eq!(kv.usage()[0].free, 6, "an empty append copied a page");
     let (ka, _) = kv.view(0, a).unwrap().page(1, 0).unwrap();
     let (kb, _) = kv.view(0, b).unwrap().page(1, 0).unwrap();
     assert_eq!(ka, kb);
