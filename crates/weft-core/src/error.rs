@@ -124,16 +124,16 @@ pub enum Error {
     KvTooLarge { max_tokens: usize },
     /// A sequence id that is not (or no longer) in the KV cache.
     #[error("sequence {seq} is not in the KV cache")]
-    UnknownSequence { seq: u32 },
+    UnknownSequence { seq: u64 },
     /// A sequence id that is already in the KV cache.
     #[error("sequence {seq} is already in the KV cache")]
-    SequenceExists { seq: u32 },
+    SequenceExists { seq: u64 },
     /// A rewind to a point whose sliding-window keys were already released.
     #[error("cannot rewind sequence {seq} to {to} tokens: the sliding-window keys it needs were already released")]
-    RewindPastWindow { seq: u32, to: usize },
+    RewindPastWindow { seq: u64, to: usize },
     /// A token placed so far back that the sliding-window keys it would see were released.
     #[error("position {pos} is too far behind sequence {seq}'s highest position: the sliding-window keys a token there would see were already released")]
-    PositionBehindWindow { seq: u32, pos: u32 },
+    PositionBehindWindow { seq: u64, pos: u32 },
     /// A model file of an architecture weft does not implement.
     #[error("unsupported model architecture {arch:?} (weft runs: {supported})")]
     UnknownArchitecture {

@@ -548,7 +548,7 @@ fn closed_after(
 mod tests {
     use super::*;
 
-    fn entry(seq: u32, mask: Option<u32>) -> BatchEntry {
+    fn entry(seq: u64, mask: Option<u32>) -> BatchEntry {
         BatchEntry {
             token: 0,
             pos: 0,

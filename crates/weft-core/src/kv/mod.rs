@@ -46,7 +46,7 @@ fn head_page(n_pages: usize, page: usize, head: usize, head_bytes: usize) -> Ran
 
 /// Identifies a sequence in a [`KvCache`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SeqId(pub u32);
+pub struct SeqId(pub u64);
 
 /// Which layers share a page table, and how far back they look.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,7 +125,7 @@ pub struct KvCache {
     /// For each model layer: (group, index of the layer within the group).
     layer_slot: Vec<(usize, usize)>,
     seqs: HashMap<SeqId, Sequence>,
-    next_id: u32,
+    next_id: u64,
     prefix: prefix::PrefixCache,
 }
 

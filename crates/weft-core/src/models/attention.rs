@@ -408,7 +408,7 @@ pub fn attention<'k>(
     // Decode-like batches (about one query per sequence) stream their keys from memory; in a
     // prefill the many queries of a sequence share its pages through the caches, and
     // prefetching them only costs instructions (7% of pp512 at depth 4096).
-    let mut seqs: Vec<u32> = queries.iter().map(|t| t.seq.0).collect();
+    let mut seqs: Vec<u64> = queries.iter().map(|t| t.seq.0).collect();
     seqs.sort_unstable();
     seqs.dedup();
     let prefetch = queries.len() <= 2 * seqs.len();

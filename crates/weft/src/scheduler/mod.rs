@@ -22,7 +22,7 @@
 //! [`EngineConfig::step_tokens`]: crate::EngineConfig::step_tokens
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -172,7 +172,9 @@ pub(crate) struct Shared {
     idle: Condvar,
     runner: Mutex<ModelRunner>,
     /// The next sequence id to hand out (contexts get theirs without waiting for the runner).
-    next_seq: AtomicU32,
+    /// 64 bits: 32 wrapped after 2^32 contexts (weeks of a busy server), and a new context
+    /// then took the id of a live one, whose sequence the two would have shared.
+    next_seq: AtomicU64,
     /// Commands queued so far, and applied so far (see [`Shared::wait_applied`]).
     issued: AtomicU64,
     applied: Mutex<u64>,
@@ -202,7 +204,7 @@ impl Shared {
             busy: Mutex::new(HashMap::new()),
             idle: Condvar::new(),
             runner: Mutex::new(runner),
-            next_seq: AtomicU32::new(0),
+            next_seq: AtomicU64::new(0),
             issued: AtomicU64::new(0),
             applied: Mutex::new(0),
             applied_cv: Condvar::new(),
