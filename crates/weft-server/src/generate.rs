@@ -22,7 +22,7 @@ pub struct Job {
     /// One token list per prompt; each gets `params.n` choices.
     pub prompts: Vec<Vec<u32>>,
     pub params: GenParams,
-    /// The seed of choice 0; choice `i` uses `seed + i`.
+    /// The seed of each prompt's choice 0; its choice `j` uses `seed + j`.
     pub seed: u64,
     /// When the request arrived (for time-to-first-token).
     pub arrived: Instant,
@@ -285,7 +285,10 @@ async fn run_choice(
     stats: &Stats,
 ) -> Result<(), ApiError> {
     let p = &job.params;
-    ctx.set_seed(job.seed.wrapping_add(choice as u64));
+    // Choice `j` of every prompt uses `seed + j`: a prompt's choices do not depend on its
+    // place in the request (as in llama-server and vLLM, which seed each prompt alike).
+    let within = choice % p.n.max(1);
+    ctx.set_seed(job.seed.wrapping_add(within as u64));
     let max_tokens = p
         .max_tokens
         .unwrap_or(usize::MAX)

@@ -35,6 +35,19 @@ def test_seed_minus_one_is_random_as_llama_server(client, model):
     assert len(fixed) == 1, fixed
 
 
+def test_a_prompts_seeded_choices_do_not_depend_on_its_place(client, model):
+    """With a seed, a prompt's sampled choices are the same alone and after another prompt in
+    one /v1/completions request (llama-server and vLLM seed every prompt alike), and its
+    choices differ from each other."""
+    req = dict(model=model, temperature=1.0, seed=42, max_tokens=12, n=2)
+    prompt = "Once upon a time, a cat"
+    alone = client.completions.create(prompt=prompt, **req)
+    both = client.completions.create(prompt=["The weather today is", prompt], **req)
+    texts = lambda r, idx: [c.text for c in sorted(r.choices, key=lambda c: c.index) if c.index in idx]
+    assert texts(alone, {0, 1}) == texts(both, {2, 3})
+    assert len(set(texts(alone, {0, 1}))) == 2, alone
+
+
 def test_seed_reproduces_the_output_while_other_requests_stream(client, model):
     seeded = dict(
         model=model,
