@@ -109,9 +109,10 @@ pub async fn handle(
             prompt_tokens,
             completion_tokens: 0,
         };
-        Ok(respond::sse(first, rx, chunker).into_response())
+        Ok(respond::sse(first, rx, chunker, params.n).into_response())
     } else {
-        collect(rx, params.n, tools.as_ref(), &meta, prompt_tokens).await
+        let logprobs = params.logprobs.is_some();
+        collect(rx, params.n, tools.as_ref(), &meta, prompt_tokens, logprobs).await
     }
 }
 
@@ -310,6 +311,7 @@ async fn collect(
     tools: Option<&Tools>,
     meta: &Meta,
     prompt_tokens: usize,
+    want_logprobs: bool,
 ) -> Result<Response, ApiError> {
     let Gathered {
         text,
@@ -319,7 +321,11 @@ async fn collect(
     } = respond::gather(rx, vec![String::new(); n]).await?;
     let choices: Vec<Value> = (0..n)
         .map(|i| {
-            let logprobs = logprobs_json(&lps[i]);
+            // Asked for, an answer without tokens has an empty list (OpenAI's), not `null`.
+            let logprobs = match want_logprobs {
+                true => json!({"content": lps[i].iter().map(chat_logprob).collect::<Vec<_>>()}),
+                false => Value::Null,
+            };
             let call = tools.and_then(|t| t.answer(&text[i]));
             // A forced answer cut short is still calls, with the arguments written so far
             // (as streamed), not the calls' JSON as content.

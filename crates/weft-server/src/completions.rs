@@ -82,7 +82,19 @@ pub async fn handle(
     // OpenAI's legacy endpoint writes 16 tokens unless asked for more (without a limit, a
     // base model given a short prompt wrote 8,188 tokens, two minutes on 2 cores); chat's
     // answers end at the end of a turn, and there the context is the limit.
-    params.max_tokens.get_or_insert(DEFAULT_MAX_TOKENS);
+    if params.max_tokens.is_none() {
+        if params.min_tokens > DEFAULT_MAX_TOKENS {
+            return Err(ApiError::param(
+                "min_tokens",
+                format!(
+                    "'min_tokens' ({}) must not exceed 'max_tokens' ({DEFAULT_MAX_TOKENS}, its \
+                     default here): set 'max_tokens' too.",
+                    params.min_tokens
+                ),
+            ));
+        }
+        params.max_tokens = Some(DEFAULT_MAX_TOKENS);
+    }
     respond::check_schema(&engine, params.schema.as_ref(), false)?;
     let id = state.new_id("cmpl");
     let prompt_tokens = prompts.iter().map(|p| p.0.len()).sum();
@@ -123,7 +135,8 @@ pub async fn handle(
             .filter(|(_, e)| !e.is_empty())
             .map(|(i, e)| chunker.chunk(i, e.clone(), Value::Null, None))
             .collect::<Vec<_>>();
-        Ok(respond::sse(first, rx, chunker).into_response())
+        let choices = echoes.len();
+        Ok(respond::sse(first, rx, chunker, choices).into_response())
     } else {
         collect(rx, echoes, &meta, prompt_tokens, params.logprobs.is_some()).await
     }

@@ -167,6 +167,21 @@ impl ApiError {
         e
     }
 
+    /// A stream its client left unread for `secs` seconds: its generation was stopped (the
+    /// status only names the error; the stream's own status was sent long before).
+    pub fn stalled(secs: u64) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout_error",
+            format!(
+                "The stream was left unread for {secs} s, so its generation was stopped to give \
+                 its memory back: read a stream as it comes."
+            ),
+        );
+        e.code = Some("stream_stalled");
+        e
+    }
+
     /// 500: the engine failed while serving a valid request.
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)

@@ -84,7 +84,7 @@ struct Stats {
 
 /// How long a client may leave its stream unread before it counts as gone (its request then
 /// ends and gives its KV pages back instead of holding them while blocked).
-const STALL: Duration = Duration::from_secs(60);
+pub const STALL: Duration = Duration::from_secs(60);
 
 /// Sends an event; `Err` when the client is gone or has stopped reading.
 async fn send(tx: &mpsc::Sender<Event>, e: Event) -> Result<(), ()> {
@@ -117,6 +117,12 @@ pub async fn run(state: Arc<State>, engine: Engine, job: Job, tx: mpsc::Sender<E
     }
     let first_token = *stats.first_token.lock().unwrap_or_else(|e| e.into_inner());
     let finishes = std::mem::take(&mut *stats.finishes.lock().unwrap_or_else(|e| e.into_inner()));
+    // A choice that ended without its finish, its client still there, was left unread (the
+    // stream tells the client so once it reads again: `respond::sse`).
+    let error = error.or_else(|| {
+        (!cancelled && finishes.len() < job.prompts.len() * n)
+            .then(|| ApiError::stalled(STALL.as_secs()))
+    });
     Summary {
         prompt_tokens: job.prompts.iter().map(Vec::len).sum::<usize>(),
         tokens: stats.tokens.load(Ordering::Relaxed),

@@ -58,6 +58,10 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
         .route("/v1/embeddings", post(embeddings::handle))
+        // Without `/v1`, as llama-server also answers (a client's base URL without it).
+        .route("/chat/completions", post(chat::handle))
+        .route("/completions", post(completions::handle))
+        .route("/embeddings", post(embeddings::handle))
         .route("/tokenize", post(admin::tokenize))
         .route("/detokenize", post(admin::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
@@ -66,6 +70,8 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/health", get(admin::health))
         .route("/v1/models", get(admin::models))
         .route("/v1/models/{id}", get(admin::model))
+        .route("/models", get(admin::models))
+        .route("/models/{id}", get(admin::model))
         .route("/metrics", get(admin::metrics))
         .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {

@@ -111,21 +111,26 @@ pub trait Chunker: Send + 'static {
     fn end(&mut self) -> Vec<Value>;
 }
 
-/// The SSE response: `first` chunks, then the chunker's, then `data: [DONE]`.
+/// The SSE response: `first` chunks, then the chunker's, then `data: [DONE]`. A job that
+/// ends before all its `choices` finished, without an error, stopped because the client left
+/// the stream unread: the stream ends with that error, not as if it were complete.
 pub fn sse<C: Chunker>(
     first: Vec<Value>,
     rx: mpsc::Receiver<Event>,
     chunker: C,
+    choices: usize,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     struct S<C> {
         out: VecDeque<String>,
         rx: Option<mpsc::Receiver<Event>>,
         chunker: C,
+        unfinished: usize,
     }
     let init = S {
         out: first.iter().map(Value::to_string).collect(),
         rx: Some(rx),
         chunker,
+        unfinished: choices,
     };
     let stream = futures_util::stream::unfold(init, |mut s| async move {
         loop {
@@ -135,6 +140,9 @@ pub fn sse<C: Chunker>(
             let rx = s.rx.as_mut()?;
             match rx.recv().await {
                 Some(e) => {
+                    if matches!(e, Event::Finish { .. }) {
+                        s.unfinished = s.unfinished.saturating_sub(1);
+                    }
                     let failed = matches!(e, Event::Failed(_));
                     s.out
                         .extend(s.chunker.event(e).iter().map(Value::to_string));
@@ -145,7 +153,14 @@ pub fn sse<C: Chunker>(
                 }
                 None => {
                     s.rx = None;
-                    s.out.extend(s.chunker.end().iter().map(Value::to_string));
+                    let end = match s.unfinished {
+                        0 => s.chunker.end(),
+                        _ => {
+                            let e = ApiError::stalled(generate::STALL.as_secs());
+                            s.chunker.event(Event::Failed(e))
+                        }
+                    };
+                    s.out.extend(end.iter().map(Value::to_string));
                     s.out.push_back("[DONE]".into());
                 }
             }
@@ -299,5 +314,65 @@ mod tests {
             .expect("the answer is an error, not the partial text");
         assert_eq!(e.status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
         assert!(e.message.contains("a bug"), "{}", e.message);
+    }
+
+    /// Events as JSON: `{"text": ...}`, `{"finish": ...}`, the error's body; "end" last.
+    struct Plain;
+
+    impl Chunker for Plain {
+        fn event(&mut self, e: Event) -> Vec<Value> {
+            match e {
+                Event::Delta { delta, .. } => vec![json!({"text": delta.text})],
+                Event::Finish { finish, .. } => vec![json!({"finish": finish.as_str()})],
+                Event::Failed(e) => vec![e.body_json()],
+            }
+        }
+        fn end(&mut self) -> Vec<Value> {
+            vec![json!("end")]
+        }
+    }
+
+    /// The stream of `events` for a job of `choices`, as the client reads it.
+    async fn streamed(events: Vec<Event>, choices: usize) -> String {
+        use axum::response::IntoResponse;
+        let (tx, rx) = mpsc::channel(events.len().max(1));
+        for e in events {
+            tx.send(e).await.expect("send");
+        }
+        drop(tx);
+        let body = sse(Vec::new(), rx, Plain, choices)
+            .into_response()
+            .into_body();
+        let bytes = axum::body::to_bytes(body, 1 << 20).await.expect("body");
+        String::from_utf8(bytes.to_vec()).expect("utf-8")
+    }
+
+    /// A job that ends before every choice finished (its client left the stream unread, and
+    /// the job stopped) ends the stream with that error, not as a complete answer; one whose
+    /// choices all finished ends as usual.
+    #[tokio::test]
+    async fn a_stream_cut_short_ends_with_an_error() {
+        let delta = |t: &str| Event::Delta {
+            choice: 0,
+            delta: crate::text::Delta {
+                text: t.into(),
+                logprobs: Vec::new(),
+            },
+        };
+        let finish = |choice| Event::Finish {
+            choice,
+            finish: Finish::Length,
+            tokens: 1,
+        };
+        let whole = streamed(vec![delta("a"), finish(0), finish(1)], 2).await;
+        assert!(
+            whole.ends_with("data: \"end\"\n\ndata: [DONE]\n\n"),
+            "{whole}"
+        );
+        assert!(!whole.contains("error"), "{whole}");
+        let cut = streamed(vec![delta("a"), finish(1)], 2).await;
+        assert!(cut.contains("\"code\":\"stream_stalled\""), "{cut}");
+        assert!(!cut.contains("\"end\""), "{cut}");
+        assert!(cut.ends_with("data: [DONE]\n\n"), "{cut}");
     }
 }

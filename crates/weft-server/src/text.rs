@@ -36,6 +36,14 @@ struct Entry {
     logprob: Option<TokenLogprob>,
 }
 
+impl Entry {
+    /// Whether the token is whole in the text up to `visible`: its text is, and so is the
+    /// character its trailing piece begins.
+    fn whole(&self, visible: usize) -> bool {
+        self.end < visible || (self.end == visible && self.post == 0)
+    }
+}
+
 /// The growing text of one choice.
 #[derive(Debug)]
 pub struct TextTracker {
@@ -46,6 +54,9 @@ pub struct TextTracker {
     /// Bytes of `text` and entries already handed out.
     sent: usize,
     sent_entries: usize,
+    /// Control tokens add their text (an echoed prompt's `<|im_start|>`); a generated one
+    /// adds none.
+    render_special: bool,
 }
 
 /// What became visible since the last call.
@@ -64,6 +75,7 @@ impl TextTracker {
             entries: Vec::new(),
             sent: 0,
             sent_entries: 0,
+            render_special: false,
         }
     }
 
@@ -72,7 +84,7 @@ impl TextTracker {
         let start = self.text.len();
         let pre = self.bytes.pending_mut().len();
         if tok
-            .append_piece(id, false, self.bytes.pending_mut())
+            .append_piece(id, self.render_special, self.bytes.pending_mut())
             .is_ok()
         {
             self.text.push_str(&self.bytes.take_complete());
@@ -92,12 +104,23 @@ impl TextTracker {
         self.stops.find(&self.text).map(|(i, _)| i)
     }
 
-    /// New text that is safe to show while generation goes on.
+    /// New text that is safe to show while generation goes on. With log-probabilities, text
+    /// goes out with the tokens it belongs to: a token only part of whose text is safe (a
+    /// stop string may begin in it) holds all of it back, so that every delta's text is its
+    /// entries' text, as OpenAI's chunks are.
     pub fn delta(&mut self) -> Delta {
-        let visible = match self.cut() {
+        let mut visible = match self.cut() {
             Some(c) => c,
             None => self.text.len() - self.stops.held_back(&self.text),
         };
+        if self.entries.iter().any(|e| e.logprob.is_some()) {
+            if let Some(e) = self.entries[self.sent_entries..]
+                .iter()
+                .find(|e| !e.whole(visible))
+            {
+                visible = visible.min(e.start);
+            }
+        }
         self.emit(visible, None)
     }
 
@@ -126,8 +149,7 @@ impl TextTracker {
         self.sent = visible;
         let mut logprobs = Vec::new();
         while let Some(e) = self.entries.get(self.sent_entries) {
-            // Whole: its text is visible, and so is the character its trailing piece begins.
-            let whole = e.end < visible || (e.end == visible && e.post == 0);
+            let whole = e.whole(visible);
             // Once generation has ended, everything, or where a stop string cut the text,
             // the tokens that begin before the cut.
             let shown = match ended {
@@ -201,7 +223,12 @@ pub struct PromptScore {
 /// An echoed prompt's text and log-probability entries (`echo` with `logprobs`): the first
 /// token has no log-probability (NaN) and no alternatives, token `i` gets `scores[i - 1]`.
 pub fn prompt_logprobs(tok: &Tokenizer, prompt: &[u32], scores: &[PromptScore]) -> Delta {
-    let mut text = TextTracker::new(Vec::new());
+    // The prompt as it was given: its control tokens are text (as the echo without
+    // log-probabilities shows them).
+    let mut text = TextTracker {
+        render_special: true,
+        ..TextTracker::new(Vec::new())
+    };
     for (i, &id) in prompt.iter().enumerate() {
         let (token, bytes) = named_piece(tok, id);
         let score = i.checked_sub(1).and_then(|j| scores.get(j));
@@ -382,6 +409,47 @@ mod tests {
             let chars: usize = lps.iter().map(|l| l.text_chars).sum();
             assert_eq!(chars, all.chars().count(), "{stop:?}");
         }
+    }
+
+    /// While generation goes on, every delta's text is its entries' text (a token a stop
+    /// string may begin in is held back whole): a client that pairs a chunk's text with its
+    /// log-probabilities, or counts `text_offset` by chunk, sees them agree.
+    #[test]
+    fn every_delta_carries_the_entries_of_its_text() {
+        let tok = tokenizer();
+        let text = "Emoji: 🦀🦀 and the quick brown fox jumps over the lazy dog";
+        for stop in ["s X", "own f", "🦀 X", "n X", "e l"] {
+            let ids = tok.encode(text, false, false);
+            let mut t = TextTracker::new(vec![stop.to_string()]);
+            let logits = vec![0.0f32; tok.vocab_size()];
+            let mut all = String::new();
+            for &id in &ids {
+                t.push(&tok, id, Some(logprob_entry(&tok, &logits, id, 1)));
+                let d = t.delta();
+                let bytes: Vec<u8> = d.logprobs.iter().flat_map(|l| l.bytes.clone()).collect();
+                assert_eq!(bytes, d.text.as_bytes(), "{stop:?}: {d:?}");
+                let chars: usize = d.logprobs.iter().map(|l| l.text_chars).sum();
+                assert_eq!(chars, d.text.chars().count(), "{stop:?}: {d:?}");
+                all.push_str(&d.text);
+            }
+            all.push_str(&t.finish().text);
+            let end = text.find(stop).unwrap_or(text.len());
+            assert_eq!(all, &text[..end], "{stop:?}");
+        }
+    }
+
+    /// An echoed prompt's control tokens are text, as the echo without log-probabilities
+    /// shows them, and their entries are named by it.
+    #[test]
+    fn an_echoed_prompt_keeps_its_control_tokens() {
+        let tok = tokenizer();
+        let prompt = "<|im_start|>user\nhi<|im_end|>";
+        let ids = tok.encode(prompt, false, true);
+        let d = prompt_logprobs(&tok, &ids, &[]);
+        assert_eq!(d.text, prompt);
+        let names: Vec<&str> = d.logprobs.iter().map(|l| l.token.as_str()).collect();
+        assert_eq!(names.concat(), prompt);
+        assert_eq!(names[0], "<|im_start|>");
     }
 
     #[test]

@@ -193,6 +193,117 @@ fn completions_with_n_choices_and_token_prompts() {
     });
 }
 
+/// The `data:` chunks of a stream, `[DONE]` checked and left out.
+fn chunks(bytes: Vec<u8>) -> Vec<Value> {
+    let text = String::from_utf8(bytes).expect("utf-8");
+    let events: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
+    let events = &events[..events.len() - 1];
+    events
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk json"))
+        .collect()
+}
+
+/// Streamed log-probabilities where a stop string holds text back: every chunk with text
+/// carries its tokens' entries (none `null`), and the streamed `text_offset`s are the
+/// non-streamed ones. A chat answer without tokens has an empty list, not `null`.
+#[test]
+fn streamed_logprobs_match_their_text_and_the_answer() {
+    let (rt, _one) = rt();
+    rt.block_on(async {
+        let s = state(config());
+        // " canvas" is the first token greedy writes after "The sky is"; the stop string
+        // may begin inside it ("s X"), so part of its text was shown before its entry.
+        let body = json!({"prompt": "The sky is", "max_tokens": 6, "logprobs": 0,
+            "temperature": 0, "stop": ["s X", "e X", "n X"]});
+        let (st, whole) = post(&s, "/v1/completions", body.clone()).await;
+        assert_eq!(st, StatusCode::OK, "{whole}");
+        let mut streamed = body;
+        streamed["stream"] = json!(true);
+        let (st, bytes) = call(&s, "POST", "/v1/completions", &streamed.to_string()).await;
+        assert_eq!(st, StatusCode::OK);
+        let (mut text, mut offsets, mut tokens) = (String::new(), Vec::new(), Vec::new());
+        for c in chunks(bytes) {
+            let choice = &c["choices"][0];
+            let t = choice["text"].as_str().unwrap_or("");
+            let lp = &choice["logprobs"];
+            if !t.is_empty() {
+                assert!(lp.is_object(), "text without its log-probabilities: {c}");
+                let named: String = lp["tokens"]
+                    .as_array()
+                    .expect("tokens")
+                    .iter()
+                    .map(|t| t.as_str().unwrap_or(""))
+                    .collect();
+                assert_eq!(named, t, "{c}");
+            }
+            text.push_str(t);
+            if lp.is_object() {
+                offsets.extend(lp["text_offset"].as_array().expect("offsets").clone());
+                tokens.extend(lp["tokens"].as_array().expect("tokens").clone());
+            }
+        }
+        let lp = &whole["choices"][0]["logprobs"];
+        assert_eq!(text, whole["choices"][0]["text"].as_str().unwrap_or(""));
+        assert_eq!(Value::from(tokens), lp["tokens"]);
+        assert_eq!(Value::from(offsets), lp["text_offset"]);
+
+        // End of turn forced at once: no tokens, an empty list.
+        let eos = engine().tokenizer().vocab().special().eos.expect("an EOS");
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+            "logit_bias": {eos.to_string(): 100}});
+        let (st, v) = post(&s, "/v1/chat/completions", body).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!(v["choices"][0]["message"]["content"], "");
+        assert_eq!(v["choices"][0]["logprobs"], json!({"content": []}), "{v}");
+        assert_eq!(engine().metrics().kv_pages_used, 0);
+    });
+}
+
+/// The API's paths without `/v1` answer as with it (llama-server's do: a client's base URL
+/// without `/v1`), and /v1/completions checks `min_tokens` against its default `max_tokens`.
+#[test]
+fn paths_without_v1_and_min_tokens_against_the_default() {
+    let (rt, _one) = rt();
+    rt.block_on(async {
+        let s = state(config());
+        let body = json!({"messages": [{"role": "user", "content": "Name a color."}],
+            "max_tokens": 4, "temperature": 0});
+        let (st, with) = post(&s, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(st, StatusCode::OK, "{with}");
+        let (st, without) = post(&s, "/chat/completions", body).await;
+        assert_eq!(st, StatusCode::OK, "{without}");
+        assert_eq!(with["choices"], without["choices"]);
+        let body = json!({"prompt": "Hi", "max_tokens": 3, "temperature": 0});
+        let (st, with) = post(&s, "/v1/completions", body.clone()).await;
+        assert_eq!(st, StatusCode::OK, "{with}");
+        let (st, without) = post(&s, "/completions", body).await;
+        assert_eq!(st, StatusCode::OK, "{without}");
+        assert_eq!(with["choices"], without["choices"]);
+        let (st, models) = call(&s, "GET", "/models", "").await;
+        assert_eq!(st, StatusCode::OK);
+        let models: Value = serde_json::from_slice(&models).expect("json");
+        assert_eq!(models["data"][0]["id"], "smollm2-135m");
+        let (st, _) = call(&s, "GET", "/models/smollm2-135m", "").await;
+        assert_eq!(st, StatusCode::OK);
+
+        // 50 tokens at least, of a default 16 at most: refused, as when both are given.
+        let (st, v) = post(
+            &s,
+            "/v1/completions",
+            json!({"prompt": "Hi", "min_tokens": 50}),
+        )
+        .await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+        assert_eq!(error_shape(&v).0, "min_tokens");
+        assert_eq!(engine().metrics().kv_pages_used, 0);
+    });
+}
+
 #[test]
 fn bad_requests_get_openai_errors_naming_the_parameter() {
     let (rt, _one) = rt();
