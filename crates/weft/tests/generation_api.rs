@@ -65,6 +65,46 @@ fn ignore_eos_generates_exactly_n_tokens_past_the_end_of_turn() {
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
 
+/// A generation cut inside a character (its last token the first bytes of an emoji) ends
+/// its text with U+FFFD, as `detokenize` of its tokens does; the bytes used to vanish, so the
+/// text and the streamed deltas disagreed with the tokens.
+#[test]
+fn a_generation_cut_inside_a_character_ends_with_a_replacement_character() {
+    let engine = common::engine_with("smollm2-135m", config());
+    // A token that is the start of a character and no text on its own.
+    let tok = engine.tokenizer();
+    let piece = (0..tok.vocab_size() as u32)
+        .find(|&id| {
+            let mut b = Vec::new();
+            tok.append_piece(id, false, &mut b).is_ok()
+                && b.len() == 1
+                && b[0] >= 0xf0
+                && std::str::from_utf8(&b).is_err()
+        })
+        .expect("a first byte of a four-byte character");
+    let mut ctx = engine.context();
+    ctx.fill("An emoji:").expect("fill");
+    let mut gen = ctx.generate(Sampler::Argmax).max_tokens(1);
+    let mut streamed = String::new();
+    while let Some(mut step) = gen.next().expect("step") {
+        step.clear_sampler();
+        block_on(step.execute()).expect("execute");
+        gen.accept(&[piece]).expect("accept");
+        streamed.push_str(&gen.ready_text());
+    }
+    streamed.push_str(&gen.ready_text());
+    assert_eq!(gen.tokens(), [piece]);
+    let expected = engine
+        .detokenize_skip_special(&[piece])
+        .expect("detokenize");
+    assert_eq!(expected, "\u{fffd}");
+    assert_eq!(gen.text(), expected);
+    assert_eq!(streamed, expected);
+    drop(gen);
+    drop(ctx);
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
 /// `detokenize` renders control tokens as llama.cpp's detokenizer does; the
 /// `skip_special` form leaves them out (transformers' `skip_special_tokens`), which is the
 /// text a generation streams, also past an end of turn.

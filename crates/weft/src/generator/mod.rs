@@ -602,6 +602,10 @@ impl<'c> Generator<'c> {
 
     fn finish(&mut self, reason: StopReason) {
         self.stopped = Some(reason);
+        // A character cut off at the end (the last token began a multi-byte character) shows
+        // as U+FFFD, as `detokenize` shows it, rather than vanishing from the text.
+        let tail = self.bytes.finish();
+        self.text.push_str(&tail);
         // Leave the last accepted token(s) in the context so it holds the whole exchange.
         let rest = std::mem::take(&mut self.next_input);
         self.ctx.push_pending(&rest);
