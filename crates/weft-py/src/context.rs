@@ -281,7 +281,7 @@ impl Context {
         speculate: bool,
         seed: Option<u64>,
         ignore_eos: bool,
-        logit_bias: Option<std::collections::HashMap<u32, f32>>,
+        logit_bias: Option<&Bound<'_, PyAny>>,
         repeat_penalty: Option<f32>,
         presence_penalty: Option<f32>,
         frequency_penalty: Option<f32>,
@@ -352,9 +352,7 @@ impl Context {
             speculate,
             seed,
             ignore_eos,
-            logit_bias: logit_bias
-                .map(|b| b.into_iter().collect())
-                .unwrap_or_default(),
+            logit_bias: logit_bias.map(bias_arg).transpose()?.unwrap_or_default(),
             horizon,
             zo_seed,
             constraints,
@@ -404,6 +402,14 @@ pub(crate) fn stop_arg(stop: Option<&Bound<'_, PyAny>>) -> PyResult<(Vec<String>
     if let Ok(one) = s.extract::<String>() {
         return Ok((vec![one], Vec::new()));
     }
+    // Bytes would pass as a list of ids (`b"\n"` as token 10): say what is meant instead.
+    if s.is_instance_of::<pyo3::types::PyBytes>() || s.is_instance_of::<pyo3::types::PyByteArray>()
+    {
+        return Err(pyo3::exceptions::PyTypeError::new_err(
+            "stop must be a string, or a list of strings and token ids, not bytes (decode \
+             them: stop=b\"...\".decode())",
+        ));
+    }
     let items: Vec<Bound<'_, PyAny>> = s.extract().map_err(|_| not_a_stop())?;
     let (mut strings, mut ids) = (Vec::new(), Vec::new());
     for item in items {
@@ -413,6 +419,20 @@ pub(crate) fn stop_arg(stop: Option<&Bound<'_, PyAny>>) -> PyResult<(Vec<String>
         }
     }
     Ok((strings, ids))
+}
+
+/// A `logit_bias=` mapping of token ids to biases: a dict, or any mapping (its `items()`).
+pub(crate) fn bias_arg(bias: &Bound<'_, PyAny>) -> PyResult<Vec<(u32, f32)>> {
+    let not_a_bias = || {
+        pyo3::exceptions::PyTypeError::new_err(
+            "logit_bias must be a mapping of token ids to biases ({id: bias})",
+        )
+    };
+    let items = bias.call_method0("items").map_err(|_| not_a_bias())?;
+    items
+        .try_iter()?
+        .map(|item| item?.extract::<(u32, f32)>().map_err(|_| not_a_bias()))
+        .collect()
 }
 
 /// The penalties of `repeat_penalty=`, `presence_penalty=`, `frequency_penalty=` and

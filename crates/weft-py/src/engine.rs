@@ -161,8 +161,25 @@ impl Engine {
 
     /// The context a `Context.snapshot()` holds, going on exactly where it was taken
     /// (`SnapshotCorrupt`, `SnapshotVersion`, `ModelFingerprintMismatch` if it cannot).
-    fn resume(&self, py: Python<'_>, snapshot: &[u8]) -> PyResult<Context> {
-        let ctx = py.detach(|| self.inner.resume(snapshot)).py()?;
+    fn resume(&self, py: Python<'_>, snapshot: &Bound<'_, PyAny>) -> PyResult<Context> {
+        // Bytes, or a `bytearray` or `memoryview` of them (a file read into a buffer).
+        use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
+        let bytes: Vec<u8> = if let Ok(b) = snapshot.cast::<PyBytes>() {
+            b.as_bytes().to_vec()
+        } else if snapshot.is_instance_of::<PyByteArray>()
+            || snapshot.is_instance_of::<PyMemoryView>()
+        {
+            let copy = py
+                .import("builtins")?
+                .getattr("bytes")?
+                .call1((snapshot,))?;
+            copy.cast_into::<PyBytes>()?.as_bytes().to_vec()
+        } else {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "a snapshot is bytes (or a bytearray or memoryview of them)",
+            ));
+        };
+        let ctx = py.detach(|| self.inner.resume(&bytes)).py()?;
         Ok(Context::new(ctx))
     }
 

@@ -116,7 +116,8 @@ impl ProbeHandle {
 }
 
 /// One pass over a context: inputs at positions, masks, samplers and probes at any index.
-/// Nothing runs until `execute()` (awaitable) or `run()` (blocking).
+/// Nothing runs until `execute()` (awaitable) or `run()` (blocking). The methods that record a
+/// setting return the pass, so calls chain: `ctx.forward().input(ids).probe(0, Entropy())`.
 #[pyclass(module = "weft")]
 pub struct Forward {
     slot: Slot,
@@ -216,6 +217,8 @@ impl Prepared {
                     f.mask(weft::Brle::only(vocab, &ids));
                 }
                 Op::LogitBias(b) => {
+                    // As `generate(logit_bias=...)` says it: an id past the vocabulary.
+                    engine.check_ids(b.iter().map(|&(id, _)| id))?;
                     f.logit_bias(&b);
                 }
                 Op::Horizon(n) => {
@@ -260,82 +263,135 @@ impl Prepared {
     }
 }
 
+/// An attention mask's rows: booleans, or 0/1 integers as Hugging Face's masks hold them (a
+/// NumPy array of either).
+fn mask_rows(rows: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<bool>>> {
+    let rows = match rows.hasattr("tolist")? {
+        true => rows.call_method0("tolist")?,
+        false => rows.clone(),
+    };
+    let ints: Vec<Vec<i64>> = rows.extract().map_err(|_| {
+        pyo3::exceptions::PyTypeError::new_err(
+            "an attention mask is rows of booleans or of 0/1 integers",
+        )
+    })?;
+    ints.into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|v| match v {
+                    0 => Ok(false),
+                    1 => Ok(true),
+                    _ => Err(pyo3::exceptions::PyValueError::new_err(format!(
+                        "an attention mask holds 0 and 1 (or booleans), not {v}"
+                    ))),
+                })
+                .collect()
+        })
+        .collect()
+}
+
 #[pymethods]
 impl Forward {
     /// Appends input tokens at the next positions.
-    fn input(&mut self, ids: Vec<u32>) -> PyResult<()> {
+    fn input(mut slf: PyRefMut<'_, Self>, ids: Vec<u32>) -> PyResult<PyRefMut<'_, Self>> {
         let n = ids.len();
-        self.push(Op::Input(ids))?;
-        self.len += n;
-        Ok(())
+        slf.push(Op::Input(ids))?;
+        slf.len += n;
+        Ok(slf)
     }
 
     /// Appends input tokens at explicit positions (one per token).
-    fn input_at(&mut self, ids: Vec<u32>, positions: Vec<u32>) -> PyResult<()> {
+    fn input_at(
+        mut slf: PyRefMut<'_, Self>,
+        ids: Vec<u32>,
+        positions: Vec<u32>,
+    ) -> PyResult<PyRefMut<'_, Self>> {
         let n = ids.len();
-        self.push(Op::InputAt(ids, positions))?;
-        self.len += n;
-        Ok(())
+        slf.push(Op::InputAt(ids, positions))?;
+        slf.len += n;
+        Ok(slf)
     }
 
     /// One boolean row per input token (pending tokens first): which tokens of the context
     /// it attends to, replacing the causal rule. Row `i` covers at least the tokens up to
     /// itself (`len(ctx) + i + 1`) and at most every token of the pass (`len(ctx) + n`): a
     /// token may attend to later tokens of the same pass (a bidirectional block).
-    fn attention_mask(&mut self, rows: Vec<Vec<bool>>) -> PyResult<()> {
-        self.push(Op::AttentionMask(rows))
+    fn attention_mask<'py>(
+        mut slf: PyRefMut<'py, Self>,
+        rows: &Bound<'py, PyAny>,
+    ) -> PyResult<PyRefMut<'py, Self>> {
+        let rows = mask_rows(rows)?;
+        slf.push(Op::AttentionMask(rows))?;
+        Ok(slf)
     }
 
     /// Inputs given as vectors (`rows`: `len(positions) × n_embd` floats, e.g. a NumPy array
     /// of that shape) at `positions`, recorded in the context as `ids` (default 0) —
     /// `Engine.input_embeddings(ids)` gives the vectors that reproduce real tokens.
     #[pyo3(signature = (rows, positions, ids = None))]
-    fn input_embeds(
-        &mut self,
-        rows: &Bound<'_, PyAny>,
+    fn input_embeds<'py>(
+        mut slf: PyRefMut<'py, Self>,
+        rows: &Bound<'py, PyAny>,
         positions: Vec<u32>,
         ids: Option<Vec<u32>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<PyRefMut<'py, Self>> {
         let rows = vectors(rows, positions.len())?;
         let ids = ids.unwrap_or_else(|| vec![0; positions.len()]);
         let n = ids.len();
-        self.push(Op::InputEmbeds(ids, rows, positions))?;
-        self.len += n;
-        Ok(())
+        slf.push(Op::InputEmbeds(ids, rows, positions))?;
+        slf.len += n;
+        Ok(slf)
     }
 
     /// An additive attention bias: one row per input token, as long as an attention mask's
     /// row may be (`len(ctx) + i + 1` to `len(ctx) + n`); `-inf` hides a token.
-    fn attention_bias(&mut self, rows: Vec<Vec<f32>>) -> PyResult<()> {
-        self.push(Op::AttentionBias(rows))
+    fn attention_bias(
+        mut slf: PyRefMut<'_, Self>,
+        rows: Vec<Vec<f32>>,
+    ) -> PyResult<PyRefMut<'_, Self>> {
+        slf.push(Op::AttentionBias(rows))?;
+        Ok(slf)
     }
 
     /// Allows only these token ids for every sampler of the pass.
-    fn mask(&mut self, allowed: Vec<u32>) -> PyResult<()> {
-        self.push(Op::Mask(allowed))
+    fn mask(mut slf: PyRefMut<'_, Self>, allowed: Vec<u32>) -> PyResult<PyRefMut<'_, Self>> {
+        slf.push(Op::Mask(allowed))?;
+        Ok(slf)
     }
 
     /// Adds `bias[id]` to the logits before sampling.
-    fn logit_bias(&mut self, bias: std::collections::HashMap<u32, f32>) -> PyResult<()> {
-        self.push(Op::LogitBias(bias.into_iter().collect()))
+    fn logit_bias<'py>(
+        mut slf: PyRefMut<'py, Self>,
+        bias: &Bound<'py, PyAny>,
+    ) -> PyResult<PyRefMut<'py, Self>> {
+        let bias = crate::context::bias_arg(bias)?;
+        slf.push(Op::LogitBias(bias))?;
+        Ok(slf)
     }
 
     /// Runs the pass with `adapter` (several add up; none named: the engine's stack).
     #[pyo3(signature = (adapter, scale = 1.0))]
-    fn adapter(&mut self, adapter: &crate::adapter::Adapter, scale: f32) -> PyResult<()> {
-        self.push(Op::Adapter(adapter.inner.clone(), scale))
+    fn adapter<'py>(
+        mut slf: PyRefMut<'py, Self>,
+        adapter: &crate::adapter::Adapter,
+        scale: f32,
+    ) -> PyResult<PyRefMut<'py, Self>> {
+        slf.push(Op::Adapter(adapter.inner.clone(), scale))?;
+        Ok(slf)
     }
 
     /// Runs the pass with its adapters' weights perturbed by `sigma · ε(seed)`, a standard
     /// normal value per weight drawn from `seed` (negative `sigma`: the antithetic pair) —
     /// for evolution-strategies / zeroth-order training loops.
-    fn zo_seed(&mut self, seed: u64, sigma: f32) -> PyResult<()> {
-        self.push(Op::ZoSeed(seed, sigma))
+    fn zo_seed(mut slf: PyRefMut<'_, Self>, seed: u64, sigma: f32) -> PyResult<PyRefMut<'_, Self>> {
+        slf.push(Op::ZoSeed(seed, sigma))?;
+        Ok(slf)
     }
 
     /// Announces `n` more passes of this context (the scheduler may wait for them).
-    fn horizon(&mut self, n: usize) -> PyResult<()> {
-        self.push(Op::Horizon(n))
+    fn horizon(mut slf: PyRefMut<'_, Self>, n: usize) -> PyResult<PyRefMut<'_, Self>> {
+        slf.push(Op::Horizon(n))?;
+        Ok(slf)
     }
 
     /// Samples a token with `sampler` after each of the input `indices`; with `masks` (one

@@ -346,8 +346,13 @@ impl Generation {
         let handle = self.handle.clone();
         let turn = handle.turn(py)?;
         crate::awaitable(py, async move {
+            // The stream's lock is taken again for each delta (as `drain_blocking` does), so
+            // that a `close()` or `aclose()` meanwhile stops the run after the delta in hand.
             let mut slot = turn.wait().await;
-            while handle.next_text_in(&mut slot).await?.is_some() {}
+            while handle.next_text_in(&mut slot).await?.is_some() {
+                drop(slot);
+                slot = handle.stream.clone().lock_owned().await;
+            }
             drop(slot);
             let p = handle.progress();
             read(&p)

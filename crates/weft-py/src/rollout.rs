@@ -110,6 +110,9 @@ fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 /// `stop`, `min_tokens`, `ignore_eos`, `logit_bias`, the penalties and `adapters` apply to
 /// every rollout as `Context.generate` takes them.
 ///
+/// `max_tokens=None`: no limit but the context (and `max_length`); `seed=None`: a random
+/// base seed.
+///
 /// `every` > 0 with `on_partial` streams (seed 003's `generate_streaming`): after every
 /// `every` tokens of the unfinished rollouts, `on_partial` gets the list of every `Rollout` so
 /// far (`stop_reason` None). It runs on the batch's thread and cannot call weft; an exception
@@ -130,19 +133,19 @@ pub fn generate_batch<'py>(
     engine: PyRef<'py, Engine>,
     prompts: &Bound<'py, PyAny>,
     sampler: Option<PyRef<'py, Sampler>>,
-    max_tokens: usize,
+    max_tokens: Option<usize>,
     max_length: Option<usize>,
     stop_sequences: Option<Vec<Vec<u32>>>,
-    seed: u64,
+    seed: Option<u64>,
     attention_mask: Option<&Bound<'py, PyAny>>,
     padded: bool,
     pad_token_id: Option<u32>,
     every: usize,
     on_partial: Option<Py<PyAny>>,
     stop: Option<&Bound<'py, PyAny>>,
-    min_tokens: usize,
+    min_tokens: Option<usize>,
     ignore_eos: bool,
-    logit_bias: Option<std::collections::HashMap<u32, f32>>,
+    logit_bias: Option<&Bound<'py, PyAny>>,
     repeat_penalty: Option<f32>,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
@@ -156,7 +159,28 @@ pub fn generate_batch<'py>(
         frequency_penalty,
         penalty_last_n,
     )?;
-    let logit_bias: Vec<(u32, f32)> = logit_bias.unwrap_or_default().into_iter().collect();
+    let logit_bias = logit_bias
+        .map(crate::context::bias_arg)
+        .transpose()?
+        .unwrap_or_default();
+    // None, as in `Context.generate`: no limit but the context (and `max_length`), no
+    // minimum, and a seed of its own (drawn here) rather than none.
+    let max_tokens = max_tokens.unwrap_or(usize::MAX);
+    let min_tokens = min_tokens.unwrap_or(0);
+    let seed = seed.unwrap_or_else(|| {
+        use std::hash::{BuildHasher, Hasher};
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    });
+    // A callback that cannot be called fails now, not once the whole batch has run.
+    if let Some(f) = &on_partial {
+        if !f.bind(py).is_callable() {
+            return Err(PyTypeError::new_err(
+                "on_partial must be callable (it is given the partial rollouts)",
+            ));
+        }
+    }
     let adapters: Vec<(weft::Adapter, f32)> = adapters
         .unwrap_or_default()
         .into_iter()

@@ -201,7 +201,7 @@ class Engine:
     def context(self) -> Context:
         """A new, empty context on this engine, with a sampling seed drawn at random:
         ``set_seed`` or ``generate(seed=...)`` make its samples reproducible."""
-    def resume(self, snapshot: bytes) -> Context:
+    def resume(self, snapshot: Union[bytes, bytearray, memoryview]) -> Context:
         """The context a ``Context.snapshot()`` holds, going on where it was taken."""
     def input_embeddings(self, ids: Sequence[int]) -> _F32:
         """The vectors the first block reads for ``ids`` (``len(ids) × n_embd``)."""
@@ -393,19 +393,23 @@ class ProbeHandle(Generic[_T]):
 
 @final
 class Forward:
-    """One pass: inputs, masks, samplers and probes; runs on ``execute()`` or ``run()``."""
-    def input(self, ids: Sequence[int]) -> None: ...
-    def input_at(self, ids: Sequence[int], positions: Sequence[int]) -> None: ...
-    def attention_mask(self, rows: Sequence[Sequence[bool]]) -> None: ...
+    """One pass: inputs, masks, samplers and probes; runs on ``execute()`` or ``run()``. The
+    methods that record a setting return the pass, so calls chain:
+    ``ctx.forward().input(ids).probe(0, Entropy())``."""
+    def input(self, ids: Sequence[int]) -> Forward: ...
+    def input_at(self, ids: Sequence[int], positions: Sequence[int]) -> Forward: ...
+    def attention_mask(
+        self, rows: Union[Sequence[Sequence[bool]], Sequence[Sequence[int]], npt.ArrayLike]
+    ) -> Forward: ...
     def input_embeds(
         self, rows: npt.ArrayLike, positions: Sequence[int], ids: Optional[Sequence[int]] = None
-    ) -> None: ...
-    def attention_bias(self, rows: Sequence[Sequence[float]]) -> None: ...
-    def mask(self, allowed: Sequence[int]) -> None: ...
-    def logit_bias(self, bias: Mapping[int, float]) -> None: ...
-    def horizon(self, n: int) -> None: ...
-    def adapter(self, adapter: Adapter, scale: float = 1.0) -> None: ...
-    def zo_seed(self, seed: int, sigma: float) -> None: ...
+    ) -> Forward: ...
+    def attention_bias(self, rows: Sequence[Sequence[float]]) -> Forward: ...
+    def mask(self, allowed: Sequence[int]) -> Forward: ...
+    def logit_bias(self, bias: Mapping[int, float]) -> Forward: ...
+    def horizon(self, n: int) -> Forward: ...
+    def adapter(self, adapter: Adapter, scale: float = 1.0) -> Forward: ...
+    def zo_seed(self, seed: int, sigma: float) -> Forward: ...
     def sample(
         self,
         indices: Sequence[int],
@@ -457,17 +461,17 @@ def generate_batch(
     prompts: Union[Sequence[str], Sequence[Sequence[int]], npt.ArrayLike],
     sampler: Optional[Sampler] = None,
     *,
-    max_tokens: int = 128,
+    max_tokens: Optional[int] = 128,
     max_length: Optional[int] = None,
     stop_sequences: Optional[Sequence[Sequence[int]]] = None,
-    seed: int = 0,
+    seed: Optional[int] = 0,
     attention_mask: Optional[npt.ArrayLike] = None,
     padded: Literal[False] = False,
     pad_token_id: Optional[int] = None,
     every: int = 0,
     on_partial: Optional[Callable[[List[Rollout]], object]] = None,
     stop: Optional[Union[str, Sequence[Union[str, int]]]] = None,
-    min_tokens: int = 0,
+    min_tokens: Optional[int] = 0,
     ignore_eos: bool = False,
     logit_bias: Optional[Mapping[int, float]] = None,
     repeat_penalty: Optional[float] = None,
@@ -482,17 +486,17 @@ def generate_batch(
     prompts: Union[Sequence[str], Sequence[Sequence[int]], npt.ArrayLike],
     sampler: Optional[Sampler] = None,
     *,
-    max_tokens: int = 128,
+    max_tokens: Optional[int] = 128,
     max_length: Optional[int] = None,
     stop_sequences: Optional[Sequence[Sequence[int]]] = None,
-    seed: int = 0,
+    seed: Optional[int] = 0,
     attention_mask: Optional[npt.ArrayLike] = None,
     padded: Literal[True],
     pad_token_id: Optional[int] = None,
     every: int = 0,
     on_partial: Optional[Callable[[List[Rollout]], object]] = None,
     stop: Optional[Union[str, Sequence[Union[str, int]]]] = None,
-    min_tokens: int = 0,
+    min_tokens: Optional[int] = 0,
     ignore_eos: bool = False,
     logit_bias: Optional[Mapping[int, float]] = None,
     repeat_penalty: Optional[float] = None,

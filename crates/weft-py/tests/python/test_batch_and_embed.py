@@ -56,6 +56,25 @@ def test_generate_batch_takes_the_generation_options(smollm2):
         weft.generate_batch(smollm2, PROMPTS, stop=[1.5])
 
 
+def test_generate_batch_takes_none_as_generate_does(smollm2):
+    """`None` for `max_tokens`, `min_tokens` and `seed` is what `Context.generate` makes of
+    it (no limit, no minimum, a seed drawn), not a TypeError; a bias may be any mapping; an
+    `on_partial` that cannot be called fails before the batch runs."""
+    import types
+
+    greedy = weft.generate_batch(smollm2, ["The capital of France is"], max_tokens=None,
+                                 min_tokens=None, seed=None, max_length=40)
+    assert greedy[0].stop_reason is not None
+    biased = weft.generate_batch(smollm2, ["Hi"], max_tokens=2, ignore_eos=True,
+                                 logit_bias=types.MappingProxyType({42: 100.0}))
+    assert biased[0].tokens == [42, 42]
+    passes = smollm2.metrics().passes
+    with pytest.raises(TypeError, match="callable"):
+        weft.generate_batch(smollm2, ["Hi"] * 4, max_tokens=400, ignore_eos=True, every=1,
+                            on_partial=5)
+    assert smollm2.metrics().passes == passes, "the batch ran before the callback was checked"
+
+
 def test_generate_batch_padded_arrays(smollm2):
     pad = 0
     rows = [smollm2.tokenize(p) for p in PROMPTS]

@@ -73,6 +73,31 @@ def test_aclose_ends_a_generation_for_contextlib_aclosing(smollm2):
     assert asyncio.run(main()) == "closed"
 
 
+def test_aclose_and_close_stop_a_generation_that_atext_drains(smollm2):
+    """`aclose()` (and `close()` from another thread) stop a generation an `atext()` is
+    draining after the delta in hand, as they stop an `async for`; they waited for all 400
+    tokens, which then ended as "max_tokens"."""
+
+    async def main(closer):
+        ctx = smollm2.context()
+        ctx.fill("The capital of France is")
+        g = ctx.generate(weft.Argmax(), max_tokens=400, ignore_eos=True)
+        task = asyncio.create_task(g.atext())
+        while g.tokens_generated < 3:
+            await asyncio.sleep(0.01)
+        await closer(g)
+        text = await task
+        return g.stop_reason, g.tokens_generated, text, g.text_so_far
+
+    async def in_a_thread(g):
+        await asyncio.get_running_loop().run_in_executor(None, g.close)
+
+    for closer in (lambda g: g.aclose(), in_a_thread):
+        reason, n, text, so_far = asyncio.run(main(closer))
+        assert reason == "closed" and n < 200, (reason, n)
+        assert text == so_far
+
+
 ACLOSE_IN_FLIGHT = """
 import asyncio, gc, json, time, weft
 

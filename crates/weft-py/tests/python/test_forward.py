@@ -133,6 +133,40 @@ def test_an_attention_mask_may_look_ahead_within_its_pass(smollm2):
         first_logits([[True] * (n + 1)] + [[True] * n for _ in range(n - 1)])
 
 
+def test_a_pass_chains_and_takes_the_masks_and_biases_python_holds(smollm2):
+    """The setting methods return the pass (seed 001's builder chains); an attention mask
+    may be 0/1 integers, as Hugging Face's are, NumPy's included; any mapping is a bias, and
+    an id past the vocabulary in it is `TokenOutOfVocab`, as in `generate`."""
+    import types
+
+    ids = smollm2.tokenize("The capital of France is")
+    n = len(ids)
+    causal = [[True] * (i + 1) for i in range(n)]
+
+    def logits(mask, bias=None):
+        fwd = smollm2.context().forward().input(ids).attention_mask(mask)
+        if bias is not None:
+            fwd = fwd.logit_bias(bias)
+        h = fwd.probe(n - 1, weft.Logits())
+        return fwd.run()[h]
+
+    expected = logits(causal)
+    as_ints = [[int(v) for v in row] for row in causal]
+    assert np.array_equal(logits(as_ints), expected)
+    tril = np.tril(np.ones((n, n), dtype=np.int64))
+    assert np.array_equal(logits([list(row[: i + 1]) for i, row in enumerate(tril)]), expected)
+    with pytest.raises(ValueError, match="0 and 1"):
+        logits([[2] * (i + 1) for i in range(n)])
+    # Biases shape sampling: a sampled token shows one.
+    fwd = smollm2.context().forward().input(ids)
+    h = fwd.logit_bias(types.MappingProxyType({42: 100.0})).sample([n - 1], weft.Argmax())
+    assert fwd.run().token(h) == 42
+    with pytest.raises(weft.TokenOutOfVocab):
+        fwd = smollm2.context().forward().input(ids).logit_bias({10**6: 1.0})
+        fwd.sample([n - 1], weft.Argmax())
+        fwd.run()
+
+
 def test_each_sampled_index_may_take_its_own_mask(smollm2):
     ctx = smollm2.context()
     ctx.fill("One, two, three,")

@@ -106,6 +106,16 @@ def test_stop_takes_a_string_and_id_sequences_and_penalties_apply(smollm2):
         run(logit_bias={10**6: 1.0})
 
 
+def test_stop_refuses_bytes_rather_than_reading_them_as_ids(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("Hi")
+    for stop in (b"\n", bytearray(b"\n")):
+        with pytest.raises(TypeError, match="not bytes"):
+            ctx.generate(max_tokens=2, stop=stop)
+        with pytest.raises(TypeError, match="not bytes"):
+            weft.generate_batch(smollm2, ["Hi"], max_tokens=2, stop=stop)
+
+
 def test_stop_strings_cut_the_text(smollm2):
     ctx = smollm2.context()
     ctx.fill("The capital of France is")
@@ -264,6 +274,19 @@ def test_a_snapshot_resumes_where_it_was_taken(smollm2):
     damaged[-1] ^= 1
     with pytest.raises(weft.SnapshotCorrupt):
         smollm2.resume(bytes(damaged))
+
+
+def test_a_snapshot_resumes_from_any_bytes_like_buffer(smollm2):
+    ctx = smollm2.context()
+    ctx.fill("The capital of France is")
+    ctx.generate(weft.Argmax(), max_tokens=3).text()
+    snap = ctx.snapshot()
+    for buf in (bytearray(snap), memoryview(snap)):
+        again = smollm2.resume(buf)
+        assert again.generate(weft.Argmax(), max_tokens=4).text() == \
+            smollm2.resume(snap).generate(weft.Argmax(), max_tokens=4).text()
+    with pytest.raises(TypeError, match="bytes"):
+        smollm2.resume("not a snapshot")
 
 
 def test_fork_and_truncate(smollm2):
