@@ -237,7 +237,8 @@ impl Context {
     /// Generates from the context: an iterator (sync and async) of text deltas, with the
     /// collectors `text()`, `tokens()`, `json()` and their awaitable forms `atext()`, …
     ///
-    /// `sampler`: a `weft.Sampler` (default: the engine's, greedy unless configured).
+    /// `sampler`: a `weft.Sampler` (default: the engine's, `Engine(sampler=...)`, greedy
+    /// unless set).
     /// `stop`: a stop string or a list of them (token ids in the list are stop tokens, as in
     /// seed 000's `stop=[id, ...]`); `stop_token_ids`: extra stop tokens;
     /// `stop_sequences`: lists of ids that end the generation when they appear.

@@ -22,31 +22,86 @@ fn resolve(model: &std::path::Path) -> weft::Result<std::path::PathBuf> {
     )?)
 }
 
-/// The engine's configuration; 0 threads, KV tokens or context positions are refused (they
-/// were read as 1, silently).
-fn config(
+/// The engine's settings as `Engine(...)` takes them.
+struct Options<'a> {
     threads: Option<usize>,
     kv_tokens: Option<usize>,
     n_ctx: Option<usize>,
-) -> PyResult<weft::EngineConfig> {
-    for (name, v) in [
-        ("threads", threads),
-        ("kv_tokens", kv_tokens),
-        ("n_ctx", n_ctx),
-    ] {
-        if v == Some(0) {
-            return Err(ConfigError::new_err(format!("{name} must be at least 1")));
+    kv_type: Option<&'a str>,
+    prefix_cache: bool,
+    resident_layers: Option<usize>,
+    weights: Option<&'a str>,
+    sampler: Option<weft::Sampler>,
+}
+
+impl Default for Options<'_> {
+    fn default() -> Self {
+        Options {
+            threads: None,
+            kv_tokens: None,
+            n_ctx: None,
+            kv_type: None,
+            prefix_cache: true,
+            resident_layers: None,
+            weights: None,
+            sampler: None,
         }
     }
-    let mut config = weft::EngineConfig::default();
-    if let Some(t) = threads {
-        config.n_threads = t;
+}
+
+impl Options<'_> {
+    /// The engine's configuration; 0 threads, KV tokens, context positions or resident
+    /// layers are refused (they were read as 1, silently).
+    fn config(self) -> PyResult<weft::EngineConfig> {
+        for (name, v) in [
+            ("threads", self.threads),
+            ("kv_tokens", self.kv_tokens),
+            ("n_ctx", self.n_ctx),
+            ("resident_layers", self.resident_layers),
+        ] {
+            if v == Some(0) {
+                return Err(ConfigError::new_err(format!("{name} must be at least 1")));
+            }
+        }
+        let mut config = weft::EngineConfig::default();
+        if let Some(t) = self.threads {
+            config.n_threads = t;
+        }
+        if let Some(k) = self.kv_tokens {
+            config.kv_tokens = k;
+        }
+        config.n_ctx = self.n_ctx;
+        if let Some(t) = self.kv_type {
+            config.kv_type = t.parse().map_err(ConfigError::new_err)?;
+        }
+        if let Some(w) = self.weights {
+            config.checkpoint_weights = w.parse().map_err(ConfigError::new_err)?;
+        }
+        config.prefix_cache = self.prefix_cache;
+        config.layer_pager = self
+            .resident_layers
+            .map(|k| Arc::new(weft::models::LayerPager::new(k)));
+        if let Some(s) = self.sampler {
+            config.generation.sampler = s;
+        }
+        Ok(config)
     }
-    if let Some(k) = kv_tokens {
-        config.kv_tokens = k;
+}
+
+/// The bytes of `v`: bytes, or a `bytearray` or `memoryview` of them (a file read into a
+/// buffer); `what` names it in the error.
+fn bytes_like(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u8>> {
+    use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
+    if let Ok(b) = v.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
     }
-    config.n_ctx = n_ctx;
-    Ok(config)
+    if v.is_instance_of::<PyByteArray>() || v.is_instance_of::<PyMemoryView>() {
+        let copy = v.py().import("builtins")?.getattr("bytes")?.call1((v,))?;
+        return Ok(copy.cast_into::<PyBytes>()?.as_bytes().to_vec());
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "{what} is bytes (or a bytearray or memoryview of them)"
+    )))
 }
 
 /// A loaded model with its scheduler thread. Every context of one engine shares its model
@@ -64,6 +119,7 @@ fn config(
 /// starting with the same full KV pages as an earlier one share them (outputs unchanged).
 /// `resident_layers`: keep at most that many transformer blocks in memory and read the others
 /// from the model file when a pass needs them (for models larger than memory; slower).
+/// `sampler`: the sampler `generate` uses when given none (default: greedy).
 #[pyclass(frozen, module = "weft")]
 pub struct Engine {
     pub inner: weft::Engine,
@@ -74,9 +130,9 @@ impl Engine {
     #[new]
     #[pyo3(signature = (
         model = std::path::PathBuf::from("smollm2-135m"), threads = None, kv_tokens = None, n_ctx = None, kv_type = None,
-        prefix_cache = true, resident_layers = None, weights = None
+        prefix_cache = true, resident_layers = None, weights = None, sampler = None
     ), text_signature = "(model='smollm2-135m', threads=None, kv_tokens=None, n_ctx=None, \
-        kv_type=None, prefix_cache=True, resident_layers=None, weights=None)")]
+        kv_type=None, prefix_cache=True, resident_layers=None, weights=None, sampler=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -88,24 +144,97 @@ impl Engine {
         prefix_cache: bool,
         resident_layers: Option<usize>,
         weights: Option<&str>,
+        sampler: Option<PyRef<'_, crate::sampling::Sampler>>,
     ) -> PyResult<Engine> {
-        let mut config = config(threads, kv_tokens, n_ctx)?;
-        if let Some(t) = kv_type {
-            config.kv_type = t.parse().map_err(ConfigError::new_err)?;
+        let config = Options {
+            threads,
+            kv_tokens,
+            n_ctx,
+            kv_type,
+            prefix_cache,
+            resident_layers,
+            weights,
+            sampler: sampler.map(|s| s.inner.clone()),
         }
-        if let Some(w) = weights {
-            config.checkpoint_weights = w.parse().map_err(ConfigError::new_err)?;
-        }
-        config.prefix_cache = prefix_cache;
-        config.layer_pager = match resident_layers {
-            None => None,
-            Some(0) => return Err(ConfigError::new_err("resident_layers must be at least 1")),
-            Some(k) => Some(std::sync::Arc::new(weft::models::LayerPager::new(k))),
-        };
+        .config()?;
         let inner = py
             .detach(|| resolve(&model).and_then(|p| weft::Engine::open(&p, config)))
             .py()?;
         Ok(Engine { inner })
+    }
+
+    /// An engine on a GGUF model held in memory (`model`: bytes, e.g. read from an archive),
+    /// with the tokenizer of its metadata or, given, of a `tokenizer.json` text; the other
+    /// arguments as `Engine(...)` takes them.
+    #[staticmethod]
+    #[pyo3(signature = (
+        model, tokenizer_json = None, *, threads = None, kv_tokens = None, n_ctx = None,
+        kv_type = None, prefix_cache = true, sampler = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_bytes(
+        py: Python<'_>,
+        model: &Bound<'_, PyAny>,
+        tokenizer_json: Option<String>,
+        threads: Option<usize>,
+        kv_tokens: Option<usize>,
+        n_ctx: Option<usize>,
+        kv_type: Option<&str>,
+        prefix_cache: bool,
+        sampler: Option<PyRef<'_, crate::sampling::Sampler>>,
+    ) -> PyResult<Engine> {
+        let config = Options {
+            threads,
+            kv_tokens,
+            n_ctx,
+            kv_type,
+            prefix_cache,
+            sampler: sampler.map(|s| s.inner.clone()),
+            ..Options::default()
+        }
+        .config()?;
+        let bytes = bytes_like(model, "a model")?;
+        let inner = py
+            .detach(|| weft::Engine::from_bytes(bytes, tokenizer_json.as_deref(), config))
+            .py()?;
+        Ok(Engine { inner })
+    }
+
+    /// The engine's settings as it resolved them: `threads`, `kv_tokens`, `n_ctx` (the
+    /// longest context), `kv_type`, `prefix_cache`, `resident_layers` (None: every block in
+    /// memory), `weights` (how a checkpoint folder's matrices are stored) and `sampler` (the
+    /// default of `generate`).
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let c = self.inner.config();
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("threads", c.n_threads)?;
+        d.set_item("kv_tokens", c.kv_tokens)?;
+        d.set_item("n_ctx", self.inner.n_ctx())?;
+        d.set_item("kv_type", c.kv_type.to_string())?;
+        d.set_item("prefix_cache", c.prefix_cache)?;
+        let resident = c.layer_pager.as_ref().map(|p| p.resident_layers());
+        d.set_item("resident_layers", resident)?;
+        d.set_item("weights", c.checkpoint_weights.to_string())?;
+        let sampler = crate::sampling::Sampler {
+            inner: c.generation.sampler.clone(),
+        };
+        d.set_item("sampler", Py::new(py, sampler)?)?;
+        Ok(d)
+    }
+
+    /// Whether `token` ends a generation by default (one of `stop_tokens`: the model's EOS
+    /// and end-of-turn tokens).
+    fn is_eos(&self, token: u32) -> bool {
+        self.inner.is_eos(token)
+    }
+
+    /// The engine's adapter stack, first pushed first: `(adapter, scale)` pairs.
+    fn lora_stack(&self) -> Vec<(Adapter, f32)> {
+        self.inner
+            .lora_stack()
+            .into_iter()
+            .map(|(inner, scale)| (Adapter { inner }, scale))
+            .collect()
     }
 
     /// A new, empty context on this engine, with a sampling seed drawn at random (as the CLI
@@ -162,23 +291,7 @@ impl Engine {
     /// The context a `Context.snapshot()` holds, going on exactly where it was taken
     /// (`SnapshotCorrupt`, `SnapshotVersion`, `ModelFingerprintMismatch` if it cannot).
     fn resume(&self, py: Python<'_>, snapshot: &Bound<'_, PyAny>) -> PyResult<Context> {
-        // Bytes, or a `bytearray` or `memoryview` of them (a file read into a buffer).
-        use pyo3::types::{PyByteArray, PyBytes, PyMemoryView};
-        let bytes: Vec<u8> = if let Ok(b) = snapshot.cast::<PyBytes>() {
-            b.as_bytes().to_vec()
-        } else if snapshot.is_instance_of::<PyByteArray>()
-            || snapshot.is_instance_of::<PyMemoryView>()
-        {
-            let copy = py
-                .import("builtins")?
-                .getattr("bytes")?
-                .call1((snapshot,))?;
-            copy.cast_into::<PyBytes>()?.as_bytes().to_vec()
-        } else {
-            return Err(pyo3::exceptions::PyTypeError::new_err(
-                "a snapshot is bytes (or a bytearray or memoryview of them)",
-            ));
-        };
+        let bytes = bytes_like(snapshot, "a snapshot")?;
         let ctx = py.detach(|| self.inner.resume(&bytes)).py()?;
         Ok(Context::new(ctx))
     }
@@ -266,7 +379,11 @@ impl Embedder {
         model: std::path::PathBuf,
         threads: Option<usize>,
     ) -> PyResult<Embedder> {
-        let config = config(threads, None, None)?;
+        let config = Options {
+            threads,
+            ..Options::default()
+        }
+        .config()?;
         let inner = py
             .detach(|| resolve(&model).and_then(|p| weft::open_embedding_model(&p, config)))
             .py()?;

@@ -186,6 +186,7 @@ class Engine:
     enlarges the cache). ``kv_type``: ``"f16"`` or ``"q8_0"`` (half the KV memory).
     ``prefix_cache``: contexts that start alike share their full KV pages (outputs unchanged).
     ``resident_layers``: keep at most that many blocks in memory (slower; for large models).
+    ``sampler``: the sampler ``generate`` uses when given none (default: greedy).
     """
     def __new__(
         cls,
@@ -197,7 +198,28 @@ class Engine:
         prefix_cache: bool = True,
         resident_layers: Optional[int] = None,
         weights: Optional[str] = None,
+        sampler: Optional[Sampler] = None,
     ) -> Engine: ...
+    @staticmethod
+    def from_bytes(
+        model: Union[bytes, bytearray, memoryview],
+        tokenizer_json: Optional[str] = None,
+        *,
+        threads: Optional[int] = None,
+        kv_tokens: Optional[int] = None,
+        n_ctx: Optional[int] = None,
+        kv_type: Optional[str] = None,
+        prefix_cache: bool = True,
+        sampler: Optional[Sampler] = None,
+    ) -> Engine:
+        """An engine on a GGUF model held in memory, with its own tokenizer or a ``tokenizer.json`` text."""
+    def config(self) -> Dict[str, Any]:
+        """The settings as resolved: threads, kv_tokens, n_ctx, kv_type, prefix_cache,
+        resident_layers, weights, sampler."""
+    def is_eos(self, token: int) -> bool:
+        """Whether ``token`` is one of ``stop_tokens``."""
+    def lora_stack(self) -> List[Tuple[Adapter, float]]:
+        """The adapter stack, first pushed first."""
     def context(self) -> Context:
         """A new, empty context on this engine, with a sampling seed drawn at random:
         ``set_seed`` or ``generate(seed=...)`` make its samples reproducible."""

@@ -32,6 +32,43 @@ def test_layer_paging_and_no_prefix_cache_keep_the_output(smollm2, reference):
         weft.Engine("smollm2-135m", resident_layers=0)
 
 
+def test_an_engine_from_bytes_its_config_default_sampler_and_stop_tokens(smollm2, reference):
+    """`Engine.from_bytes` (seed 004's load from bytes) runs as the file does; `config()`
+    reports the resolved settings; `sampler=` is what `generate` uses when given none;
+    `is_eos` and `lora_stack` as the Rust engine has them."""
+    # The file the `smollm2` fixture loaded, from weft's model cache.
+    home = pathlib.Path(os.environ.get("WEFT_HOME") or pathlib.Path.home() / ".cache" / "weft")
+    (path,) = (home / "models").glob("SmolLM2-135M-Instruct*.gguf")
+    data = path.read_bytes()
+    prompt, steps = greedy_case(reference)
+    want = greedy(smollm2, prompt)
+    in_memory = weft.Engine.from_bytes(data, threads=2, kv_tokens=1024)
+    assert greedy(in_memory, prompt) == want
+    assert greedy(weft.Engine.from_bytes(bytearray(data), threads=2), prompt) == want
+    config = in_memory.config()
+    assert config["threads"] == 2 and config["kv_tokens"] == 1024
+    assert config["n_ctx"] == in_memory.n_ctx <= 1024
+    assert config["kv_type"] == "f16" and config["resident_layers"] is None
+    assert config["sampler"] == weft.Argmax()
+
+    sampled = weft.Engine("smollm2-135m", threads=2, sampler=weft.Temperature(1.5))
+    assert sampled.config()["sampler"] == weft.Temperature(1.5)
+
+    def text(engine, seed):
+        ctx = engine.context()
+        ctx.fill("Once upon a time")
+        return ctx.generate(max_tokens=12, ignore_eos=True, seed=seed).tokens()
+
+    # Greedy ignores the seed; the engine's own sampler does not.
+    assert text(smollm2, 1) == text(smollm2, 2)
+    assert text(sampled, 1) != text(sampled, 2)
+    assert text(sampled, 1) == text(sampled, 1)
+
+    assert all(smollm2.is_eos(t) for t in smollm2.stop_tokens)
+    assert not smollm2.is_eos(smollm2.tokenize("Hi")[0])
+    assert smollm2.lora_stack() == []
+
+
 def test_fill_embeds_of_real_tokens_is_filling_them(smollm2, reference):
     prompt, steps = greedy_case(reference)
     ids = smollm2.tokenize(prompt, add_bos=True)
