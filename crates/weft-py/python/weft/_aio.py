@@ -1,6 +1,8 @@
 """What the native module needs from Python: an ``__anext__`` that cannot lose a delta, and
 the coroutines of its awaitables, which raise their errors out of the box they come in."""
 
+import weakref
+
 from ._weft import _Failed
 
 
@@ -30,11 +32,31 @@ async def start_when_awaited(start):  # type: ignore[no-untyped-def]
     return _opened(await start())
 
 
-async def started(fut):  # type: ignore[no-untyped-def]
+def started(fut):  # type: ignore[no-untyped-def]
     """An awaitable made inside a running event loop: ``fut``, the asyncio future of work that
     has already started, as a coroutine (``asyncio.create_task`` and ``TaskGroup`` take
-    coroutines only)."""
+    coroutines only). A coroutine dropped without being awaited (a forgotten ``await``)
+    cancels its work, as asyncio's own would never start it; it used to run on, then fail to
+    hand its result to a loop closed by then, with a traceback from a runtime thread."""
+    coro = _started(fut)
+    weakref.finalize(coro, _cancel_unless_done, fut)
+    return coro
+
+
+async def _started(fut):  # type: ignore[no-untyped-def]
     return _opened(await fut)
+
+
+def _cancel_unless_done(fut):  # type: ignore[no-untyped-def]
+    """Cancels ``fut`` (whose cancellation drops the work's Rust future) in its loop, unless
+    it is done or the loop is gone."""
+    loop = fut.get_loop()
+    if fut.done() or loop.is_closed():
+        return
+    try:
+        loop.call_soon_threadsafe(fut.cancel)
+    except RuntimeError:  # the loop closed meanwhile
+        pass
 
 
 def _opened(outcome):  # type: ignore[no-untyped-def]

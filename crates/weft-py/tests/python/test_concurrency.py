@@ -98,6 +98,45 @@ def test_aclose_and_close_stop_a_generation_that_atext_drains(smollm2):
         assert text == so_far
 
 
+UNAWAITED = """
+import asyncio, gc, json, weft
+
+engine = weft.Engine("smollm2-135m", threads=2)
+ctx = engine.context()
+ctx.fill("The capital of France is")
+
+async def main():
+    g = ctx.generate(weft.Argmax(), max_tokens=200, ignore_eos=True)
+    g.atext()  # a forgotten await
+    await asyncio.sleep(0.5)
+
+asyncio.run(main())
+gc.collect()
+ran = len(ctx)
+again = ctx.generate(weft.Argmax(), max_tokens=4, ignore_eos=True).text()
+print(json.dumps({"ran": ran, "again": again}))
+"""
+
+
+def test_an_awaitable_dropped_unawaited_stops_its_work(smollm2):
+    """A coroutine of `atext()` never awaited: its work stops (it ran all 200 tokens) and the
+    context is free again; no traceback from a runtime thread (it failed to hand its result
+    to the closed loop); Python's own warning names the coroutine never awaited."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", UNAWAITED], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["ran"] < 100, got
+    assert len(got["again"]) > 0
+    assert "was never awaited" in done.stderr
+    assert "Traceback" not in done.stderr and "Event loop is closed" not in done.stderr, done.stderr
+
+
 ACLOSE_IN_FLIGHT = """
 import asyncio, gc, json, time, weft
 
