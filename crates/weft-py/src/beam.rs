@@ -87,7 +87,14 @@ pub fn beam_search(
     use weft::beam::{BeamSearchConfig, EarlyStopping};
     let ids: Vec<u32> = match prompt.extract::<String>() {
         Ok(text) => engine.inner.tokenizer().encode(&text, true, true),
-        Err(_) => prompt.extract()?,
+        // A list of ids or a 1-D array; an HF-style batch `[[ids]]` is named, not NumPy's
+        // "only integer scalar arrays" error.
+        Err(_) => prompt.extract().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(
+                "prompt must be a string or one list of token ids (a 1-D array); beam_search \
+                 takes one prompt, not a batch",
+            )
+        })?,
     };
     let early = match early_stopping {
         None => EarlyStopping::False,

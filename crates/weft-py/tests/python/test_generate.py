@@ -302,6 +302,11 @@ def test_fork_and_truncate(smollm2):
     assert ctx.generate(weft.Argmax(), max_tokens=6, ignore_eos=True).tokens() == ta
 
 
+def test_beam_search_names_a_batch_given_as_its_prompt(smollm2):
+    with pytest.raises(TypeError, match="one prompt, not a batch"):
+        weft.beam_search(smollm2, np.array([[504, 3575]]), 2, max_new_tokens=2)
+
+
 def test_beam_search_one_beam_is_greedy_and_scores_follow_hf(smollm2):
     prompt = smollm2.tokenize("The best way to learn a language is", add_bos=True)
     ctx = smollm2.context()
