@@ -69,6 +69,7 @@ pub async fn handle(
         params: params.clone(),
         arrived,
         score_prompt: None,
+        added_bos: Vec::new(),
     };
     let prompt_tokens = job.prompts[0].len();
     let rx = respond::start(&state, &engine, job, &id).await?;

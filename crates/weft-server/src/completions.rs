@@ -108,8 +108,20 @@ pub async fn handle(
             std::iter::repeat_n(if echoed { text.clone() } else { String::new() }, n)
         })
         .collect();
+    // A text prompt got the model's BOS (`prompts`), which its text does not hold; one of
+    // token ids shows its own BOS, as `detokenize` renders it.
+    let bos = engine.tokenizer().vocab().special().bos;
+    let added_bos = prompts
+        .iter()
+        .map(|(ids, text)| {
+            let bos_text = bos.and_then(|b| engine.tokenizer().token_to_piece(b, true).ok());
+            ids.first().is_some_and(|&t| Some(t) == bos)
+                && !bos_text.is_some_and(|b| text.starts_with(&b))
+        })
+        .collect();
     let job = Job {
         prompts: prompts.into_iter().map(|p| p.0).collect(),
+        added_bos,
         seed: params.seed.unwrap_or_else(|| state.random()),
         params: params.clone(),
         arrived,

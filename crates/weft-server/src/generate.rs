@@ -29,6 +29,9 @@ pub struct Job {
     /// Score each prompt (`echo` with `logprobs`): its tokens' log-probabilities with this
     /// many alternatives each, sent to every choice as the prompt's text before its output.
     pub score_prompt: Option<usize>,
+    /// Per prompt: its first token is a BOS weft added to a text prompt (an echo leaves it
+    /// out of the text). Empty for chat.
+    pub added_bos: Vec<bool>,
 }
 
 /// Why a choice ended, in OpenAI's words.
@@ -206,7 +209,12 @@ async fn run_prompt(
         contexts.insert(0, base);
     }
     if job.score_prompt.is_some() {
-        let delta = prompt_logprobs(engine.tokenizer(), prompt, &scores);
+        let added_bos = job
+            .added_bos
+            .get(first / n.max(1))
+            .copied()
+            .unwrap_or(false);
+        let delta = prompt_logprobs(engine.tokenizer(), prompt, &scores, added_bos);
         for choice in first..first + n {
             let delta = delta.clone();
             if send(tx, Event::Delta { choice, delta }).await.is_err() {

@@ -81,10 +81,21 @@ impl TextTracker {
 
     /// Appends a generated token (control tokens add no text).
     pub fn push(&mut self, tok: &Tokenizer, id: u32, logprob: Option<TokenLogprob>) {
+        self.push_rendered(tok, id, logprob, self.render_special);
+    }
+
+    /// Appends a token, its control tokens' text shown when `render_special` is set.
+    fn push_rendered(
+        &mut self,
+        tok: &Tokenizer,
+        id: u32,
+        logprob: Option<TokenLogprob>,
+        render_special: bool,
+    ) {
         let start = self.text.len();
         let pre = self.bytes.pending_mut().len();
         if tok
-            .append_piece(id, self.render_special, self.bytes.pending_mut())
+            .append_piece(id, render_special, self.bytes.pending_mut())
             .is_ok()
         {
             self.text.push_str(&self.bytes.take_complete());
@@ -222,9 +233,15 @@ pub struct PromptScore {
 
 /// An echoed prompt's text and log-probability entries (`echo` with `logprobs`): the first
 /// token has no log-probability (NaN) and no alternatives, token `i` gets `scores[i - 1]`.
-pub fn prompt_logprobs(tok: &Tokenizer, prompt: &[u32], scores: &[PromptScore]) -> Delta {
+/// `added_bos`: the first token is a BOS weft added to a text prompt, not part of its text.
+pub fn prompt_logprobs(
+    tok: &Tokenizer,
+    prompt: &[u32],
+    scores: &[PromptScore],
+    added_bos: bool,
+) -> Delta {
     // The prompt as it was given: its control tokens are text (as the echo without
-    // log-probabilities shows them).
+    // log-probabilities shows them), but for a BOS the text did not hold.
     let mut text = TextTracker {
         render_special: true,
         ..TextTracker::new(Vec::new())
@@ -247,7 +264,8 @@ pub fn prompt_logprobs(tok: &Tokenizer, prompt: &[u32], scores: &[PromptScore]) 
                     .collect()
             }),
         };
-        text.push(tok, id, Some(entry));
+        let render = !(i == 0 && added_bos);
+        text.push_rendered(tok, id, Some(entry), render);
     }
     text.finish()
 }
@@ -445,7 +463,7 @@ mod tests {
         let tok = tokenizer();
         let prompt = "<|im_start|>user\nhi<|im_end|>";
         let ids = tok.encode(prompt, false, true);
-        let d = prompt_logprobs(&tok, &ids, &[]);
+        let d = prompt_logprobs(&tok, &ids, &[], false);
         assert_eq!(d.text, prompt);
         let names: Vec<&str> = d.logprobs.iter().map(|l| l.token.as_str()).collect();
         assert_eq!(names.concat(), prompt);
