@@ -117,8 +117,32 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// The arguments, without llama.cpp's GPU offload flags (`-ngl N`, `--n-gpu-layers N`,
+/// `--gpu-layers N`), which a user coming from it may pass: weft runs on the CPU, so they are
+/// dropped with a note (clap would read `-ngl 99` as `-n gl` and fail on it).
+fn args_without_gpu_flags() -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    let mut args = std::env::args_os();
+    while let Some(a) = args.next() {
+        let text = a.to_string_lossy();
+        let (flag, inline) = match text.split_once('=') {
+            Some((f, _)) => (f.to_string(), true),
+            None => (text.to_string(), false),
+        };
+        if ["-ngl", "--n-gpu-layers", "--gpu-layers"].contains(&flag.as_str()) {
+            if !inline {
+                args.next();
+            }
+            errln!("note: {flag} is ignored: weft runs on the CPU");
+            continue;
+        }
+        out.push(a);
+    }
+    out
+}
+
 fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(args_without_gpu_flags());
     // The server logs one line per request by default; other commands only warnings.
     let default_filter = match cli.command {
         Command::Serve(_) => "warn,weft_server=info",

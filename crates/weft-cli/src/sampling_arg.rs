@@ -123,6 +123,19 @@ fn parse_seed(s: &str) -> Result<Seed, String> {
     }
 }
 
+/// `-n`: a count of tokens, or -1 (or -2) for no limit but the end of the text or of the
+/// context, as llama.cpp reads them (weft never shifts the context, so the two agree).
+pub fn parse_n_predict(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<i64>() {
+        Ok(-1 | -2) => Ok(usize::MAX),
+        Ok(n) if n >= 0 => usize::try_from(n).map_err(|e| e.to_string()),
+        Ok(n) => Err(format!(
+            "{n} is not a count of tokens (-1 means no limit, as in llama.cpp)"
+        )),
+        Err(e) => Err(format!("{s:?} is not a number: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

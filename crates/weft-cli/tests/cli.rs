@@ -638,7 +638,7 @@ fn run_takes_one_constraint_and_refuses_two() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("before the constraint was complete"),
+        stderr.contains("before the constraint reached its end"),
         "{stderr}"
     );
     // Two at once is a usage error before any model work, as the server and Python refuse it.
@@ -653,6 +653,106 @@ fn run_takes_one_constraint_and_refuses_two() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
+/// What a llama.cpp user types works as there: escapes in the prompt and in `--stop`
+/// (`--no-escape` keeps them), `-n -1`, `-p`, `-f`, `-j` and `--grammar` given inline, and
+/// `-ngl` (ignored, with a note: weft runs on the CPU); a prompt that names a model says
+/// how to run it; `perplexity -c` near `usize::MAX` names the right minimum.
+#[test]
+fn run_reads_llama_cpp_flags_as_llama_cpp_does() {
+    let greedy = ["run", "--temp", "0", "-n", "1", "--json"];
+    let (newline, _) = run_json(&[&greedy[..], &["Q: hi\nA:"]].concat());
+    let (escaped, _) = run_json(&[&greedy[..], &["Q: hi\\nA:"]].concat());
+    assert_eq!(escaped, newline, "\\n is a newline");
+    let (kept, _) = run_json(&[&greedy[..], &["--no-escape", "Q: hi\\nA:"]].concat());
+    assert_ne!(kept, newline, "--no-escape keeps the backslash");
+
+    // "Paris.\n\nThe ...": --stop '\n' (two characters) stops at the first newline.
+    let prompt = "The capital of France is";
+    let text = |args: &[&str]| -> String {
+        let out = weft(args, "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "weft {args:?} failed: {stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON output");
+        v["text"].as_str().expect("text").to_string()
+    };
+    let free = text(&["run", "--temp", "0", "-n", "12", "--json", prompt]);
+    let cut = &free[..free.find('\n').expect("a newline in the greedy text")];
+    let stopped = text(&[
+        "run", "--temp", "0", "-n", "12", "--json", "--stop", "\\n", prompt,
+    ]);
+    assert_eq!(stopped, cut);
+
+    // -n -1: no limit but the context (or the end of the text).
+    let (p, ids) = run_json(&["run", "--temp", "0", "-n", "-1", "-c", "48", "--json", "Hi"]);
+    assert!(p.len() + ids.len() <= 48 && !ids.is_empty());
+    let out = weft(&["run", "-n", "-3", "Hi"], "");
+    assert_eq!(out.status.code(), Some(2));
+
+    // -p and -f give the prompt as the argument does; -ngl is ignored with a note.
+    let (by_arg, ids_arg) = run_json(&[&greedy[..], &[prompt]].concat());
+    let (by_p, ids_p) = run_json(&[&greedy[..], &["-p", prompt]].concat());
+    assert_eq!((&by_p, &ids_p), (&by_arg, &ids_arg));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, prompt).expect("write");
+    let (by_f, _) = run_json(&[&greedy[..], &["-f", file.to_str().expect("path")]].concat());
+    assert_eq!(by_f, by_arg);
+    let out = weft(&[&greedy[..], &["-ngl", "99", prompt]].concat(), "");
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-ngl is ignored"));
+    let out = weft(&[&greedy[..], &["-p", prompt, prompt]].concat(), "");
+    assert_eq!(out.status.code(), Some(1));
+
+    // A schema and a GBNF grammar given inline.
+    let json = text(&[
+        "run",
+        "--temp",
+        "0",
+        "-n",
+        "24",
+        "--json",
+        "-j",
+        r#"{"type":"object"}"#,
+        "A JSON object:",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("the output is JSON");
+    assert!(v.is_object(), "{json}");
+    let answer = text(&[
+        "run",
+        "--temp",
+        "0",
+        "-n",
+        "4",
+        "--json",
+        "--grammar",
+        r#"root ::= "yes" | "no""#,
+        "Is Paris in France? Answer:",
+    ]);
+    assert!(answer == "yes" || answer == "no", "{answer:?}");
+
+    let out = weft(&["run", "-n", "1", "--temp", "0", "gemma3"], "");
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give -m gemma3"));
+
+    std::fs::write(&file, "a few words").expect("write");
+    let out = weft(
+        &[
+            "perplexity",
+            "-f",
+            file.to_str().expect("path"),
+            "-c",
+            "18446744073709551615",
+        ],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        !stderr.contains("need at least 0") && !stderr.contains("551614"),
+        "{stderr}"
+    );
 }
 
 /// `--stop`: the greedy output is cut before the first place a stop string appears, in the

@@ -41,8 +41,9 @@ pub struct Args {
     #[command(flatten)]
     sampling: SamplingArg,
     /// Longest reply, in tokens (a reply also ends at the model's end-of-turn token, and
-    /// Ctrl-C stops it at once).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+    /// Ctrl-C stops it at once); -1: no limit but the context, as in llama.cpp.
+    #[arg(short = 'n', long = "n-predict", default_value = "512", allow_negative_numbers = true,
+        value_parser = crate::sampling_arg::parse_n_predict)]
     n_predict: usize,
     /// A system message opening the conversation (`/reset` keeps it).
     #[arg(long, value_name = "TEXT")]

@@ -73,10 +73,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let n_ctx = args.ctx;
     let n_chunks = tokens.len() / n_ctx;
     anyhow::ensure!(
-        n_chunks >= 1 && tokens.len() >= 2 * n_ctx,
+        n_chunks >= 1 && tokens.len() >= n_ctx.saturating_mul(2),
         "{} tokens is too short for chunks of {n_ctx} (need at least {})",
         tokens.len(),
-        2 * n_ctx
+        n_ctx.saturating_mul(2)
     );
     // Chunks of `-c` tokens, past the model's training context if asked (as `run` allows).
     let mut cfg = args.threads.runner_config()?;

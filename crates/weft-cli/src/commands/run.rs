@@ -22,8 +22,10 @@ pub struct Args {
     threads: ThreadsArg,
     #[command(flatten)]
     context: ContextArg,
-    /// Tokens to generate at most (generation also stops at the model's end-of-text tokens).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    /// Tokens to generate at most (generation also stops at the model's end-of-text tokens);
+    /// -1: no limit but the end of the text or of the context, as in llama.cpp.
+    #[arg(short = 'n', long = "n-predict", default_value = "128", allow_negative_numbers = true,
+        value_parser = crate::sampling_arg::parse_n_predict)]
     n_predict: usize,
     #[command(flatten)]
     sampling: SamplingArg,
@@ -32,21 +34,37 @@ pub struct Args {
     /// `--load-session`, those the session did not hold: its last token, to continue it).
     #[arg(long)]
     json: bool,
-    /// Constrain the output to JSON valid under the JSON Schema in FILE (one constraint at a
-    /// time, as the server and the Python package take).
-    #[arg(long, value_name = "FILE", group = "constraint")]
-    json_schema: Option<std::path::PathBuf>,
-    /// Constrain the output to the grammar in FILE: Lark syntax, or GBNF if the file name ends
-    /// in `.gbnf`.
-    #[arg(long, value_name = "FILE", group = "constraint")]
-    grammar: Option<std::path::PathBuf>,
+    /// Constrain the output to JSON valid under a JSON Schema: the schema itself, as
+    /// llama.cpp's `-j` takes it, or a FILE holding it (`--json-schema-file`). One constraint
+    /// at a time, as the server and the Python package take.
+    #[arg(
+        short = 'j',
+        long,
+        value_name = "SCHEMA|FILE",
+        group = "constraint",
+        alias = "json-schema-file"
+    )]
+    json_schema: Option<String>,
+    /// Constrain the output to a grammar: its text or a FILE holding it (`--grammar-file`).
+    /// GBNF (llama.cpp's grammars: rules written `name ::= ...`, or a `.gbnf` file) or Lark.
+    #[arg(
+        long,
+        value_name = "GRAMMAR|FILE",
+        group = "constraint",
+        alias = "grammar-file"
+    )]
+    grammar: Option<String>,
     /// Constrain the output to match a regular expression.
     #[arg(long, value_name = "REGEX", group = "constraint")]
     regex: Option<String>,
     /// Stop when the output contains STRING, which is left out of it (repeatable; as the
     /// server's `stop`). Text that might be the start of one is printed once it is clear.
-    #[arg(long, value_name = "STRING")]
+    #[arg(long, value_name = "STRING", alias = "reverse-prompt")]
     stop: Vec<String>,
+    /// Take `\n`, `\t`, `\\` and the other escapes of the prompt and of `--stop` literally
+    /// (by default they become the characters they name, as in llama.cpp).
+    #[arg(long)]
+    no_escape: bool,
     /// Speculative decoding with the built-in n-gram (prompt-lookup) drafter.
     #[arg(long)]
     speculate: bool,
@@ -67,23 +85,35 @@ pub struct Args {
     /// — except with `--load-session`, where no prompt continues the session (give `-`).
     #[arg(default_value = "")]
     prompt: String,
+    /// The prompt, as llama.cpp's `-p` gives it (in place of the argument).
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        value_name = "PROMPT",
+        conflicts_with = "file"
+    )]
+    prompt_flag: Option<String>,
+    /// Read the prompt from FILE (as it is: no escapes), as llama.cpp's `-f`.
+    #[arg(short = 'f', long = "file", value_name = "FILE", alias = "prompt-file")]
+    file: Option<std::path::PathBuf>,
 }
 
 impl Args {
     /// The constraint the flags ask for (clap lets through at most one).
     fn schemas(&self) -> anyhow::Result<Vec<Schema>> {
-        let read = |p: &std::path::Path| {
-            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
-        };
         let mut out = Vec::new();
-        if let Some(p) = &self.json_schema {
-            let v = serde_json::from_str(&read(p)?)
-                .with_context(|| format!("{} is not JSON", p.display()))?;
+        if let Some(arg) = &self.json_schema {
+            let (text, from) = text_or_file(arg)?;
+            let v = serde_json::from_str(&text).with_context(|| match from {
+                Some(p) => format!("{} is not JSON", p.display()),
+                None => format!("--json-schema is neither a file nor JSON: {}", shorten(arg)),
+            })?;
             out.push(Schema::JsonSchema(v));
         }
-        if let Some(p) = &self.grammar {
-            let text = read(p)?;
-            out.push(if p.extension().is_some_and(|e| e == "gbnf") {
+        if let Some(arg) = &self.grammar {
+            let (text, from) = text_or_file(arg)?;
+            let gbnf_file = from.is_some_and(|p| p.extension().is_some_and(|e| e == "gbnf"));
+            out.push(if gbnf_file || text.contains("::=") {
                 Schema::Gbnf(text)
             } else {
                 Schema::Lark(text)
@@ -96,9 +126,103 @@ impl Args {
     }
 }
 
+/// The text `arg` names: the file at that path if there is one (and the path), else `arg`.
+fn text_or_file(arg: &str) -> anyhow::Result<(String, Option<&std::path::Path>)> {
+    let p = std::path::Path::new(arg);
+    if p.is_file() {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+        return Ok((text, Some(p)));
+    }
+    Ok((arg.to_string(), None))
+}
+
+/// `s` cut to its first 60 characters, for a message.
+fn shorten(s: &str) -> String {
+    match s.char_indices().nth(60) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// `s` with llama.cpp's escapes (`string_process_escapes`) turned into the characters they
+/// name: `\n`, `\r`, `\t`, `\'`, `\"`, `\\` and `\xHH`; any other backslash stays.
+pub fn process_escapes(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.peek().copied() {
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('t') => out.push('\t'),
+            Some('\'') => out.push('\''),
+            Some('"') => out.push('"'),
+            Some('\\') => out.push('\\'),
+            Some('x') => {
+                let hex: String = chars.clone().skip(1).take(2).collect();
+                match u8::from_str_radix(&hex, 16) {
+                    // A byte below 0x80 is a character; others would not be UTF-8 alone.
+                    Ok(b) if hex.len() == 2 && b < 0x80 => {
+                        out.push(char::from(b));
+                        chars.next();
+                        chars.next();
+                    }
+                    _ => {
+                        out.push('\\');
+                        continue;
+                    }
+                }
+            }
+            _ => {
+                out.push('\\');
+                continue;
+            }
+        }
+        chars.next();
+    }
+    out
+}
+
 pub fn run(mut args: Args) -> anyhow::Result<()> {
     let piped = || !std::io::IsTerminal::is_terminal(&std::io::stdin());
-    if args.prompt == "-" || (args.prompt.is_empty() && args.load_session.is_none() && piped()) {
+    let given = args.prompt_flag.is_some() || args.file.is_some();
+    anyhow::ensure!(
+        !given || args.prompt.is_empty(),
+        "give the prompt once: as the argument, with -p or with -f"
+    );
+    if let Some(p) = args.prompt_flag.take() {
+        args.prompt = p;
+    }
+    // An argument's escapes, as llama.cpp reads `-p` (a prompt from standard input is text
+    // as it is, as llama.cpp's `-f` file is).
+    if !args.no_escape {
+        if args.prompt != "-" {
+            args.prompt = process_escapes(&args.prompt);
+        }
+        args.stop = args.stop.iter().map(|s| process_escapes(s)).collect();
+    }
+    // `weft run gemma3`, as `ollama run gemma3` is typed: the name is the prompt here.
+    let named = weft::hub::find(&args.prompt);
+    if named.is_some()
+        && named.map(|m| m.name) != weft::hub::find(&args.model.model).map(|m| m.name)
+    {
+        errln!(
+            "note: \"{}\" is read as the prompt, for {}; to run that model, give -m {}",
+            args.prompt,
+            args.model.model,
+            args.prompt
+        );
+    }
+    if let Some(f) = &args.file {
+        args.prompt = std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read the prompt file {}", f.display()))?;
+    } else if args.prompt == "-"
+        || (args.prompt.is_empty() && args.load_session.is_none() && piped())
+    {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
             .context("cannot read the prompt from standard input")?;
@@ -252,7 +376,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         // Standard error may be a closed pipe (`2>&1 | head`): nothing to do about it then.
         let _ = writeln!(
             std::io::stderr(),
-            "\nnote: the output stopped at -n {} tokens, before the constraint was complete: it does not match it yet (raise -n)",
+            "\nnote: the output stopped at -n {} tokens, before the constraint reached its end: it may be incomplete (raise -n)",
             args.n_predict
         );
     }
