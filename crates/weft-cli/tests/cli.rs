@@ -719,6 +719,15 @@ fn run_reads_llama_cpp_flags_as_llama_cpp_does() {
     ]);
     let v: serde_json::Value = serde_json::from_str(&json).expect("the output is JSON");
     assert!(v.is_object(), "{json}");
+    // A file name that is not there is named, not read as a schema or a grammar.
+    for flag in ["-j", "--grammar"] {
+        let out = weft(&["run", flag, "nothing/here.json", "x"], "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("cannot read nothing/here.json: no such file"),
+            "{stderr}"
+        );
+    }
     let answer = text(&[
         "run",
         "--temp",

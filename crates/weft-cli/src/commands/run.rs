@@ -126,7 +126,10 @@ impl Args {
     }
 }
 
-/// The text `arg` names: the file at that path if there is one (and the path), else `arg`.
+/// The text `arg` names: the file at that path if there is one (and the path), else `arg`
+/// itself. A file name that is not there (`schema.json`, `dir/g.lark`: one word, with a
+/// known extension or a directory, and none of a schema's or a grammar's `{`, `"`, `=`) is
+/// an error, not text.
 fn text_or_file(arg: &str) -> anyhow::Result<(String, Option<&std::path::Path>)> {
     let p = std::path::Path::new(arg);
     if p.is_file() {
@@ -134,6 +137,12 @@ fn text_or_file(arg: &str) -> anyhow::Result<(String, Option<&std::path::Path>)>
             std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
         return Ok((text, Some(p)));
     }
+    let one_word = !arg.trim().is_empty()
+        && !arg.contains(char::is_whitespace)
+        && !arg.contains(['{', '"', '='].as_slice());
+    let named = [".json", ".gbnf", ".lark"].iter().any(|e| arg.ends_with(e))
+        || arg.contains(std::path::MAIN_SEPARATOR);
+    anyhow::ensure!(!(one_word && named), "cannot read {arg}: no such file");
     Ok((arg.to_string(), None))
 }
 
