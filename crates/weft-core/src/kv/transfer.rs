@@ -114,14 +114,15 @@ impl KvCache {
             if group.window.is_none() && gs.present.iter().any(|p| !p) {
                 return bad(format!("group {g} has full attention but misses pages"));
             }
-            // A sliding-window group releases only whole pages two windows behind the highest
-            // position (see `release_behind_window`): any other missing page would be read.
+            // A sliding-window group releases whole pages behind the window (see
+            // `release_behind_window`), and keeps them released when the sequence is rewound
+            // later: a missing page is fine if no query from the last slot's position on (the
+            // last token run again, as a resumed generation does) sees any of its keys.
             if let Some(window) = group.window {
-                let max_pos = state.positions.iter().max().map_or(0, |&p| u64::from(p));
-                let horizon = max_pos.saturating_sub(2 * window as u64);
+                let last = state.positions.last().map_or(0, |&p| u64::from(p));
                 let released_ok = |i: usize| {
                     let slots = state.positions.get(i * PAGE_SIZE..(i + 1) * PAGE_SIZE);
-                    slots.is_some_and(|s| s.iter().all(|&p| u64::from(p) < horizon))
+                    slots.is_some_and(|s| s.iter().all(|&p| u64::from(p) + window as u64 <= last))
                 };
                 if let Some(i) = (0..gs.present.len()).find(|&i| !gs.present[i] && !released_ok(i))
                 {
@@ -287,6 +288,34 @@ mod tests {
         let e = kv.import(f, &hole).unwrap_err();
         assert!(e.to_string().contains("sliding window still reads"), "{e}");
         kv.free_sequence(f);
+        kv.free_sequence(b);
+        assert!(kv.usage().iter().all(|u| u.free == u.total));
+    }
+
+    /// A sequence rewound after its window released pages keeps them released: its state
+    /// imports as long as its last token's window (the one a resumed generation runs again)
+    /// sees none of them. It was refused when the page lay less than two windows behind.
+    #[test]
+    fn a_state_rewound_after_its_window_released_pages_imports() {
+        let mut kv = cache(16);
+        let a = kv.new_sequence();
+        let n = 8 * PAGE_SIZE;
+        kv.append(a, &(0..n as u32).collect::<Vec<_>>()).unwrap();
+        for slot in 0..n {
+            for layer in 0..2 {
+                kv.write(layer, a, slot, &[1.0, 2.0], &[3.0, 4.0]).unwrap();
+            }
+        }
+        // Highest position 255, horizon 255 - 64 = 191: pages 0..=4 (positions below 160) go.
+        kv.release_behind_window(a);
+        // The smallest rewind the window allows: the last token, at 191, sees 160..=191.
+        kv.truncate(a, 6 * PAGE_SIZE).unwrap();
+        let state = kv.export(a).unwrap();
+        assert!(!state.groups[1].present[4] && state.groups[1].present[5]);
+        let b = kv.new_sequence();
+        kv.import(b, &state).expect("a rewound state imports");
+        assert_eq!(kv.export(b).unwrap(), state);
+        kv.free_sequence(a);
         kv.free_sequence(b);
         assert!(kv.usage().iter().all(|u| u.free == u.total));
     }
