@@ -203,6 +203,12 @@ impl ModelRunner {
         self.kv.truncate(seq, n)
     }
 
+    /// Rewinds a sequence to its first `n` tokens to run token `n` again (see
+    /// [`KvCache::truncate_to_rerun`]).
+    pub fn truncate_to_rerun(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        self.kv.truncate_to_rerun(seq, n)
+    }
+
     /// Attaches cached pages holding the longest whole-page prefix of `tokens` (at most
     /// `max` tokens) to the empty sequence `seq`; returns how many tokens they hold.
     pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32], max: usize) -> usize {

@@ -191,6 +191,45 @@ fn snapshot_past_the_sliding_window_gemma3() {
     assert!(a == b, "logits differ after resume");
 }
 
+/// Rewound after its window released pages, as far back as `truncate` allows: a Gemma 3
+/// context generates from there, and its snapshot resumes with the same logits (the
+/// generation failed, its last token's re-run refused one key short, and the snapshot was
+/// refused as missing a page the window no longer reads).
+#[test]
+fn a_gemma3_context_rewound_to_its_window_generates_and_resumes() {
+    let engine = engine("gemma3-270m", 4096);
+    let mut ctx = engine.context();
+    ctx.fill(&PROMPT.repeat(120)).unwrap();
+    let len = ctx.pending().len();
+    assert!(len > 1500, "{len} tokens");
+    block_on(ctx.flush_logits()).unwrap();
+    // The smallest length the window lets it keep.
+    let n = (1..len)
+        .find(|&n| {
+            let mut f = ctx.fork().unwrap();
+            f.truncate(n).is_ok()
+        })
+        .unwrap();
+    assert!(n > 400, "nothing was released: {n}");
+    let mut rewound = ctx.fork().unwrap();
+    rewound.truncate(n).unwrap();
+    let mut fresh = engine.context();
+    fresh.fill_tokens(&ctx.tokens()[..n]).unwrap();
+    let greedy = |c: &mut weft::Context| {
+        block_on(c.generate(Sampler::Argmax).max_tokens(3).collect_tokens()).unwrap()
+    };
+    let mut again = rewound.fork().unwrap();
+    assert_eq!(greedy(&mut again), greedy(&mut fresh));
+
+    let mut resumed = engine.resume(&rewound.snapshot().unwrap()).unwrap();
+    for c in [&mut rewound, &mut resumed] {
+        c.fill(" The end.").unwrap();
+    }
+    let a = block_on(rewound.flush_logits()).unwrap();
+    let b = block_on(resumed.flush_logits()).unwrap();
+    assert!(a == b, "logits differ after resume");
+}
+
 #[test]
 fn another_models_snapshot_is_refused() {
     let smol = engine("smollm2-135m", 1024);

@@ -363,6 +363,18 @@ impl KvCache {
 
     /// Shortens `seq` to its first `n` slots, releasing the pages past them.
     pub fn truncate(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        self.rewind(seq, n, false)
+    }
+
+    /// [`KvCache::truncate`] for running the first dropped slot again (a generator's last
+    /// token, for its logits; the token after the drafts a speculative step accepted): the
+    /// keys a query at that slot's position sees must still be there, where `truncate` asks
+    /// for those the last kept slot's query saw (so that it can run again in turn).
+    pub fn truncate_to_rerun(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        self.rewind(seq, n, true)
+    }
+
+    fn rewind(&mut self, seq: SeqId, n: usize, rerun: bool) -> Result<()> {
         let s = self
             .seqs
             .get_mut(&seq)
@@ -370,9 +382,15 @@ impl KvCache {
         if n >= s.positions.len() {
             return Ok(());
         }
-        // Every slot a query at the new end could see must still be there.
+        // The position of the query that must see its keys: the last kept slot's, or the
+        // first dropped one's.
+        let query = match rerun {
+            true => Some(s.positions[n]),
+            false => n.checked_sub(1).map(|i| s.positions[i]),
+        };
+        // Every slot that query could see must still be there.
         for (g, group) in self.groups.iter().enumerate() {
-            if let (Some(window), Some(&last)) = (group.window, s.positions[..n].last()) {
+            if let (Some(window), Some(last)) = (group.window, query) {
                 let first_needed = (0..n)
                     .find(|&j| u64::from(s.positions[j]) + window as u64 > u64::from(last))
                     .unwrap_or(n);

@@ -362,6 +362,13 @@ impl Context {
     /// [`Error::is_rewind_past_window`]) and leaves the context as it was; refill a new
     /// context from [`Context::tokens`] then.
     pub fn truncate(&mut self, n: usize) -> Result<()> {
+        self.rewind(n, false)
+    }
+
+    /// [`Context::truncate`]; `rerun`: token `n` runs again next (a generator's last token,
+    /// the token after accepted drafts), so its window's keys must be there, rather than those
+    /// of token `n - 1`.
+    pub(crate) fn rewind(&mut self, n: usize, rerun: bool) -> Result<()> {
         self.settle();
         if n > self.tokens.len() {
             return Err(Error::TruncateTooLong {
@@ -372,10 +379,12 @@ impl Context {
         if n < self.tokens.len() {
             let (reply, done) = std::sync::mpsc::sync_channel(1);
             let seq = self.seq;
-            self.engine
-                .inner
-                .shared
-                .command(Command::Truncate { seq, n, reply });
+            self.engine.inner.shared.command(Command::Truncate {
+                seq,
+                n,
+                rerun,
+                reply,
+            });
             done.recv().unwrap_or(Err(Error::EngineStopped))?;
         }
         self.tokens.truncate(n);

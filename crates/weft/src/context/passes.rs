@@ -201,7 +201,7 @@ impl Context {
     /// rollback: the generator may have left its next input there).
     pub(crate) fn truncate_keep_pending(&mut self, n: usize) -> Result<()> {
         let pending = std::mem::take(&mut self.pending);
-        let r = self.truncate(n);
+        let r = self.rewind(n, true);
         self.pending = pending;
         r
     }
@@ -241,7 +241,7 @@ impl Context {
         };
         let vector = self.embeds.get(&(n - 1)).cloned();
         let pending = std::mem::take(&mut self.pending);
-        self.truncate(n - 1)?;
+        self.rewind(n - 1, true)?;
         self.pending.push(last);
         self.pending.extend(pending);
         if let Some(v) = vector {

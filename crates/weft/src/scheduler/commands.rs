@@ -22,6 +22,8 @@ pub(crate) enum Command {
     Truncate {
         seq: SeqId,
         n: usize,
+        /// The dropped slot `n` is to run again (see `KvCache::truncate_to_rerun`).
+        rerun: bool,
         /// A plain channel: the context waits on it from blocking code or inside a future.
         reply: std::sync::mpsc::SyncSender<Result<()>>,
     },
@@ -120,8 +122,17 @@ impl Shared {
                 Command::Fork { from, to } => {
                     let _ = runner.fork_as(from, to);
                 }
-                Command::Truncate { seq, n, reply } => {
-                    let _ = reply.send(runner.truncate(seq, n).map_err(Error::from));
+                Command::Truncate {
+                    seq,
+                    n,
+                    rerun,
+                    reply,
+                } => {
+                    let done = match rerun {
+                        true => runner.truncate_to_rerun(seq, n),
+                        false => runner.truncate(seq, n),
+                    };
+                    let _ = reply.send(done.map_err(Error::from));
                 }
                 Command::Free(seq) => runner.free_sequence(seq),
                 Command::Export { seq, reply } => {
