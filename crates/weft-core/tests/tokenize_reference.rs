@@ -83,6 +83,29 @@ fn markup_matches_llama_cpp() {
     }
 }
 
+/// The tokens a generation stops on are llama.cpp's: EOS and every token on its
+/// end-of-generation list of texts (`llama-vocab.cpp`, `special_eog_ids`), Gemma 3's `</s>`
+/// among them (weft's shorter list let a Gemma 3 generation run on past it).
+#[test]
+fn end_of_generation_tokens_are_llama_cpps() {
+    for (name, expected) in [
+        ("smollm2-135m", &["<|endoftext|>", "<|im_end|>"][..]),
+        ("gemma3-270m", &["<eos>", "<end_of_turn>", "</s>"][..]),
+    ] {
+        let tok = Tokenizer::from_gguf(&common::open_model(name)).expect("tokenizer");
+        let mut got: Vec<&str> = tok
+            .vocab()
+            .eog()
+            .iter()
+            .map(|&id| tok.vocab().text(id).expect("an id of the vocabulary"))
+            .collect();
+        got.sort_unstable();
+        let mut expected = expected.to_vec();
+        expected.sort_unstable();
+        assert_eq!(got, expected, "{name}");
+    }
+}
+
 #[test]
 fn stream_decoder_matches_decode_and_never_splits_characters() {
     let reference = common::reference_json("tokenize.json");

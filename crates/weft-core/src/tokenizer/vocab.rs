@@ -218,21 +218,12 @@ impl Vocab {
             .collect();
         // Stable sort: equal lengths keep id order, like llama.cpp's std::sort on this data.
         specials_by_length.sort_by_key(|&i| std::cmp::Reverse(texts[i as usize].len()));
-        // As llama.cpp: EOS plus the end-of-turn tokens it recognizes by their text.
-        const EOG_TEXTS: [&str; 8] = [
-            "<|im_end|>",
-            "<end_of_turn>",
-            "<|eot_id|>",
-            "<|eom_id|>",
-            "<|endoftext|>",
-            "<|end|>",
-            "<EOT>",
-            "<|end_of_text|>",
-        ];
+        // As llama.cpp: EOS plus every token whose text is on its end-of-generation list, the
+        // list that made them control tokens (Gemma 3's `</s>` too, which llama.cpp stops on).
         let mut eog: Vec<u32> = special.eos.into_iter().collect();
-        for t in EOG_TEXTS {
+        for t in LLAMA_CPP_EOG_TEXTS {
             if let Some(&id) = ids.get(t) {
-                if types[id as usize] == TokenType::Control && !eog.contains(&id) {
+                if !eog.contains(&id) {
                     eog.push(id);
                 }
             }
