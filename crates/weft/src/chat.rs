@@ -241,9 +241,17 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        // OpenAI's `developer` role is its `system` one (as the server reads it): no template
+        // knows the new name.
+        fn role(m: &Message) -> &str {
+            match m.role.as_str() {
+                "developer" => "system",
+                r => r,
+            }
+        }
         let messages: Vec<Value> = messages
             .iter()
-            .map(|m| context! { role => m.role.as_str(), content => m.content.as_str() })
+            .map(|m| context! { role => role(m), content => m.content.as_str() })
             .collect();
         self.render_values(Value::from(messages), None, add_generation_prompt)
     }

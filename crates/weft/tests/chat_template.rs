@@ -106,6 +106,11 @@ fn gemma3_template_folds_system_into_first_turn() {
         t.render(&chat(), true).unwrap(),
         format!("{turns}<start_of_turn>model\n")
     );
+    // OpenAI's `developer` role is `system`, as the server reads it (the template refused
+    // it: roles must alternate).
+    let mut developer = chat();
+    developer[0] = Message::new("developer", "You are terse.");
+    assert_eq!(t.render(&developer, false).unwrap(), turns);
 }
 
 #[test]

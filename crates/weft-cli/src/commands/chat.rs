@@ -394,7 +394,10 @@ impl Chat {
                 // Roles the chat templates know (as the server checks them): another would
                 // be rendered as a turn of a speaker the model has never seen.
                 if let Some((i, m)) = messages.iter().enumerate().find(|(_, m)| {
-                    !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool")
+                    !matches!(
+                        m.role.as_str(),
+                        "system" | "developer" | "user" | "assistant" | "tool"
+                    )
                 }) {
                     anyhow::bail!(
                         "{}: message {} has an unknown role '{}' (system, user, assistant or \
