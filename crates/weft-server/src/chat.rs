@@ -324,7 +324,7 @@ async fn collect(
         .map(|i| {
             // Asked for, an answer without tokens has an empty list (OpenAI's), not `null`.
             let logprobs = match want_logprobs {
-                true => json!({"content": lps[i].iter().map(chat_logprob).collect::<Vec<_>>()}),
+                true => logprobs_content(&lps[i]),
                 false => Value::Null,
             };
             let call = tools.and_then(|t| t.answer(&text[i]));
@@ -408,11 +408,15 @@ impl ChatChunker {
 
 /// A chunk's `logprobs`: `null` when it carries no token's.
 fn logprobs_json(lps: &[TokenLogprob]) -> Value {
-    if lps.is_empty() {
-        Value::Null
-    } else {
-        json!({"content": lps.iter().map(chat_logprob).collect::<Vec<_>>()})
+    match lps.is_empty() {
+        true => Value::Null,
+        false => logprobs_content(lps),
     }
+}
+
+/// `{"content": [...]}`: the tokens' entries in chat's shape.
+fn logprobs_content(lps: &[TokenLogprob]) -> Value {
+    json!({"content": lps.iter().map(chat_logprob).collect::<Vec<_>>()})
 }
 
 impl Chunker for ChatChunker {

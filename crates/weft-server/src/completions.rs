@@ -111,12 +111,14 @@ pub async fn handle(
     // A text prompt got the model's BOS (`prompts`), which its text does not hold; one of
     // token ids shows its own BOS, as `detokenize` renders it.
     let bos = engine.tokenizer().vocab().special().bos;
+    let bos_text = bos.and_then(|b| engine.tokenizer().token_to_piece(b, true).ok());
     let added_bos = prompts
         .iter()
         .map(|(ids, text)| {
-            let bos_text = bos.and_then(|b| engine.tokenizer().token_to_piece(b, true).ok());
             ids.first().is_some_and(|&t| Some(t) == bos)
-                && !bos_text.is_some_and(|b| text.starts_with(&b))
+                && !bos_text
+                    .as_ref()
+                    .is_some_and(|b| text.starts_with(b.as_str()))
         })
         .collect();
     let job = Job {

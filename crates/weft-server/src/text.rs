@@ -54,9 +54,6 @@ pub struct TextTracker {
     /// Bytes of `text` and entries already handed out.
     sent: usize,
     sent_entries: usize,
-    /// Control tokens add their text (an echoed prompt's `<|im_start|>`); a generated one
-    /// adds none.
-    render_special: bool,
 }
 
 /// What became visible since the last call.
@@ -75,16 +72,16 @@ impl TextTracker {
             entries: Vec::new(),
             sent: 0,
             sent_entries: 0,
-            render_special: false,
         }
     }
 
     /// Appends a generated token (control tokens add no text).
     pub fn push(&mut self, tok: &Tokenizer, id: u32, logprob: Option<TokenLogprob>) {
-        self.push_rendered(tok, id, logprob, self.render_special);
+        self.push_rendered(tok, id, logprob, false);
     }
 
-    /// Appends a token, its control tokens' text shown when `render_special` is set.
+    /// Appends a token, its control tokens' text shown when `render_special` is set (an
+    /// echoed prompt's `<|im_start|>`).
     fn push_rendered(
         &mut self,
         tok: &Tokenizer,
@@ -242,10 +239,7 @@ pub fn prompt_logprobs(
 ) -> Delta {
     // The prompt as it was given: its control tokens are text (as the echo without
     // log-probabilities shows them), but for a BOS the text did not hold.
-    let mut text = TextTracker {
-        render_special: true,
-        ..TextTracker::new(Vec::new())
-    };
+    let mut text = TextTracker::new(Vec::new());
     for (i, &id) in prompt.iter().enumerate() {
         let (token, bytes) = named_piece(tok, id);
         let score = i.checked_sub(1).and_then(|j| scores.get(j));
