@@ -88,6 +88,14 @@ impl Options<'_> {
     }
 }
 
+/// A seed drawn at random, apart in the forked children (workers) of one process too: each
+/// `RandomState` is keyed afresh from the thread's random keys, which a forked child
+/// inherits, so the process id is hashed in.
+pub(crate) fn random_seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::process::id())
+}
+
 /// The bytes of `v`: bytes, or a `bytearray` or `memoryview` of them (a file read into a
 /// buffer); `what` names it in the error.
 fn bytes_like(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u8>> {
@@ -241,11 +249,8 @@ impl Engine {
     /// and the server draw one): `set_seed` or `generate(seed=...)` make its samples
     /// reproducible.
     fn context(&self) -> Context {
-        use std::hash::BuildHasher;
         let mut ctx = self.inner.context();
-        // Each `RandomState` is keyed afresh from the thread's random keys, which a forked
-        // child inherits: the process id sets the children (workers) of one parent apart.
-        ctx.set_seed(std::collections::hash_map::RandomState::new().hash_one(std::process::id()));
+        ctx.set_seed(random_seed());
         Context::new(ctx)
     }
 

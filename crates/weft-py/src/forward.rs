@@ -266,10 +266,7 @@ impl Prepared {
 /// An attention mask's rows: booleans, or 0/1 integers as Hugging Face's masks hold them (a
 /// NumPy array of either).
 fn mask_rows(rows: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<bool>>> {
-    let rows = match rows.hasattr("tolist")? {
-        true => rows.call_method0("tolist")?,
-        false => rows.clone(),
-    };
+    let rows = crate::rollout::listed(rows)?;
     let ints: Vec<Vec<i64>> = rows.extract().map_err(|_| {
         pyo3::exceptions::PyTypeError::new_err(
             "an attention mask is rows of booleans or of 0/1 integers",

@@ -88,7 +88,7 @@ impl From<weft::rollout::Rollout> for Rollout {
 }
 
 /// Python lists as they are; anything with `tolist()` (NumPy arrays) as its lists.
-fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     if v.hasattr("tolist")? {
         v.call_method0("tolist")
     } else {
@@ -167,12 +167,7 @@ pub fn generate_batch<'py>(
     // minimum, and a seed of its own (drawn here) rather than none.
     let max_tokens = max_tokens.unwrap_or(usize::MAX);
     let min_tokens = min_tokens.unwrap_or(0);
-    let seed = seed.unwrap_or_else(|| {
-        use std::hash::{BuildHasher, Hasher};
-        std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish()
-    });
+    let seed = seed.unwrap_or_else(crate::engine::random_seed);
     // A callback that cannot be called fails now, not once the whole batch has run.
     if let Some(f) = &on_partial {
         if !f.bind(py).is_callable() {
