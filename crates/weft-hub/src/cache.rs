@@ -88,15 +88,6 @@ pub(crate) fn write_marker(file: &Path, spec: &ModelSpec) -> Result<(), HubError
     })
 }
 
-/// Removes `file`'s marker (if any), so that the next check hashes the file again.
-pub(crate) fn forget_marker(file: &Path) -> Result<(), HubError> {
-    let marker = marker_path(file);
-    match fs::remove_file(&marker) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(HubError::io("remove", marker, e)),
-        _ => Ok(()),
-    }
-}
-
 /// Removes a model file and its marker, ignoring files that are already gone.
 pub(crate) fn remove_model(file: &Path) -> Result<(), HubError> {
     for path in [marker_path(file), file.to_path_buf()] {

