@@ -410,6 +410,17 @@ impl Engine {
         self.inner.n_ctx
     }
 
+    /// The smallest sliding window of the model's layers (`None`: every layer sees the whole
+    /// context). A pass can be rolled back by this many tokens at least.
+    pub(crate) fn smallest_window(&self) -> Option<usize> {
+        self.inner
+            .kv_layout
+            .groups
+            .iter()
+            .filter_map(|g| g.window)
+            .min()
+    }
+
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.inner.tokenizer

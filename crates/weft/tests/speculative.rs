@@ -515,3 +515,43 @@ fn a_generation_with_a_banned_id_is_saved_and_resumed() {
     assert_eq!(again, whole);
     assert!(!whole.contains(&banned));
 }
+
+/// Drafts `len` copies of one token on its first call only: a guess that is rejected.
+struct Stubborn {
+    token: u32,
+    len: usize,
+}
+
+impl weft::Speculator for Stubborn {
+    fn draft(&mut self, _tokens: &[u32], max: usize) -> Vec<u32> {
+        let draft = vec![self.token; self.len.min(max)];
+        self.len = 0;
+        draft
+    }
+}
+
+#[test]
+fn drafts_longer_than_a_sliding_window_are_rejected_without_losing_keys() {
+    // Gemma 3's local layers see 512 positions. A rejected draft of more than a window must
+    // not have the cache give back pages the rolled-back position still needs.
+    let engine = engine("gemma3-270m");
+    let prompt = "Write a long story about a lighthouse keeper and the sea.";
+    let run = |draft: Option<usize>| {
+        let mut ctx = engine.context();
+        ctx.fill(prompt).expect("fill");
+        let g = ctx.generate(Sampler::Argmax).max_tokens(2000);
+        let mut g = match draft {
+            Some(len) => g.speculator(Stubborn { token: 7, len }).draft_len(len),
+            None => g,
+        };
+        let mut out = Vec::new();
+        while out.len() < 8 {
+            let step = g.next().expect("next").expect("a step");
+            out.extend(block_on(step.execute()).expect("step").accepted);
+        }
+        out
+    };
+    let plain = run(None);
+    assert_eq!(run(Some(1100)), plain);
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}

@@ -232,7 +232,9 @@ impl<'c> Generator<'c> {
         self
     }
 
-    /// Longest draft per step (default 6).
+    /// Longest draft per step (default 6). On a sliding-window model a draft is also kept
+    /// within the smallest window, so that rejecting all of it never needs keys the cache has
+    /// given back.
     pub fn draft_len(mut self, n: usize) -> Self {
         self.draft_len = n;
         self

@@ -167,11 +167,15 @@ fn draft(
         .engine()
         .n_ctx()
         .saturating_sub(gen.ctx.len() + gen.ctx.pending().len() + input.len());
+    // A rejected draft is rolled back out of the cache, which keeps one sliding window of
+    // slack behind the window itself: a draft longer than that could not be undone.
+    let rewind_room = gen.ctx.engine().smallest_window().unwrap_or(usize::MAX);
     let mut room = gen
         .stop
         .max_tokens
         .saturating_sub(gen.generated.len() + 1)
-        .min(ctx_room);
+        .min(ctx_room)
+        .min(rewind_room);
     // The step's bias bans the stop ids at every position while fewer than `min_tokens` were
     // generated before it: the draft stays inside that window, where the ban is right.
     let (done, min) = (gen.generated.len(), gen.stop.min_tokens);
