@@ -66,6 +66,9 @@ pub fn to_py(e: weft::Error) -> PyErr {
     // A batch's error names its request in the message, and keeps the request's own class.
     match e.cause() {
         _ if e.is_kv_full() => KvCacheFull::new_err(msg),
+        // A file that cannot be read (missing, a directory, no permission) is an I/O error
+        // wherever it was opened, as `Context.save` and friends raise.
+        E::Core(weft::CoreError::Io { .. }) => IoError::new_err(msg),
         E::Core(_) => ModelError::new_err(msg),
         E::NanLogits => NanLogits::new_err(msg),
         E::Hub(_) => HubError::new_err(msg),

@@ -88,6 +88,12 @@ def test_an_adapter_of_another_model_raises_and_the_engine_goes_on(smollm2, adap
     assert len(ctx.generate(weft.Argmax(), max_tokens=3, ignore_eos=True).tokens()) == 3
 
 
+def test_an_adapter_file_that_is_not_there_is_an_io_error(smollm2, tmp_path):
+    missing = tmp_path / "missing.gguf"
+    with pytest.raises(weft.IoError, match="missing.gguf"):
+        smollm2.load_adapter(missing)
+
+
 def test_generate_batch_runs_with_adapters(smollm2, reference, adapter_file):
     adapter = smollm2.load_adapter(adapter_file)
     prompts = [c["prompt"] for c in reference("lora.json")["cases"] if c["model"] == "smollm2"]
