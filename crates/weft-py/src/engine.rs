@@ -505,8 +505,74 @@ impl From<weft::Metrics> for Metrics {
     }
 }
 
+/// `Metrics`' fields in their constructor's order (pickling).
+type MetricsFields = (u64, u64, f64, u64, f64, u64, u64, usize, usize, u64, u64);
+
+impl Metrics {
+    fn fields(&self) -> MetricsFields {
+        (
+            self.steps,
+            self.passes,
+            self.mean_batch_passes,
+            self.max_batch_passes,
+            self.mean_batch_tokens,
+            self.tokens_prefilled,
+            self.tokens_decoded,
+            self.kv_pages_used,
+            self.kv_pages_free,
+            self.prefix_queried_tokens,
+            self.prefix_hit_tokens,
+        )
+    }
+}
+
 #[pymethods]
 impl Metrics {
+    /// Counters by hand (what unpickling calls); every field defaults to zero.
+    #[new]
+    #[pyo3(signature = (
+        steps = 0, passes = 0, mean_batch_passes = 0.0, max_batch_passes = 0,
+        mean_batch_tokens = 0.0, tokens_prefilled = 0, tokens_decoded = 0, kv_pages_used = 0,
+        kv_pages_free = 0, prefix_queried_tokens = 0, prefix_hit_tokens = 0
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        steps: u64,
+        passes: u64,
+        mean_batch_passes: f64,
+        max_batch_passes: u64,
+        mean_batch_tokens: f64,
+        tokens_prefilled: u64,
+        tokens_decoded: u64,
+        kv_pages_used: usize,
+        kv_pages_free: usize,
+        prefix_queried_tokens: u64,
+        prefix_hit_tokens: u64,
+    ) -> Metrics {
+        Metrics {
+            steps,
+            passes,
+            mean_batch_passes,
+            max_batch_passes,
+            mean_batch_tokens,
+            tokens_prefilled,
+            tokens_decoded,
+            kv_pages_used,
+            kv_pages_free,
+            prefix_queried_tokens,
+            prefix_hit_tokens,
+        }
+    }
+
+    /// Pickling (counters sent to another process): the class and its fields.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, pyo3::types::PyType>, MetricsFields) {
+        (slf.get_type(), slf.get().fields())
+    }
+
+    fn __eq__(&self, other: &Self) -> bool {
+        self.fields() == other.fields()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "weft.Metrics(steps={}, passes={}, mean_batch_passes={:.2}, kv_pages_used={}, kv_pages_free={})",

@@ -164,6 +164,21 @@ class Metrics:
     kv_pages_free: Final[int]
     prefix_queried_tokens: Final[int]
     prefix_hit_tokens: Final[int]
+    def __new__(
+        cls,
+        steps: int = 0,
+        passes: int = 0,
+        mean_batch_passes: float = 0.0,
+        max_batch_passes: int = 0,
+        mean_batch_tokens: float = 0.0,
+        tokens_prefilled: int = 0,
+        tokens_decoded: int = 0,
+        kv_pages_used: int = 0,
+        kv_pages_free: int = 0,
+        prefix_queried_tokens: int = 0,
+        prefix_hit_tokens: int = 0,
+    ) -> Metrics: ...
+    def __eq__(self, other: object) -> bool: ...
 
 @final
 class Adapter:

@@ -16,7 +16,7 @@ def test_generate_batch_equals_single_generations(smollm2):
         assert repr(r) == f"weft.Rollout(text={r.text!r}, stop_reason={r.stop_reason!r})"
 
 
-def test_rollouts_and_beams_pickle_for_other_processes(smollm2):
+def test_rollouts_beams_and_metrics_pickle_for_other_processes(smollm2):
     """Batch results go to other processes (multiprocessing pickles them)."""
     import pickle
 
@@ -33,6 +33,10 @@ def test_rollouts_and_beams_pickle_for_other_processes(smollm2):
             h.tokens, h.prompt_len, h.score, h.sum_logprobs, h.generated)
     with pytest.raises(ValueError, match="past the"):
         weft.BeamHypothesis([1, 2], 3, 0.0, 0.0)
+    metrics = smollm2.metrics()
+    back = pickle.loads(pickle.dumps(metrics))
+    assert type(back) is weft.Metrics and back == metrics
+    assert back.passes == metrics.passes > 0 and back.mean_batch_passes == metrics.mean_batch_passes
 
 
 def test_generate_batch_takes_the_generation_options(smollm2):
