@@ -414,6 +414,9 @@ impl Embedder {
     }
 }
 
+/// Texts embedded per call between checks for Ctrl-C.
+const EMBED_GROUP: usize = 32;
+
 /// One string → a 1-D array; a list of strings → a 2-D array (rows in order).
 fn embed<'py>(
     py: Python<'py>,
@@ -443,12 +446,19 @@ fn embed<'py>(
     };
     crate::callbacks::not_inside_a_callback()?;
     let opts = weft::EmbedOptions { pooling, normalize };
-    let vectors = py
-        .detach(|| {
-            let refs: Vec<&str> = list.iter().map(String::as_str).collect();
-            model.embed_texts(&refs, opts)
-        })
-        .py()?;
+    // A few texts at a time (each group still one batch), so that a Ctrl-C during a long
+    // list stops it between groups; the vectors do not depend on the grouping.
+    let mut vectors = Vec::with_capacity(list.len());
+    for group in list.chunks(EMBED_GROUP) {
+        let part = py
+            .detach(|| {
+                let refs: Vec<&str> = group.iter().map(String::as_str).collect();
+                model.embed_texts(&refs, opts)
+            })
+            .py()?;
+        vectors.extend(part);
+        py.check_signals()?;
+    }
     if single.is_some() {
         let v = vectors.into_iter().next().unwrap_or_default();
         return Ok(PyArray1::from_vec(py, v).into_any());

@@ -154,3 +154,28 @@ def test_minilm_embeddings_match_the_reference(reference):
     assert got.shape[1] == embedder.dimensions == 384
     for v, c in zip(got, cases):
         assert cosine(v, np.array(c["embedding"])) > 0.999
+
+
+def test_ctrl_c_stops_a_long_embedding_list(smollm2):
+    import signal
+
+    texts = [f"sentence number {i} about the sea and a lighthouse" for i in range(3000)]
+    few = smollm2.embed(texts[:40])
+    # Ctrl-C as the kernel delivers it, 0.3 s in (see test_concurrency's collector case).
+    before = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    passes = smollm2.metrics().passes
+    try:
+        smollm2.embed(texts)
+        raise AssertionError("the interrupt did not reach the embedding")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    # The interrupt stopped the list part-way (one pass per text).
+    ran = smollm2.metrics().passes - passes
+    assert 0 < ran < len(texts) // 2, ran
+    # Embedding in groups changes no bits, and the engine is free again.
+    assert np.array_equal(smollm2.embed(texts[:40]), few)
+    assert smollm2.metrics().kv_pages_used == 0
