@@ -339,3 +339,46 @@ fn manual_steps_see_the_constraint_and_accept_refuses_what_it_forbids() {
     let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
     assert!(jsonschema::is_valid(&person_schema(), &json), "{text}");
 }
+
+#[test]
+fn a_stop_string_completed_with_the_constraint_still_cuts_the_text() {
+    let engine = engine();
+    let run = |stop: Option<&str>, max: usize| {
+        let mut ctx = engine.context();
+        ctx.fill("Say abc:").expect("fill");
+        let mut g = ctx
+            .generate(Sampler::Argmax)
+            .max_tokens(max)
+            .constrain_with(Schema::Regex("abc".into()));
+        if let Some(s) = stop {
+            g = g.stop_string(s);
+        }
+        while let Some(step) = g.next().expect("next") {
+            block_on(step.execute()).expect("step");
+        }
+        (g.text().to_string(), g.stop_reason().cloned())
+    };
+    let (whole, reason) = run(None, 20);
+    assert_eq!(
+        (whole.as_str(), reason),
+        ("abc", Some(StopReason::Constraint))
+    );
+    // "c" completes both the language and the stop string: the stop string is never shown.
+    assert_eq!(
+        run(Some("c"), 20),
+        ("ab".to_string(), Some(StopReason::StopString("c".into())))
+    );
+    // Running out of tokens on the token that completes the language is the language's end.
+    let mut ctx = engine.context();
+    ctx.fill("Say abc:").expect("fill");
+    let g = ctx
+        .generate(Sampler::Argmax)
+        .max_tokens(20)
+        .constrain_with(Schema::Regex("abc".into()));
+    let ids = block_on(g.collect_tokens()).expect("generate");
+    assert_eq!(
+        run(None, ids.len()).1,
+        Some(StopReason::Constraint),
+        "{ids:?}"
+    );
+}

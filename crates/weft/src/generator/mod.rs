@@ -577,16 +577,20 @@ impl<'c> Generator<'c> {
                 return i + 1;
             }
             self.push_text(t);
+            // A stop string or sequence the token completes ends the generation even when the
+            // token also completes a constraint: the text is cut before it, as always. Running
+            // out of tokens on the token that completes a constraint is the constraint's end.
+            let rule = self.stop.check(&self.generated, &self.text);
             let terminal = self.constraints.iter_mut().any(|c| {
                 // A constraint that cannot judge the tokens has already seen them in its
                 // mask; an error here surfaces at the next step's mask.
                 c.is_terminal(&self.generated).unwrap_or(false)
             });
-            if terminal {
-                self.finish(StopReason::Constraint);
-                return i + 1;
-            }
-            if let Some(reason) = self.stop.check(&self.generated, &self.text) {
+            let reason = match rule {
+                Some(StopReason::MaxTokens) | None if terminal => Some(StopReason::Constraint),
+                rule => rule,
+            };
+            if let Some(reason) = reason {
                 self.finish(reason);
                 return i + 1;
             }
