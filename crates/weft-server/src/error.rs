@@ -219,6 +219,11 @@ impl From<weft::Error> for ApiError {
         use weft::Error as E;
         match &e {
             E::Grammar { .. } => ApiError::invalid(e.to_string()),
+            // The request's constraint, biases and `min_tokens` left no token to sample.
+            E::NothingAllowed => ApiError::invalid(format!(
+                "{e}: the request's grammar or schema, 'logit_bias' and 'min_tokens' together \
+                 allow nothing at some step."
+            )),
             E::Sampler(_) => ApiError::invalid(e.to_string()),
             E::TokenOutOfVocab { .. } => ApiError::param("prompt", e.to_string()),
             E::Chat(_) => ApiError::param("messages", e.to_string()),

@@ -382,3 +382,40 @@ fn a_stop_string_completed_with_the_constraint_still_cuts_the_text() {
         "{ids:?}"
     );
 }
+
+#[test]
+fn min_tokens_gives_way_to_a_constraint_that_allows_only_a_stop_token() {
+    // The grammar's language ends with the end of turn after "yes": min_tokens cannot ban
+    // that token without leaving nothing to sample (the step failed with NothingAllowed).
+    let engine = engine();
+    for speculate in [false, true] {
+        let mut ctx = engine.context();
+        ctx.fill("Say yes:").expect("fill");
+        let g = ctx
+            .generate(Sampler::Argmax)
+            .max_tokens(10)
+            .min_tokens(5)
+            .constrain_with(Schema::Gbnf(r#"root ::= "yes" <|im_end|>"#.into()));
+        let mut g = if speculate { g.system_speculation() } else { g };
+        while let Some(step) = g.next().expect("next") {
+            block_on(step.execute()).expect("step");
+        }
+        assert_eq!(g.text(), "yes");
+        assert!(
+            matches!(g.stop_reason(), Some(StopReason::StopToken(_))),
+            "{:?}",
+            g.stop_reason()
+        );
+        // Where the constraint allows more than the stop ids, the ban holds.
+        let mut ctx = engine.context();
+        ctx.fill("Say yes:").expect("fill");
+        let g = ctx
+            .generate(Sampler::Argmax)
+            .max_tokens(10)
+            .min_tokens(5)
+            .constrain_with(Schema::Gbnf(r#"root ::= "yes" (<|im_end|> | "!"+)"#.into()));
+        let ids = block_on(g.collect_tokens()).expect("generate");
+        assert!(ids.len() >= 5, "{ids:?}");
+    }
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}

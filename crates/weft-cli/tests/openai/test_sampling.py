@@ -217,6 +217,24 @@ def test_min_tokens_delays_the_end_of_generation(client, model):
     assert r.usage.completion_tokens >= 12
 
 
+def test_min_tokens_gives_way_to_a_grammar_that_must_end(http, model):
+    # The grammar allows only the end of turn after "yes": min_tokens banned it and left no
+    # token to sample (a 500 server_error).
+    end = {"smollm2-135m": "<|im_end|>", "gemma3-270m": "<end_of_turn>"}[model]
+    body = {
+        "model": model,
+        "prompt": "Say yes: ",
+        "max_tokens": 10,
+        "min_tokens": 5,
+        "grammar": f'root ::= "yes" {end}',
+        **greedy(),
+    }
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert (choice["text"], choice["finish_reason"]) == ("yes", "stop")
+
+
 def test_logit_bias_bans_and_forces_tokens(server, http, model):
     def complete(**extra):
         r = http.post(

@@ -288,7 +288,9 @@ impl<'c> Generator<'c> {
     }
 
     /// Generate at least `n` tokens: until then the stop ids (end-of-turn set and
-    /// [`Generator::stop`]) cannot be sampled. Stop strings and sequences still apply.
+    /// [`Generator::stop`]) cannot be sampled — unless a constraint allows nothing but a stop
+    /// id (its language ends there), as it also ends a generation it completes. Stop strings
+    /// and sequences still apply.
     pub fn min_tokens(mut self, n: usize) -> Self {
         self.stop.min_tokens = n;
         self
@@ -318,12 +320,21 @@ impl<'c> Generator<'c> {
     }
 
     /// The logit bias of the next step: the caller's, plus `-inf` on every stop id while
-    /// fewer than `min_tokens` were generated.
-    fn step_bias(&self) -> Vec<(u32, f32)> {
+    /// fewer than `min_tokens` were generated — unless the constraints' `mask` allows
+    /// nothing else (then `None`: the step bans nothing).
+    fn step_bias(&self, mask: Option<&TokenMask>) -> Option<Vec<(u32, f32)>> {
         let mut bias = self.bias.clone();
-        let banned = self.stop.banned(self.generated.len(), &self.eos);
+        let mut banned = self.stop.banned(self.generated.len(), &self.eos);
+        banned.sort_unstable();
+        banned.dedup();
+        if let Some(m) = mask {
+            let banned_allowed = banned.iter().filter(|&&t| m.is_allowed(t)).count();
+            if banned_allowed > 0 && banned_allowed == m.count() {
+                return None;
+            }
+        }
         bias.extend(banned.into_iter().map(|t| (t, f32::NEG_INFINITY)));
-        bias
+        Some(bias)
     }
 
     /// Also stop on these ids (added to the model's end-of-turn set, which stays).

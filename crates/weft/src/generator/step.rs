@@ -94,7 +94,13 @@ async fn run(
         masks.push(mask);
     }
     let allowed = masks.first().cloned();
-    let draft = if auto {
+    // `min_tokens` bans the stop ids, except where the constraints allow nothing else: the
+    // step then bans none, and drafts nothing (its draft positions would lose the ban).
+    let (bias, lifted) = match gen.step_bias(allowed.as_ref()) {
+        Some(bias) => (bias, false),
+        None => (gen.bias.clone(), true),
+    };
+    let draft = if auto && !lifted {
         draft(gen, input, &mut masks)?
     } else {
         Vec::new()
@@ -102,7 +108,6 @@ async fn run(
     let horizon = gen
         .horizon
         .unwrap_or_else(|| gen.stop.max_tokens.saturating_sub(gen.generated.len() + 1));
-    let bias = gen.step_bias();
     let mut fwd: Forward<'_> = gen.ctx.forward();
     fwd.input(input);
     let last = fwd.len() - 1;
