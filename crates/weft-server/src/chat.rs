@@ -52,6 +52,9 @@ pub async fn handle(
             ));
         }
         params.schema = Some(weft::Schema::JsonSchema(t.schema()?));
+        // A forced answer is calls, not text: a stop string would cut its arguments into
+        // JSON that does not parse, reported as a finished call. The constraint ends it.
+        params.stop.clear();
     }
     let prompt = render(&engine, &body, tools.as_ref())?;
     respond::check_length("messages", prompt.len(), &params, engine.n_ctx())?;

@@ -240,6 +240,19 @@ def test_a_forced_call_cut_short_is_a_call_streamed_or_not(client, model):
     assert both(3) == []
 
 
+def test_stop_strings_do_not_cut_a_forced_call(client, model):
+    # A stop string met inside the arguments cut them into JSON that does not parse, and the
+    # answer still said finish_reason "stop".
+    req = dict(
+        model=model, messages=QUESTION, tools=TOOLS, tool_choice="required", max_tokens=320,
+        **greedy(),
+    )
+    plain = client.chat.completions.create(**req).choices[0]
+    calls = assert_valid_calls(plain.message, plain.finish_reason)
+    stopped = client.chat.completions.create(stop=['"}', '", "', "{"], **req).choices[0]
+    assert assert_valid_calls(stopped.message, stopped.finish_reason) == calls
+
+
 def test_a_function_without_parameters_gets_empty_arguments(client, model):
     tools = [{"type": "function", "function": {"name": "now", "description": "Current time"}}]
     r = client.chat.completions.create(
