@@ -785,6 +785,19 @@ fn bad_adapters_are_typed_errors() {
     std::fs::write(dora.join("adapter_config.json"), config.to_string()).unwrap();
     let e = smol.load_adapter(&dora).unwrap_err();
     assert!(e.to_string().contains("DoRA"), "{e}");
+    // An alpha no trained adapter has: it loaded and silently turned the output into noise.
+    for alpha in [f32::NAN, f32::INFINITY, 1e30] {
+        let mut syn = synthetic("smollm2-135m", 4, 5);
+        syn.alpha = alpha;
+        let path = scratch().join(format!("smol-alpha-{alpha}.gguf"));
+        syn.write_gguf(&path);
+        let e = smol.load_adapter(&path).unwrap_err();
+        assert!(
+            matches!(&e, weft::Error::Core(weft_core::Error::BadAdapter { reason })
+                if reason.contains("alpha")),
+            "{alpha}: {e}"
+        );
+    }
 }
 
 /// Edits the `adapter_config.json` of a PEFT directory.

@@ -175,6 +175,14 @@ pub(crate) fn pair_from(
     scale: f32,
 ) -> Result<LoraPair, String> {
     let fits = |v: f32| v.is_finite() && v.abs() <= f16::MAX.to_f32();
+    // A scale past f16's range (an alpha of NaN, inf or 1e30 in the file) is no trained
+    // adapter's: it would turn every adapted product into noise, so it is refused.
+    if !fits(scale) {
+        return Err(format!(
+            "its scale (alpha / rank) is {scale}: alpha must be a finite number, with alpha / \
+             rank within ±65504"
+        ));
+    }
     for (what, values) in [("lora_A", a), ("lora_B", b)] {
         if let Some(v) = values.iter().find(|&&v| !fits(v)) {
             return Err(format!(
