@@ -420,7 +420,8 @@ fn q8_0_kv_snapshots_resume_and_other_kv_types_are_refused() {
 
     let f16 = open(weft::KvType::F16);
     let e = f16.resume(&bytes).unwrap_err();
-    assert!(matches!(e, Error::SnapshotCorrupt { .. }), "{e}");
+    // A sound snapshot for another setting: not reported as damaged.
+    assert!(matches!(e, Error::Config(_)), "{e}");
     assert!(
         e.to_string().contains("q8_0") && e.to_string().contains("f16"),
         "{e}"

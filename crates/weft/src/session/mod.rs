@@ -36,7 +36,9 @@ impl Engine {
     ///
     /// Errors: [`Error::ModelFingerprintMismatch`] for a snapshot of another model,
     /// [`Error::SnapshotVersion`] for one written by a newer weft, [`Error::SnapshotCorrupt`]
-    /// for anything truncated or damaged, [`Error::ContextTooLong`] when it does not fit this
+    /// for anything truncated or damaged, [`Error::Config`] for one taken with another KV
+    /// type ([`EngineConfig::kv_type`](crate::EngineConfig::kv_type)),
+    /// [`Error::ContextTooLong`] when it does not fit this
     /// engine's context length, and the KV cache's error when its pages do not fit the pool.
     /// On every error nothing is left allocated.
     ///
@@ -63,12 +65,11 @@ impl Engine {
         }
         let ours = self.inner.kv_layout.kv_type;
         if saved.layout.kv_type != ours {
-            return Err(Error::SnapshotCorrupt {
-                reason: format!(
-                    "its KV cache stores {}, this engine's {ours} (open the engine with the same KV type: `kv_type` in EngineConfig, `--kv-type` in the CLI)",
-                    saved.layout.kv_type
-                ),
-            });
+            // A sound snapshot for another setting, not a damaged one.
+            return Err(Error::Config(format!(
+                "the snapshot's KV cache stores {}, this engine's {ours} (open the engine with the same KV type: `kv_type` in EngineConfig, `--kv-type` in the CLI)",
+                saved.layout.kv_type
+            )));
         }
         if saved.layout != self.inner.kv_layout {
             return Err(Error::SnapshotCorrupt {
