@@ -55,12 +55,15 @@ impl GenOptions {
         if let Some(s) = json_schema {
             let text: String = if let Ok(t) = s.extract::<String>() {
                 t
+            } else if let Ok(b) = s.cast::<pyo3::types::PyBool>() {
+                // JSON Schema's boolean schemas: `True` allows any JSON value, `False` none.
+                b.is_true().to_string()
             } else if s.is_instance_of::<PyDict>() || s.hasattr("keys")? {
                 let json = s.py().import("json")?;
                 json.call_method1("dumps", (s,))?.extract()?
             } else {
                 return Err(pyo3::exceptions::PyTypeError::new_err(
-                    "json_schema must be a dict or a JSON string",
+                    "json_schema must be a dict, a bool or a JSON string",
                 ));
             };
             let value = serde_json::from_str(&text).map_err(|e| {

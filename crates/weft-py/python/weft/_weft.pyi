@@ -327,7 +327,7 @@ class Context:
         stop: Optional[Union[str, Sequence[Union[str, int]]]] = None,
         stop_token_ids: Optional[Sequence[int]] = None,
         stop_sequences: Optional[Sequence[Sequence[int]]] = None,
-        json_schema: Optional[Union[Dict[str, Any], str]] = None,
+        json_schema: Optional[Union[Dict[str, Any], bool, str]] = None,
         regex: Optional[str] = None,
         grammar: Optional[str] = None,
         gbnf: Optional[str] = None,

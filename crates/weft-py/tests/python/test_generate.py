@@ -236,6 +236,13 @@ def test_json_schema_output_parses_and_validates(smollm2):
     ctx.fill_chat([{"role": "user", "content": "Describe Paris as JSON."}])
     value = ctx.generate(weft.Argmax(), max_tokens=64, json_schema=schema).json()
     jsonschema.validate(value, schema)
+    # JSON Schema's boolean schemas, as the server takes them: True is any JSON value.
+    ctx = smollm2.context()
+    ctx.fill_chat([{"role": "user", "content": "Describe Paris as JSON."}])
+    text = ctx.generate(weft.Argmax(), max_tokens=16, json_schema=True).text()
+    assert text and text[0] in '{["-0123456789tfn', text
+    with pytest.raises(weft.GrammarError):
+        smollm2.context().generate(weft.Argmax(), json_schema=False)
 
 
 def test_regex_and_grammar_constrain_the_output(smollm2):
