@@ -170,6 +170,10 @@ pub enum Error {
     /// A token id past the end of the vocabulary.
     #[error("token id {id} is out of the vocabulary (size {vocab_size})")]
     TokenOutOfRange { id: u32, vocab_size: usize },
+    /// A thread count past [`crate::threadpool::MAX_THREADS`], or threads the operating
+    /// system would not start.
+    #[error("cannot run on {n_threads} threads: {reason}")]
+    Threads { n_threads: usize, reason: String },
 }
 
 /// Result with the engine core's [`Error`].

@@ -124,6 +124,8 @@ pub struct ModelRunner {
 impl ModelRunner {
     /// Loads the model in `file` and sets up its cache and threads.
     pub fn new(file: Arc<GgufFile>, cfg: &RunnerConfig) -> Result<ModelRunner> {
+        // Threads first: a bad count is an error before the model loads.
+        let pool = ThreadPool::try_new(cfg.n_threads.max(1))?;
         let model = models::load_paged(file, cfg.layer_pager.clone())?;
         let layout = KvLayout {
             kv_type: cfg.kv_type,
@@ -141,7 +143,7 @@ impl ModelRunner {
         Ok(ModelRunner {
             model,
             kv,
-            pool: ThreadPool::new(cfg.n_threads.max(1)),
+            pool,
             ws: Workspace::default(),
             logits: Vec::new(),
             last_rows: 0,

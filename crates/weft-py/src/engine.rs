@@ -294,7 +294,8 @@ impl Engine {
     }
 
     /// The context a `Context.snapshot()` holds, going on exactly where it was taken
-    /// (`SnapshotCorrupt`, `SnapshotVersion`, `ModelFingerprintMismatch` if it cannot).
+    /// (`SnapshotCorrupt`, `SnapshotVersion`, `ModelFingerprintMismatch`, or `ConfigError` for
+    /// another `kv_type`, if it cannot).
     fn resume(&self, py: Python<'_>, snapshot: &Bound<'_, PyAny>) -> PyResult<Context> {
         let bytes = bytes_like(snapshot, "a snapshot")?;
         let ctx = py.detach(|| self.inner.resume(&bytes)).py()?;

@@ -69,6 +69,7 @@ pub fn to_py(e: weft::Error) -> PyErr {
         // A file that cannot be read (missing, a directory, no permission) is an I/O error
         // wherever it was opened, as `Context.save` and friends raise.
         E::Core(weft::CoreError::Io { .. }) => IoError::new_err(msg),
+        E::Core(weft::CoreError::Threads { .. }) => ConfigError::new_err(msg),
         E::Core(_) => ModelError::new_err(msg),
         E::NanLogits => NanLogits::new_err(msg),
         E::Hub(_) => HubError::new_err(msg),

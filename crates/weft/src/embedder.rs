@@ -206,7 +206,7 @@ impl Embedder {
                 max_tokens,
                 pooling,
                 batch_tokens: config.batch_tokens.max(1),
-                run: Mutex::new(ThreadPool::new(config.n_threads)),
+                run: Mutex::new(ThreadPool::try_new(config.n_threads)?),
             }),
         })
     }

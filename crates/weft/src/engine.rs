@@ -338,6 +338,7 @@ impl Engine {
         let stop_tokens = crate::chat::stop_tokens(&tokenizer);
         let config = EngineConfig {
             n_threads: config.n_threads.max(1),
+            kv_tokens: runner.kv().capacity(),
             n_ctx: Some(n_ctx),
             step_tokens: config.step_tokens.max(1),
             ..config
@@ -367,7 +368,8 @@ impl Engine {
     }
 
     /// The whole configuration in effect: what was asked, with the thread count, the context
-    /// length (`n_ctx`, resolved from the model) and the step budget filled in.
+    /// length (`n_ctx`, resolved from the model), the KV cache's real size (`kv_tokens`: at
+    /// least `n_ctx`, in whole pages) and the step budget filled in.
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
     }

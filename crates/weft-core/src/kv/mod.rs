@@ -183,6 +183,12 @@ impl KvCache {
         })
     }
 
+    /// How many tokens the cache holds over all sequences: the size asked for, rounded up
+    /// to whole pages.
+    pub fn capacity(&self) -> usize {
+        self.groups.first().map_or(0, |g| g.pool.n_pages()) * PAGE_SIZE
+    }
+
     /// The cache's shape.
     pub fn layout(&self) -> &KvLayout {
         &self.layout

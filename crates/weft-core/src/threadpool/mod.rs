@@ -35,6 +35,10 @@ pub use shares::Claim;
 use shares::Share;
 
 /// How long a waiting thread spins on the atomic before it starts yielding.
+/// Most threads a pool runs: far past any CPU this runs on, and short of what would only
+/// exhaust the system's threads.
+pub const MAX_THREADS: usize = 256;
+
 const SPIN_TIME: Duration = Duration::from_micros(50);
 /// How long (after spinning) a waiting thread calls `yield_now` before it parks.
 const YIELD_TIME: Duration = Duration::from_micros(500);
@@ -115,8 +119,24 @@ impl ThreadPool {
     /// `ThreadPool::new(2)` starts 1 worker. `n_threads == 0` is treated as 1.
     ///
     /// # Panics
-    /// If the operating system refuses to start a thread.
+    /// If `n_threads` is past [`MAX_THREADS`] or the operating system refuses to start a
+    /// thread ([`ThreadPool::try_new`] returns those as errors).
     pub fn new(n_threads: usize) -> ThreadPool {
+        match ThreadPool::try_new(n_threads) {
+            Ok(pool) => pool,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// [`ThreadPool::new`], with a count past [`MAX_THREADS`] or a thread the operating
+    /// system would not start as [`Error::Threads`](crate::Error::Threads).
+    pub fn try_new(n_threads: usize) -> crate::Result<ThreadPool> {
+        if n_threads > MAX_THREADS {
+            return Err(crate::Error::Threads {
+                n_threads,
+                reason: format!("the thread count must be between 1 and {MAX_THREADS}"),
+            });
+        }
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             n_threads,
@@ -135,21 +155,25 @@ impl ThreadPool {
             caller: Mutex::new(None),
             panic: Mutex::new(None),
         });
-        let workers = (1..n_threads)
-            .map(|index| {
-                let shared = Arc::clone(&shared);
-                thread::Builder::new()
-                    .name(format!("weft-worker-{index}"))
-                    .spawn(move || worker_loop(&shared, index))
-                    .expect("failed to start a thread-pool worker")
-            })
-            .collect();
-        ThreadPool {
+        let mut pool = ThreadPool {
             shared,
-            workers,
+            workers: Vec::with_capacity(n_threads - 1),
             run_lock: Mutex::new(()),
             share_runs: AtomicU64::new(0),
+        };
+        for index in 1..n_threads {
+            let shared = Arc::clone(&pool.shared);
+            let worker = thread::Builder::new()
+                .name(format!("weft-worker-{index}"))
+                .spawn(move || worker_loop(&shared, index))
+                // Dropping the pool stops and joins the workers already started.
+                .map_err(|e| crate::Error::Threads {
+                    n_threads,
+                    reason: format!("the operating system would not start thread {index}: {e}"),
+                })?;
+            pool.workers.push(worker);
         }
+        Ok(pool)
     }
 
     /// The number of threads, the calling thread included.

@@ -47,6 +47,16 @@ def test_an_engine_from_bytes_its_config_default_sampler_and_stop_tokens(smollm2
     assert greedy(weft.Engine.from_bytes(bytearray(data), threads=2), prompt) == want
     config = in_memory.config()
     assert config["threads"] == 2 and config["kv_tokens"] == 1024
+    # The cache's real size: at least n_ctx, in whole pages (it said the 50 asked for).
+    small = weft.Engine.from_bytes(data, threads=2, n_ctx=100, kv_tokens=50).config()
+    assert small["n_ctx"] == 100 and small["kv_tokens"] >= 100 and small["kv_tokens"] % 32 == 0
+    # A thread count no machine needs is a ConfigError before the model loads (a panic
+    # once the system refused the 30,000th thread).
+    for threads in (257, 100_000):
+        with pytest.raises(weft.ConfigError, match="between 1 and 256"):
+            weft.Engine.from_bytes(data, threads=threads)
+    with pytest.raises(weft.ConfigError, match="between 1 and 256"):
+        weft.Embedder("all-minilm-l6-v2", threads=1000)
     assert config["n_ctx"] == in_memory.n_ctx <= 1024
     assert config["kv_type"] == "f16" and config["resident_layers"] is None
     assert config["sampler"] == weft.Argmax()
