@@ -129,8 +129,8 @@ pub enum Error {
     #[error("sequence {seq} is already in the KV cache")]
     SequenceExists { seq: u64 },
     /// A rewind to a point whose sliding-window keys were already released.
-    #[error("cannot rewind sequence {seq} to {to} tokens: the sliding-window keys it needs were already released")]
-    RewindPastWindow { seq: u64, to: usize },
+    #[error("cannot go back to {to} tokens: the model's sliding-window layers ({window} positions) have already released keys that point needs (a context can go back about one window behind its end; start a new context and fill it instead)")]
+    RewindPastWindow { seq: u64, to: usize, window: usize },
     /// A token placed so far back that the sliding-window keys it would see were released.
     #[error("position {pos} is too far behind sequence {seq}'s highest position: the sliding-window keys a token there would see were already released")]
     PositionBehindWindow { seq: u64, pos: u32 },

@@ -31,6 +31,7 @@ exceptions! {
     ModelError(WeftError): "The engine core failed: model file, tokenizer, KV cache or forward pass.";
     KvCacheFull(ModelError): "The KV cache had no free page for the pass; retry once other contexts have given pages back.";
     NanLogits(ModelError): "The model computed logits that are not numbers (NaN), so nothing can be sampled.";
+    RewindPastWindow(ModelError): "A context cannot go back that far: the model's sliding-window layers have released keys that point needs.";
     HubError(WeftError): "Fetching a model failed.";
     ChatTemplateError(WeftError): "Rendering the model's chat template failed.";
     InvalidSampler(WeftError): "A sampler's parameters are out of range.";
@@ -66,6 +67,7 @@ pub fn to_py(e: weft::Error) -> PyErr {
     // A batch's error names its request in the message, and keeps the request's own class.
     match e.cause() {
         _ if e.is_kv_full() => KvCacheFull::new_err(msg),
+        _ if e.is_rewind_past_window() => RewindPastWindow::new_err(msg),
         // A file that cannot be read (missing, a directory, no permission) is an I/O error
         // wherever it was opened, as `Context.save` and friends raise.
         E::Core(weft::CoreError::Io { .. }) => IoError::new_err(msg),

@@ -403,7 +403,11 @@ impl KvCache {
                 let evicted = (first_needed / PAGE_SIZE..n.div_ceil(PAGE_SIZE))
                     .any(|i| s.tables[g].get(i).is_some_and(|p| p.is_none()));
                 if evicted {
-                    return Err(Error::RewindPastWindow { seq: seq.0, to: n });
+                    return Err(Error::RewindPastWindow {
+                        seq: seq.0,
+                        to: n,
+                        window,
+                    });
                 }
             }
         }

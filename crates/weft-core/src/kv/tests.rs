@@ -253,7 +253,16 @@ fn sliding_window_pages_are_released_and_rewinds_checked() {
     assert_eq!(kv.append(s, &[130]).unwrap(), 6 * PAGE_SIZE);
     assert!(kv.truncate(s, 5 * PAGE_SIZE).is_ok());
     let e = kv.truncate(s, 3 * PAGE_SIZE).unwrap_err();
-    assert!(matches!(e, Error::RewindPastWindow { .. }));
+    assert!(matches!(e, Error::RewindPastWindow { window: 32, .. }));
+    // Said in the user's terms: where to, the window, what to do; no internal sequence id.
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("back to {} tokens", 3 * PAGE_SIZE))
+            && msg.contains("(32 positions)")
+            && msg.contains("new context")
+            && !msg.contains("sequence"),
+        "{msg}"
+    );
     kv.free_sequence(s);
     assert!(kv.usage().iter().all(|u| u.free == u.total));
 }

@@ -12,12 +12,13 @@ def test_every_exception_is_a_weft_error():
         "InputEmbeds", "AttentionBias", "PaddedBatch", "ContextTooLong", "EmptyPass",
         "NothingAllowed", "TruncateTooLong", "ConfigError", "GrammarError", "JsonError",
         "SnapshotCorrupt", "SnapshotVersion", "ModelFingerprintMismatch", "BeamSearchError",
-        "IoError", "EngineStopped", "ContextBusy", "NanLogits",
+        "IoError", "EngineStopped", "ContextBusy", "NanLogits", "RewindPastWindow",
     ]
     for name in names:
         assert issubclass(getattr(weft, name), weft.WeftError), name
     assert issubclass(weft.KvCacheFull, weft.ModelError)
     assert issubclass(weft.NanLogits, weft.ModelError)
+    assert issubclass(weft.RewindPastWindow, weft.ModelError)
     assert issubclass(weft.WeftError, Exception)
 
 
@@ -329,3 +330,18 @@ def test_an_engine_in_a_forked_child_says_so_instead_of_hanging():
     lines = done.stdout.splitlines()
     assert lines == ["True", "EngineStopped 2 async refused", "child 0"], (
         done.stdout, done.stderr[-2000:])
+
+
+def test_going_back_past_gemmas_window_is_rewind_past_window():
+    from conftest import engine_for
+
+    gemma = engine_for("gemma3")
+    ctx = gemma.context()
+    ctx.fill("word " * 1500)
+    ctx.generate(weft.Argmax(), max_tokens=1).tokens()
+    n = len(ctx.tokens)
+    with pytest.raises(weft.RewindPastWindow, match=r"\(512 positions\)"):
+        ctx.truncate(10)
+    # Nothing changed: the context goes on where it was.
+    assert len(ctx.tokens) == n
+    assert len(ctx.generate(weft.Argmax(), max_tokens=2, ignore_eos=True).tokens()) == 2
