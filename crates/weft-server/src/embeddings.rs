@@ -7,6 +7,7 @@
 //! model is served — from the chat model's pooled hidden states, like llama-server's
 //! `--embedding`. Vectors are pooled as the model was trained and L2-normalized.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -163,8 +164,12 @@ async fn run(
     inputs: Inputs,
     opts: EmbedOptions,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    // Set when this future is dropped (the client went away, or a second signal stopped the
+    // server): the work off the async workers stops at its next group of inputs.
+    let gone = GoneOnDrop::default();
     let Some(engine) = kv else {
-        return blocking(move || embed(&*model, &inputs, opts))
+        let flag = gone.flag();
+        return blocking(move || embed(&*model, &inputs, opts, &flag))
             .await?
             .map_err(api_error);
     };
@@ -184,8 +189,8 @@ async fn run(
     let inputs = Arc::new(Inputs::Ids(ids));
     let mut _preempted = None;
     loop {
-        let (model, inputs) = (model.clone(), inputs.clone());
-        match blocking(move || embed(&*model, &inputs, opts)).await? {
+        let (model, inputs, flag) = (model.clone(), inputs.clone(), gone.flag());
+        match blocking(move || embed(&*model, &inputs, opts, &flag)).await? {
             Err(e) if e.is_kv_full() => _preempted = Some(state.preempted(&engine, need).await),
             done => return done.map_err(api_error),
         }
@@ -201,23 +206,61 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("the embedding task failed: {e}")))
 }
 
-/// The vectors and the number of tokens the model read.
+/// A flag set when the request's future is dropped.
+#[derive(Default)]
+struct GoneOnDrop(Arc<AtomicBool>);
+
+impl GoneOnDrop {
+    fn flag(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+}
+
+impl Drop for GoneOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Tokens embedded per model call, at most (one input may be longer), between checks that
+/// the request is still wanted. Each input's vector does not depend on its group.
+const GROUP_TOKENS: usize = 4096;
+
+/// The vectors and the number of tokens the model read; a request dropped meanwhile (`gone`)
+/// stops between groups of inputs, with an error nobody reads.
 fn embed(
     model: &dyn EmbeddingModel,
     inputs: &Inputs,
     opts: EmbedOptions,
+    gone: &AtomicBool,
 ) -> weft::Result<(Vec<Vec<f32>>, usize)> {
-    match inputs {
-        Inputs::Texts(texts) => {
-            let tokens = texts.iter().map(|t| model.input_ids(t).len()).sum();
-            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            Ok((model.embed_texts(&refs, opts)?, tokens))
+    let lens: Vec<usize> = match inputs {
+        Inputs::Texts(texts) => texts.iter().map(|t| model.input_ids(t).len()).collect(),
+        Inputs::Ids(ids) => ids.iter().map(Vec::len).collect(),
+    };
+    let mut vectors = Vec::with_capacity(lens.len());
+    let mut start = 0;
+    while start < lens.len() {
+        if gone.load(Ordering::Relaxed) {
+            return Err(weft::Error::Config("the request was dropped".into()));
         }
-        Inputs::Ids(ids) => {
-            let tokens = ids.iter().map(Vec::len).sum();
-            Ok((model.embed_ids(ids, opts)?, tokens))
+        let mut end = start + 1;
+        let mut tokens = lens[start];
+        while end < lens.len() && tokens + lens[end] <= GROUP_TOKENS {
+            tokens += lens[end];
+            end += 1;
         }
+        let part = match inputs {
+            Inputs::Texts(texts) => {
+                let refs: Vec<&str> = texts[start..end].iter().map(String::as_str).collect();
+                model.embed_texts(&refs, opts)?
+            }
+            Inputs::Ids(ids) => model.embed_ids(&ids[start..end], opts)?,
+        };
+        vectors.extend(part);
+        start = end;
     }
+    Ok((vectors, lens.iter().sum()))
 }
 
 /// An embedding's error, naming `input` where the input is at fault.

@@ -240,3 +240,36 @@ def test_chat_model_embeddings_wait_for_kv_pages_like_requests(server, model):
     finally:
         c.close()
         srv.stop()
+
+
+@MODEL_INDEPENDENT
+def test_an_embedding_request_the_client_left_stops_its_work(server, model):
+    """A client that leaves an embedding request mid-way: its inputs stop running (they ran
+    on for minutes, holding the model and KV pages, and kept a stopping server waiting)."""
+    from conftest import get_metrics
+
+    text = " ".join(f"Sentence {i} of a long text to embed." for i in range(100))  # ~1000 tokens
+    body = {"model": model, "input": [f"{j}: {text}" for j in range(96)]}  # a minute of work
+
+    def calls():
+        return get_metrics(server.base_url)["weft:model_calls_total"]
+
+    before = calls()
+    with httpx.Client(base_url=server.base_url, timeout=1.5) as h:
+        try:
+            h.post("/v1/embeddings", json=body)
+            raise AssertionError("a minute of embeddings answered within 1.5 s")
+        except httpx.TimeoutException:
+            pass  # the client leaves
+    # The model stops within a group of inputs: two readings a second and a half apart agree.
+    deadline = time.monotonic() + 20
+    last = calls()
+    while True:
+        time.sleep(1.5)
+        now = calls()
+        if now == last:
+            break
+        assert time.monotonic() < deadline, f"still running 20 s after the client left ({now})"
+        last = now
+    assert now > before, "the request never ran"
+    kv_idle(server.base_url)
