@@ -1,6 +1,6 @@
 //! [`Embedder`]: sentence embeddings from an encoder model — a BERT read from a
 //! sentence-transformers folder (`model.safetensors`, `config.json`, `tokenizer.json`, and the
-//! optional `sentence_bert_config.json`, `1_Pooling/config.json`, `modules.json`), such as
+//! optional `sentence_bert_config.json`, `modules.json` and its pooling `config.json`), such as
 //! all-MiniLM-L6-v2.
 //!
 //! An encoder has no KV cache and generates nothing: each text is one sequence that attends to
@@ -90,6 +90,62 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     }
 }
 
+/// The folder of the model's pooling module, from `modules.json` (`1_Pooling` without one).
+/// A module weft does not run (a `Dense` projection, a `LayerNorm`, …) is an error: leaving
+/// it out would give vectors other than the model's.
+fn pooling_dir(dir: &Path) -> Result<PathBuf> {
+    let Some(modules) = read_json(&dir.join("modules.json"))? else {
+        return Ok(PathBuf::from("1_Pooling"));
+    };
+    let unsupported = |what: String| {
+        Error::Core(weft_core::Error::UnsupportedModel {
+            what: format!("{what} (modules.json)"),
+        })
+    };
+    let mut pooling = None;
+    for module in modules.as_array().into_iter().flatten() {
+        let kind = module.get("type").and_then(Value::as_str).unwrap_or("");
+        let path = module.get("path").and_then(Value::as_str).unwrap_or("");
+        match kind.rsplit('.').next().unwrap_or(kind) {
+            "Transformer" | "Normalize" => {}
+            "Pooling" => pooling = Some(PathBuf::from(path)),
+            other => {
+                return Err(unsupported(format!(
+                    "a sentence-transformers {other:?} module ({path})"
+                )))
+            }
+        }
+    }
+    Ok(pooling.unwrap_or_else(|| PathBuf::from("1_Pooling")))
+}
+
+/// The pooling a sentence-transformers `Pooling` module's `config.json` asks for; modes weft
+/// does not compute (`mean_sqrt_len`, `weightedmean`, several at once) are errors.
+fn pooling_mode(config: &Value) -> Result<Pooling> {
+    let modes = [
+        ("pooling_mode_mean_tokens", Some(Pooling::Mean)),
+        ("pooling_mode_cls_token", Some(Pooling::Cls)),
+        ("pooling_mode_max_tokens", Some(Pooling::Max)),
+        ("pooling_mode_lasttoken", Some(Pooling::Last)),
+        ("pooling_mode_mean_sqrt_len_tokens", None),
+        ("pooling_mode_weightedmean_tokens", None),
+    ];
+    let on: Vec<_> = modes
+        .iter()
+        .filter(|(k, _)| config.get(*k).and_then(Value::as_bool) == Some(true))
+        .collect();
+    match on.as_slice() {
+        [] => Ok(Pooling::Mean),
+        [(_, Some(p))] => Ok(*p),
+        _ => {
+            let names: Vec<&str> = on.iter().map(|(k, _)| *k).collect();
+            Err(Error::Core(weft_core::Error::UnsupportedModel {
+                what: format!("sentence-transformers pooling {}", names.join(" + ")),
+            }))
+        }
+    }
+}
+
 fn read_text(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|source| {
         Error::Core(weft_core::Error::Io {
@@ -119,7 +175,8 @@ impl Embedder {
         let bert_config = read_text(&dir.join("config.json"))?;
         let tokenizer = read_text(&dir.join("tokenizer.json"))?;
         let sentence = read_json(&dir.join("sentence_bert_config.json"))?;
-        let pooling = read_json(&dir.join("1_Pooling").join("config.json"))?;
+        let pooling_dir = pooling_dir(&dir)?;
+        let pooling = read_json(&dir.join(pooling_dir).join("config.json"))?;
         Embedder::build(
             dir.display().to_string(),
             &tensors,
@@ -189,14 +246,7 @@ impl Embedder {
             .or(tokenizer.truncation())
             .unwrap_or(cfg.max_position_embeddings)
             .clamp(2, cfg.max_position_embeddings);
-        let flag = |k: &str| pooling.and_then(|p| p.get(k)).and_then(Value::as_bool) == Some(true);
-        let pooling = if flag("pooling_mode_cls_token") {
-            Pooling::Cls
-        } else if flag("pooling_mode_max_tokens") {
-            Pooling::Max
-        } else {
-            Pooling::Mean
-        };
+        let pooling = pooling.map_or(Ok(Pooling::Mean), pooling_mode)?;
         let model = Bert::load(tensors, cfg)?;
         Ok(Embedder {
             inner: Arc::new(Inner {
@@ -226,7 +276,8 @@ impl Embedder {
         self.inner.max_tokens
     }
 
-    /// The pooling the model was trained with (its `1_Pooling/config.json`; mean without one).
+    /// The pooling the model was trained with (its pooling module's `config.json`, found
+    /// through `modules.json`; mean without one).
     pub fn pooling(&self) -> Pooling {
         self.inner.pooling
     }

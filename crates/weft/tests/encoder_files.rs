@@ -259,3 +259,78 @@ fn broken_configs_and_tokenizers_give_typed_errors() {
         expect_error(what, load(model(), CONFIG, &tokenizer), needle);
     }
 }
+
+/// A sentence-transformers folder of the tiny BERT with these `modules.json` and pooling
+/// `config.json` (at `pooling_path`).
+fn folder(
+    name: &str,
+    modules: Option<&str>,
+    pooling_path: &str,
+    pooling: &str,
+) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("weft-st-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join(pooling_path)).expect("mkdir");
+    std::fs::write(dir.join("model.safetensors"), model_bytes(|_, _, _| true)).expect("write");
+    std::fs::write(dir.join("config.json"), CONFIG).expect("write");
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).expect("write");
+    std::fs::write(dir.join(pooling_path).join("config.json"), pooling).expect("write");
+    if let Some(m) = modules {
+        std::fs::write(dir.join("modules.json"), m).expect("write");
+    }
+    dir
+}
+
+#[test]
+fn a_folder_s_modules_and_pooling_are_followed_or_refused() {
+    let open = |dir: &std::path::Path| Embedder::open(dir, EmbedderConfig::default());
+    let modules = |pooling: &str, extra: &str| {
+        format!(
+            r#"[{{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}},
+               {{"idx": 1, "name": "1", "path": "{pooling}", "type": "sentence_transformers.models.Pooling"}}{extra}]"#
+        )
+    };
+    let mode = |m: &str| format!(r#"{{"word_embedding_dimension": 8, "{m}": true}}"#);
+    // The pooling module's folder comes from modules.json, and each mode is the model's own.
+    for (m, want) in [
+        ("pooling_mode_mean_tokens", weft::Pooling::Mean),
+        ("pooling_mode_cls_token", weft::Pooling::Cls),
+        ("pooling_mode_max_tokens", weft::Pooling::Max),
+        ("pooling_mode_lasttoken", weft::Pooling::Last),
+    ] {
+        let dir = folder(m, Some(&modules("pool", "")), "pool", &mode(m));
+        assert_eq!(open(&dir).expect(m).pooling(), want, "{m}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+    // What weft does not compute is refused, not silently replaced (the vectors would differ
+    // from the model's): a Dense projection, and pooling modes it lacks.
+    let dense = r#", {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}"#;
+    let dir = folder(
+        "dense",
+        Some(&modules("1_Pooling", dense)),
+        "1_Pooling",
+        &mode("pooling_mode_mean_tokens"),
+    );
+    expect_error("a Dense module", open(&dir), "\"Dense\" module (2_Dense)");
+    std::fs::remove_dir_all(&dir).ok();
+    let dir = folder(
+        "sqrt",
+        None,
+        "1_Pooling",
+        &mode("pooling_mode_mean_sqrt_len_tokens"),
+    );
+    expect_error(
+        "mean_sqrt_len",
+        open(&dir),
+        "pooling_mode_mean_sqrt_len_tokens",
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    let both = r#"{"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": true}"#;
+    let dir = folder("both", None, "1_Pooling", both);
+    expect_error(
+        "two modes at once",
+        open(&dir),
+        "pooling_mode_mean_tokens + pooling_mode_cls_token",
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
