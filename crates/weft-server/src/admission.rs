@@ -113,14 +113,22 @@ impl Admission {
         )
     }
 
-    fn room(&self, engine: &Engine, need: usize) -> bool {
-        self.preempted.load(Ordering::Relaxed) == 0
-            && engine.kv_free_tokens() >= need.min(engine.n_ctx())
+    /// Whether the KV pool of `engine` (none: a request that uses no KV cache, such as an
+    /// encoder's embeddings) has room for `need` tokens, with no preempted request waiting.
+    fn room(&self, engine: Option<&Engine>, need: usize) -> bool {
+        engine.is_none_or(|engine| {
+            self.preempted.load(Ordering::Relaxed) == 0
+                && engine.kv_free_tokens() >= need.min(engine.n_ctx())
+        })
     }
 
-    /// Waits for a slot for a request that needs `need` KV tokens to start; 429 when the
-    /// queue is full.
-    pub async fn admit(self: &Arc<Self>, engine: &Engine, need: usize) -> Result<Permit, ApiError> {
+    /// Waits for a slot for a request that needs `need` KV tokens of `engine` to start (no
+    /// engine: no KV tokens, only a slot); 429 when the queue is full.
+    pub async fn admit(
+        self: &Arc<Self>,
+        engine: Option<&Engine>,
+        need: usize,
+    ) -> Result<Permit, ApiError> {
         let id = {
             let mut q = self.lock();
             if q.waiting.is_empty() && q.running < self.parallel && self.room(engine, need) {

@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -128,7 +129,24 @@ pub async fn handle(
         pooling: model.default_pooling(),
         normalize: true,
     };
-    let (vectors, tokens) = run(&state, model, kv, inputs, opts).await?;
+    let count = match &inputs {
+        Inputs::Texts(t) => t.len(),
+        Inputs::Ids(i) => i.len(),
+    };
+    let mut log = RequestLog {
+        state: &state,
+        id: state.new_id("embd"),
+        count,
+        arrived: Instant::now(),
+        outcome: None,
+    };
+    let result = run(&state, model, kv, inputs, opts).await;
+    log.outcome = Some(match &result {
+        Ok((_, tokens)) => Outcome::Done(*tokens),
+        Err(e) if e.status == axum::http::StatusCode::TOO_MANY_REQUESTS => Outcome::Refused,
+        Err(e) => Outcome::Failed(e.message.clone()),
+    });
+    let (vectors, tokens) = result?;
     let data: Vec<Value> = vectors
         .iter()
         .enumerate()
@@ -168,6 +186,8 @@ async fn run(
     // server): the work off the async workers stops at its next group of inputs.
     let gone = GoneOnDrop::default();
     let Some(engine) = kv else {
+        // An encoder holds no KV pages: only a slot of `--parallel` (or a place in the queue).
+        let _permit = state.admission.admit(None, 0).await?;
         let flag = gone.flag();
         return blocking(move || embed(&*model, &inputs, opts, &flag))
             .await?
@@ -185,7 +205,7 @@ async fn run(
         .map(|i| i.len().next_multiple_of(PAGE_SIZE))
         .max();
     let need = need.unwrap_or(0);
-    let _permit = state.admission.admit(&engine, need).await?;
+    let _permit = state.admission.admit(Some(&engine), need).await?;
     let inputs = Arc::new(Inputs::Ids(ids));
     let mut _preempted = None;
     loop {
@@ -204,6 +224,57 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ApiError::internal(format!("the embedding task failed: {e}")))
+}
+
+/// How an embedding request ended.
+enum Outcome {
+    /// Answered, after reading this many tokens.
+    Done(usize),
+    /// Turned away with 429 (the queue was full): never admitted, so not counted.
+    Refused,
+    /// Failed after admission.
+    Failed(String),
+}
+
+/// Logs a request's line and counts it in the metrics as it ends: done (with the tokens read),
+/// failed, or cancelled (dropped before an outcome, as when the client goes away).
+struct RequestLog<'a> {
+    state: &'a State,
+    id: String,
+    count: usize,
+    arrived: Instant,
+    outcome: Option<Outcome>,
+}
+
+impl Drop for RequestLog<'_> {
+    fn drop(&mut self) {
+        let m = &self.state.metrics;
+        let took = self.arrived.elapsed();
+        let outcome = match &self.outcome {
+            Some(Outcome::Refused) => "refused: the queue is full".to_string(),
+            Some(Outcome::Done(tokens)) => {
+                m.requests_ok.fetch_add(1, Ordering::Relaxed);
+                m.prompt_tokens.fetch_add(*tokens as u64, Ordering::Relaxed);
+                m.e2e.observe(took);
+                format!("{tokens} tokens, ok")
+            }
+            Some(Outcome::Failed(e)) => {
+                m.requests_failed.fetch_add(1, Ordering::Relaxed);
+                format!("error: {e}")
+            }
+            None => {
+                m.requests_cancelled.fetch_add(1, Ordering::Relaxed);
+                "cancelled".to_string()
+            }
+        };
+        tracing::info!(
+            target: "weft_server",
+            "{}: embeddings of {} inputs, {} ms, {outcome}",
+            self.id,
+            self.count,
+            took.as_millis()
+        );
+    }
 }
 
 /// A flag set when the request's future is dropped.

@@ -32,7 +32,7 @@ pub async fn start(
 ) -> Result<mpsc::Receiver<Event>, ApiError> {
     let prompt: usize = job.prompts.iter().map(Vec::len).sum();
     let need = prompt + job.params.n * job.prompts.len() * weft::kv::PAGE_SIZE;
-    let permit = state.admission.admit(engine, need).await?;
+    let permit = state.admission.admit(Some(engine), need).await?;
     state
         .metrics
         .prompt_tokens
