@@ -24,7 +24,8 @@ pub struct SamplingArg {
     )]
     pub top_k: i64,
     /// Sample among the smallest set of most likely tokens whose probability reaches P
-    /// (1: off).
+    /// (1: off). Probabilities here and for --min-p are at the temperature (as Hugging Face
+    /// and vLLM; llama.cpp applies --temp after these two filters).
     #[arg(
         long,
         value_name = "P",

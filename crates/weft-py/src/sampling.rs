@@ -189,7 +189,7 @@ sampler!(
 );
 sampler!(
     Chain,
-    "llama.cpp's default chain: top-k (0: off, as `--top-k 0`), then top-p, then min-p, then temperature.",
+    "Top-k (0: off, as `--top-k 0`), then top-p, then min-p, in llama.cpp's order, all on the probabilities at the temperature, as Hugging Face's warpers and vLLM filter (llama.cpp applies its temperature after top-p and min-p, so at a temperature other than 1 those keep other sets).",
     (top_k: usize, top_p: f32, min_p: f32, temperature: f32),
     (top_k = 40, top_p = 0.95, min_p = 0.05, temperature = 0.8),
     weft::Sampler::Chain {

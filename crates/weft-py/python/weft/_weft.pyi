@@ -110,7 +110,9 @@ class MinP(Sampler):
 
 @final
 class Chain(Sampler):
-    """llama.cpp's default chain: top-k, then top-p, then min-p, then temperature."""
+    """Top-k (0: off), then top-p, then min-p, in llama.cpp's order, all on the probabilities
+    at the temperature, as Hugging Face's warpers and vLLM filter (llama.cpp applies its
+    temperature after top-p and min-p, so at a temperature other than 1 those keep other sets)."""
     def __new__(cls, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, temperature: float = 0.8) -> Chain: ...
 
 # --- probes ---------------------------------------------------------------------------------
