@@ -103,15 +103,18 @@ pub(crate) fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> 
 ///
 /// `prompts`: strings (tokenized as `Context.fill` does, with the BOS the model asks for), or
 /// lists of token ids (run as given: no BOS added); with `attention_mask`, a padded
-/// `[batch, len]` id matrix whose padding (mask 0) is dropped. Request `i` is seeded with
-/// `seed + i`. `pad_token_id` defaults to the model's first end-of-generation token
+/// `[batch, len]` id matrix whose padding (mask 0) is dropped, and whose width `padded=True`
+/// keeps (the generated ids start at column `len`). Request `i` is seeded with a hash of
+/// `seed` and `i`: the same seed gives the same rollouts, and batches of neighbouring seeds
+/// (`seed=step`) share none. `sampler` defaults to the engine's (`Engine(sampler=...)`,
+/// greedy unless set). `pad_token_id` defaults to the model's first end-of-generation token
 /// (`engine.stop_tokens[0]`: SmolLM2's `<|im_end|>`, Gemma 3's `<eos>`).
 ///
 /// `stop`, `min_tokens`, `ignore_eos`, `logit_bias`, the penalties and `adapters` apply to
 /// every rollout as `Context.generate` takes them.
 ///
-/// `max_tokens=None`: no limit but the context (and `max_length`); `seed=None`: a random
-/// base seed.
+/// `max_tokens=None`: no limit but the context (and `max_length`); `seed=None` (the
+/// default): a random base seed, as `Context.generate` draws one.
 ///
 /// `every` > 0 with `on_partial` streams (seed 003's `generate_streaming`): after every
 /// `every` tokens of the unfinished rollouts, `on_partial` gets the list of every `Rollout` so
@@ -122,7 +125,7 @@ pub(crate) fn listed<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> 
 #[pyfunction]
 #[pyo3(signature = (
     engine, prompts, sampler = None, *, max_tokens = 128, max_length = None,
-    stop_sequences = None, seed = 0, attention_mask = None, padded = false, pad_token_id = None,
+    stop_sequences = None, seed = None, attention_mask = None, padded = false, pad_token_id = None,
     every = 0, on_partial = None, stop = None, min_tokens = 0, ignore_eos = false,
     logit_bias = None, repeat_penalty = None, presence_penalty = None,
     frequency_penalty = None, penalty_last_n = None, adapters = None
@@ -182,7 +185,11 @@ pub fn generate_batch<'py>(
         .map(|(a, s)| (a.inner.clone(), s))
         .collect();
     use weft::rollout::{Prompt, RolloutRequest};
-    let sampler = sampler.map_or(weft::Sampler::Argmax, |s| s.inner.clone());
+    // None: the engine's own sampler (`Engine(sampler=...)`), as `Context.generate` takes it.
+    let sampler = sampler.map_or_else(
+        || engine.inner.config().generation.sampler.clone(),
+        |s| s.inner.clone(),
+    );
     let mut requests: Vec<RolloutRequest> = match attention_mask {
         Some(mask) => {
             let ids: Vec<Vec<u32>> = listed(prompts)?.extract()?;
@@ -221,7 +228,7 @@ pub fn generate_batch<'py>(
         r.logit_bias = logit_bias.clone();
         r.penalties = penalties.clone();
         r.adapters = adapters.clone();
-        r.seed = seed.wrapping_add(i as u64);
+        r.seed = row_seed(seed, i);
     }
     let inner = engine.inner.clone();
     let every = if on_partial.is_some() { every } else { 0 };
@@ -264,7 +271,9 @@ pub fn generate_batch<'py>(
                 ConfigError::new_err("the model names no EOS token: pass pad_token_id")
             })?,
         };
-        let b = weft::rollout::padded_left_prompts(&rollouts, pad);
+        // A padded input keeps its width: generated ids start at column `input_ids.shape[1]`.
+        let width = requests.iter().filter_map(|r| r.padded_width).max();
+        let b = weft::rollout::padded_left_prompts(&rollouts, width, pad);
         let shape = [b.batch, b.total_len];
         let ids = PyArray1::from_vec(py, b.ids).reshape(shape)?;
         let mask = PyArray1::from_vec(py, b.attention_mask).reshape(shape)?;
@@ -272,4 +281,14 @@ pub fn generate_batch<'py>(
     }
     let list = rollouts.into_iter().map(Rollout::from).collect::<Vec<_>>();
     Ok(list.into_pyobject(py)?.into_any())
+}
+
+/// The seed of request `i` of a batch seeded with `base`: SplitMix64 of the base, plus `i`.
+/// Batches of neighbouring base seeds land far apart, so no two share a row's stream (with
+/// `base + i`, seed 101's row 0 was seed 100's row 1).
+fn row_seed(base: u64, i: usize) -> u64 {
+    let mut x = base.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (x ^ (x >> 31)).wrapping_add(i as u64)
 }

@@ -259,15 +259,20 @@ pub fn padded(rollouts: &[Rollout], pad_token_id: u32) -> PaddedBatch {
     pad_rows(&rows, pad_token_id)
 }
 
-/// ColossalAI's exact layout: prompts left-padded to the longest prompt (as its input was),
-/// so every generation starts in the same column, then the generated ids (EOS kept),
-/// right-padded with `pad_token_id`.
-pub fn padded_left_prompts(rollouts: &[Rollout], pad_token_id: u32) -> PaddedBatch {
-    let width = rollouts
+/// ColossalAI's exact layout: prompts left-padded to `width` (the padded input's width; at
+/// least the longest prompt, which `None` means), so every generation starts in the same
+/// column, then the generated ids (EOS kept), right-padded with `pad_token_id`.
+pub fn padded_left_prompts(
+    rollouts: &[Rollout],
+    width: Option<usize>,
+    pad_token_id: u32,
+) -> PaddedBatch {
+    let longest = rollouts
         .iter()
         .map(|r| r.prompt_tokens.len())
         .max()
         .unwrap_or(0);
+    let width = width.unwrap_or(0).max(longest);
     let rows: Vec<(usize, Vec<u32>)> = rollouts
         .iter()
         .map(|r| (width - r.prompt_tokens.len(), r.sequence()))

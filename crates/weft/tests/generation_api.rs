@@ -627,7 +627,14 @@ fn rollouts_from_ids_padded_batches_and_max_length() {
     }
     let d = block_on(generate_batch(&engine, &capped)).expect("padded max_length");
     assert!(d.iter().all(|r| r.tokens.len() == 4), "{d:?}");
-    assert_eq!(padded_left_prompts(&d, pad).total_len, width + 4);
+    assert_eq!(
+        padded_left_prompts(&d, Some(width), pad).total_len,
+        width + 4
+    );
+    // A wider input keeps its width: the generated ids start at its last column.
+    let wide = padded_left_prompts(&d, Some(width + 5), pad);
+    assert_eq!(wide.total_len, width + 9);
+    assert!((0..d.len()).all(|i| wide.row(i)[width + 5..] == d[i].tokens[..]));
     // Rows of a padded batch sample independently, even when their prompts are the same.
     let same = vec![padded_ids[0].clone(); 4];
     let same_mask = vec![mask[0].clone(); 4];
@@ -688,7 +695,7 @@ fn rollouts_from_ids_padded_batches_and_max_length() {
         (vec![eos; 3], "")
     );
     // ColossalAI's own layout: prompts left-padded to one width, generation from one column.
-    let l = padded_left_prompts(&out, pad);
+    let l = padded_left_prompts(&out, None, pad);
     let pw = chat_ids.len().max(ids[1].len());
     for (i, r) in out.iter().enumerate() {
         let row = l.row(i);

@@ -95,6 +95,36 @@ def test_generate_batch_padded_arrays(smollm2):
         seq = out_ids[i][out_mask[i] == 1].tolist()
         assert seq == r.sequence
         assert out_ids[i, width - len(rows[i]) : width].tolist() == rows[i]
+    # Padded wider than the longest prompt (`padding="max_length"`): the width is kept, so
+    # the generation starts at column `ids.shape[1]` (it started at the longest prompt's end).
+    wide = 3 + width
+    ids = np.array([[pad] * (wide - len(r)) + r for r in rows], dtype=np.int64)
+    mask = (np.arange(wide)[None, :] >= wide - np.array([len(r) for r in rows])[:, None])
+    out_ids, _ = weft.generate_batch(
+        smollm2, ids, attention_mask=mask.astype(np.int64), max_tokens=8, padded=True,
+        pad_token_id=pad, ignore_eos=True,
+    )
+    assert out_ids.shape == (4, wide + 8)
+    for i, r in enumerate(rollouts):
+        assert out_ids[i, :wide].tolist() == ids[i].tolist()
+        assert out_ids[i, wide : wide + len(r.tokens)].tolist() == r.tokens
+
+
+def test_generate_batch_seeds_and_its_default_sampler():
+    """`seed=None` draws a seed per call, as `Context.generate` does (every call repeated the
+    same rollouts); rows of neighbouring seeds share nothing (seed 101's row 0 was seed
+    100's row 1); the default sampler is the engine's (it was always greedy)."""
+    sampled = weft.Engine("smollm2-135m", threads=2, sampler=weft.Temperature(1.5))
+    group = ["Once upon a time"] * 4
+
+    def texts(**opts):
+        return [r.text for r in weft.generate_batch(sampled, group, max_tokens=12, **opts)]
+
+    a, b = texts(seed=100), texts(seed=101)
+    assert texts(seed=100) == a, "a seed gives the same rollouts"
+    assert len(set(a)) > 1, "the engine's sampler was not used: every row is greedy"
+    assert not set(a) & set(b), (a, b)
+    assert texts() != texts()
 
 
 def test_generate_batch_streams_partial_rollouts_every_k_tokens(smollm2):
