@@ -8,6 +8,7 @@
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::probe::Hidden;
+use std::time::Duration;
 
 /// How the hidden states of a text's tokens become one vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -270,27 +271,116 @@ pub fn is_gguf(path: &std::path::Path) -> bool {
 
 /// Runs one pass per context of `group` (all submitted together), pools, and frees them.
 fn embed_group(group: &mut Vec<crate::Context>, opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
-    let passes = group.iter_mut().map(|ctx| async move {
-        let mut fwd = ctx.forward();
-        let n = fwd.len();
-        let indices: Vec<usize> = match opts.pooling {
-            Pooling::Last => vec![n - 1],
-            Pooling::Cls => vec![0],
-            Pooling::Mean | Pooling::Max | Pooling::None => (0..n).collect(),
-        };
-        let handles: Vec<_> = indices.iter().map(|&i| fwd.probe(i, Hidden)).collect();
-        let out = fwd.execute().await?;
-        let rows: Vec<&[f32]> = handles
-            .iter()
-            .map(|&h| out.hidden(h).unwrap_or(&[]))
-            .collect();
-        Ok::<Vec<f32>, Error>(pool(&rows, opts))
-    });
-    let result = crate::block_on(futures_util::future::join_all(passes))
-        .into_iter()
-        .collect();
+    let result = embed_group_waiting(group, opts);
     group.clear();
     result
+}
+
+/// How long a group waits, without any of its passes running, for KV pages that other
+/// contexts of the engine hold before it reports the cache full.
+pub(crate) const KV_WAIT: Duration = Duration::from_secs(30);
+/// How often it looks again.
+pub(crate) const KV_POLL: Duration = Duration::from_millis(10);
+
+/// What a batch does after some of its passes found the KV cache full.
+pub(crate) enum KvWait {
+    /// Run them again now (some ran, or the pool is empty now).
+    Retry,
+    /// Wait [`KV_POLL`] for other contexts to give pages back, then run them again.
+    Sleep,
+    /// They cannot run: one needs more pages than the whole cache has, or nothing came back
+    /// for [`KV_WAIT`].
+    GiveUp,
+}
+
+/// Decides [`KvWait`] for a batch, round after round.
+#[derive(Debug, Default)]
+pub(crate) struct KvWaiter {
+    /// Time spent waiting since the batch last made progress.
+    stalled: Duration,
+}
+
+impl KvWaiter {
+    /// What to do after some of the batch's passes found the cache full (`full`, the error
+    /// of one; `progressed`: some others ran). The batch's failed passes hold no pages, so
+    /// the pages they found taken are other contexts': another batch on another thread, a
+    /// generation. Those give them back, often before this looks (the pool is empty then).
+    pub(crate) fn next(&mut self, engine: &Engine, progressed: bool, full: &Error) -> KvWait {
+        if progressed {
+            self.stalled = Duration::ZERO;
+            return KvWait::Retry;
+        }
+        let capacity = engine.config().kv_tokens / weft_core::kv::PAGE_SIZE;
+        let needed = match full {
+            Error::Core(weft_core::Error::KvCacheFull { needed_pages, .. }) => *needed_pages,
+            _ => 0,
+        };
+        if needed > capacity || self.stalled > KV_WAIT {
+            return KvWait::GiveUp;
+        }
+        self.stalled += KV_POLL;
+        match engine.metrics().kv_pages_used {
+            0 => KvWait::Retry,
+            _ => KvWait::Sleep,
+        }
+    }
+}
+
+/// [`embed_group`]: runs every context's pass; those that find the cache full (other contexts
+/// of the engine, a generation or another batch, took the pages) run again once pages come
+/// back. Each context gives its pages back as soon as its vector is read.
+fn embed_group_waiting(group: &mut [crate::Context], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+    let mut out: Vec<Option<Vec<f32>>> = vec![None; group.len()];
+    let mut waiter = KvWaiter::default();
+    loop {
+        let todo: Vec<usize> = (0..group.len()).filter(|&i| out[i].is_none()).collect();
+        let Some(&first) = todo.first() else { break };
+        let engine = group[first].engine().clone();
+        let passes = group
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| out[*i].is_none())
+            .map(|(_, ctx)| embed_one(ctx, opts));
+        let results = crate::block_on(futures_util::future::join_all(passes));
+        let (mut progressed, mut full) = (false, None);
+        for (i, r) in todo.into_iter().zip(results) {
+            match r {
+                Ok(v) => {
+                    out[i] = Some(v);
+                    group[i].evict()?;
+                    progressed = true;
+                }
+                Err(e) if e.is_kv_full() => full = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(e) = full {
+            match waiter.next(&engine, progressed, &e) {
+                KvWait::GiveUp => return Err(e),
+                KvWait::Retry => {}
+                KvWait::Sleep => std::thread::sleep(KV_POLL),
+            }
+        }
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// One context's pass, its hidden states pooled.
+async fn embed_one(ctx: &mut crate::Context, opts: EmbedOptions) -> Result<Vec<f32>> {
+    let mut fwd = ctx.forward();
+    let n = fwd.len();
+    let indices: Vec<usize> = match opts.pooling {
+        Pooling::Last => vec![n - 1],
+        Pooling::Cls => vec![0],
+        Pooling::Mean | Pooling::Max | Pooling::None => (0..n).collect(),
+    };
+    let handles: Vec<_> = indices.iter().map(|&i| fwd.probe(i, Hidden)).collect();
+    let out = fwd.execute().await?;
+    let rows: Vec<&[f32]> = handles
+        .iter()
+        .map(|&h| out.hidden(h).unwrap_or(&[]))
+        .collect();
+    Ok(pool(&rows, opts))
 }
 
 /// Pools token rows into one vector (or, for [`Pooling::None`], concatenates them) and

@@ -101,12 +101,76 @@ pub fn block_on_for<F: Future + ?Sized>(
     }
 }
 
+/// A future ready once `d` has passed, on any executor: a short-lived thread sleeps and wakes
+/// it. For library code's rare waits (a batch waiting for KV pages other contexts hold).
+pub(crate) fn sleep(d: Duration) -> impl Future<Output = ()> {
+    struct Sleep {
+        done: Arc<AtomicBool>,
+        waker: Arc<std::sync::Mutex<Option<Waker>>>,
+        d: Option<Duration>,
+    }
+    impl Future for Sleep {
+        type Output = ();
+        fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if self.done.load(Ordering::Acquire) {
+                return Poll::Ready(());
+            }
+            *self
+                .waker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cx.waker().clone());
+            if let Some(d) = self.d.take() {
+                let (done, waker) = (self.done.clone(), self.waker.clone());
+                let timer =
+                    std::thread::Builder::new()
+                        .name("weft-sleep".into())
+                        .spawn(move || {
+                            std::thread::sleep(d);
+                            done.store(true, Ordering::Release);
+                            let w = waker
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .take();
+                            if let Some(w) = w {
+                                w.wake();
+                            }
+                        });
+                if timer.is_err() {
+                    // No thread to wait with: the wait is over (the caller polls again).
+                    return Poll::Ready(());
+                }
+            }
+            // Woken between the store above and here: ready now.
+            if self.done.load(Ordering::Acquire) {
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        }
+    }
+    Sleep {
+        done: Arc::new(AtomicBool::new(false)),
+        waker: Arc::new(std::sync::Mutex::new(None)),
+        d: Some(d),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{block_on, block_on_for};
+    use super::{block_on, block_on_for, sleep};
     use std::future::Future;
     use std::task::Poll;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
+
+    /// A sleep wakes its task once its time has passed, not before, and two run side by side.
+    #[test]
+    fn sleeps_end_after_their_time() {
+        let start = Instant::now();
+        block_on(futures_util::future::join(
+            sleep(Duration::from_millis(30)),
+            sleep(Duration::from_millis(20)),
+        ));
+        assert!(start.elapsed() >= Duration::from_millis(30));
+    }
 
     /// A slice that ends first gives the future back unfinished, and a later call finishes it.
     #[test]

@@ -10,6 +10,7 @@ use futures_util::future::join_all;
 
 use crate::adapter::{Adapter, PassAdapters};
 use crate::context::Context;
+use crate::embed::{KvWait, KvWaiter, KV_POLL};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::generator::{Generator, StopReason};
@@ -312,8 +313,10 @@ fn pad_rows(rows: &[(usize, Vec<u32>)], pad: u32) -> PaddedBatch {
 /// their worst case (prompt + `max_tokens`, at most the context length) fits the pages free
 /// when the batch began, and each finished rollout gives its pages back for the next. A step
 /// that finds the cache full all the same (another context of the engine took pages) waits for
-/// a later round, its KV recomputed, as the server preempts; the error comes only when no
-/// rollout of the round could step. The results do not depend on how the batch was split.
+/// a later round, its KV recomputed, as the server preempts. When no rollout of a round could
+/// step, the batch waits for the other contexts to give pages back (another batch on other
+/// threads, say); the error comes when none holds any, or none was given back for 30 s. The
+/// results do not depend on how the batch was split.
 ///
 /// ```no_run
 /// use weft::rollout::{generate_batch, RolloutRequest};
@@ -449,6 +452,7 @@ pub async fn generate_batch_streaming(
     let mut started = 0;
     let mut released = vec![false; gens.len()];
     let mut round = 0;
+    let mut waiter = KvWaiter::default();
     // Lockstep: one step of every started, unfinished generator per round, polled together.
     while gens.iter().any(|g| !g.is_done()) {
         let mut held: usize = (0..started)
@@ -481,8 +485,14 @@ pub async fn generate_batch_streaming(
                 Err(e) => full = Some(e),
             }
         }
-        if let (false, Some(e)) = (stepped, full) {
-            return Err(e);
+        if let Some(e) = full {
+            // When no rollout could step, none holds pages now: other contexts of the engine
+            // (another batch, a generation) do, and the batch waits for them.
+            match waiter.next(engine, stepped, &e) {
+                KvWait::GiveUp => return Err(e),
+                KvWait::Retry => {}
+                KvWait::Sleep => crate::executor::sleep(KV_POLL).await,
+            }
         }
         // A finished rollout's pages are free for the next (its tokens stay readable).
         for (g, freed) in gens[..started].iter_mut().zip(&mut released) {

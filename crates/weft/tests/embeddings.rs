@@ -146,3 +146,38 @@ fn a_batch_larger_than_the_kv_pool_is_embedded_in_groups() {
     }
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
+
+#[test]
+fn threads_embedding_on_a_small_cache_take_turns() {
+    // Four threads whose texts (11 pages each) do not fit the 16-page pool together: each
+    // waits for the pages the others give back (three of four failed with KvCacheFull).
+    let engine = common::engine_with(
+        "smollm2-135m",
+        weft::EngineConfig {
+            n_threads: 2,
+            kv_tokens: 512,
+            n_ctx: Some(512),
+            prefix_cache: false,
+            ..weft::EngineConfig::default()
+        },
+    );
+    let texts: Vec<String> = (0..4)
+        .map(|j| {
+            (0..30)
+                .map(|i| format!("Sentence {i} of text {j} to embed."))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let alone = engine.embed_batch(&refs).expect("alone");
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| engine.embed_batch(&refs)))
+            .collect();
+        for r in runs {
+            assert_eq!(r.join().expect("thread").expect("embed"), alone);
+        }
+    });
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}

@@ -5,6 +5,8 @@ import gc
 import threading
 import time
 
+import numpy as np
+
 import weft
 
 PROMPTS = [
@@ -393,3 +395,45 @@ def test_long_context_calls_let_other_threads_run(smollm2):
         t.join()
         assert finished, f"{name} held the GIL while it tokenized"
         assert len(ctx.pending) > 100_000
+
+
+def test_batches_and_embeddings_on_threads_share_a_small_cache():
+    """Three `generate_batch` calls (and four `embed` calls) on threads of one engine whose
+    cache holds only part of them: each waits for the pages the others give back, and gets
+    what it gets alone (some failed with KvCacheFull)."""
+    small = weft.Engine("smollm2-135m", threads=2, kv_tokens=512, n_ctx=512, prefix_cache=False)
+    prompts = [f"{p} ({i})" for i, p in enumerate(PROMPTS * 2)]
+    opts = dict(max_tokens=90, ignore_eos=True, seed=7)
+    alone = [r.tokens for r in weft.generate_batch(small, prompts, weft.Argmax(), **opts)]
+    texts = [" ".join(f"Sentence {i} of text {j} to embed." for i in range(30)) for j in range(4)]
+    vectors = small.embed(texts)
+    out, errors = {}, []
+
+    def batch(i):
+        try:
+            out[("batch", i)] = [
+                r.tokens for r in weft.generate_batch(small, prompts, weft.Argmax(), **opts)
+            ]
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    def embed(i):
+        try:
+            out[("embed", i)] = small.embed(texts)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    # Batches on threads, then embeddings on threads (together, the ones kept the others in
+    # step, and all went through).
+    for work, n in ((batch, 3), (embed, 4)):
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    for i in range(3):
+        assert out[("batch", i)] == alone
+    for i in range(4):
+        assert np.array_equal(out[("embed", i)], vectors)
+    assert small.metrics().kv_pages_used == 0
