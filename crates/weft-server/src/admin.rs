@@ -99,8 +99,14 @@ pub async fn tokenize(
     Extract(state): Extract<Arc<State>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let engine = state.engine()?;
     let body = Body::read(body)?;
+    // `model`, when given, names the served model whose tokenizer is used (the embedding
+    // model's, say); by default the chat model's, as llama-server has one.
+    let model = match body.string("model")? {
+        Some(m) => state.embedding_model(Some(&m))?.model,
+        None => Arc::new(state.engine()?.clone()),
+    };
+    let tokenizer = model.tokenizer();
     let content = body
         .string("content")?
         .ok_or_else(|| ApiError::param("content", "'content' is required."))?;
@@ -108,16 +114,11 @@ pub async fn tokenize(
     let parse_special = body
         .get::<bool>("parse_special", "a boolean")?
         .unwrap_or(true);
-    let ids = engine
-        .tokenizer()
-        .encode(&content, add_special, parse_special);
+    let ids = tokenizer.encode(&content, add_special, parse_special);
     let tokens: Vec<Value> = if body.flag("with_pieces")? {
         ids.iter()
             .map(|&id| {
-                let piece = engine
-                    .tokenizer()
-                    .token_to_piece(id, true)
-                    .unwrap_or_default();
+                let piece = tokenizer.token_to_piece(id, true).unwrap_or_default();
                 json!({"id": id, "piece": piece})
             })
             .collect()
@@ -132,9 +133,14 @@ pub async fn detokenize(
     Extract(state): Extract<Arc<State>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let engine = state.engine()?;
     let body = Body::read(body)?;
-    let vocab = engine.info().vocab_size;
+    // `model`, as for /tokenize.
+    let model = match body.string("model")? {
+        Some(m) => state.embedding_model(Some(&m))?.model,
+        None => Arc::new(state.engine()?.clone()),
+    };
+    let tokenizer = model.tokenizer();
+    let vocab = tokenizer.vocab_size();
     let ids = body
         .get::<Vec<u32>>("tokens", "a list of token ids")?
         .ok_or_else(|| ApiError::param("tokens", "'tokens' is required."))?;
@@ -144,6 +150,6 @@ pub async fn detokenize(
             format!("Token id {bad} is not below the vocabulary size {vocab}."),
         ));
     }
-    let content = engine.detokenize(&ids)?;
+    let content = tokenizer.decode(&ids).map_err(weft::Error::from)?;
     Ok(Json(json!({ "content": content })))
 }

@@ -164,6 +164,8 @@ pub trait EmbeddingModel: Send + Sync {
     fn dimensions(&self) -> usize;
     /// The pooling the model is meant to be used with.
     fn default_pooling(&self) -> Pooling;
+    /// The model's tokenizer.
+    fn tokenizer(&self) -> &weft_core::tokenizer::Tokenizer;
 }
 
 impl EmbeddingModel for Engine {
@@ -182,6 +184,9 @@ impl EmbeddingModel for Engine {
     fn default_pooling(&self) -> Pooling {
         Pooling::Mean
     }
+    fn tokenizer(&self) -> &weft_core::tokenizer::Tokenizer {
+        Engine::tokenizer(self)
+    }
 }
 
 impl EmbeddingModel for crate::Embedder {
@@ -199,6 +204,9 @@ impl EmbeddingModel for crate::Embedder {
     }
     fn default_pooling(&self) -> Pooling {
         self.pooling()
+    }
+    fn tokenizer(&self) -> &weft_core::tokenizer::Tokenizer {
+        crate::Embedder::tokenizer(self)
     }
 }
 

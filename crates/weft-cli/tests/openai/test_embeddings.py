@@ -145,6 +145,32 @@ def test_unknown_model_and_too_long_input(enc_server):
 
 
 @MODEL_INDEPENDENT
+def test_tokenize_and_detokenize_take_the_model(enc_server):
+    """`model` picks the tokenizer of /tokenize and /detokenize (they used the chat model's
+    whatever was named): the encoder's ids are the reference's."""
+    case = reference_cases()[0]
+    r = httpx.post(
+        enc_server.base_url + "/tokenize",
+        json={"model": ENCODER, "content": case["text"], "add_special": True},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == case["ids"]
+    r = httpx.post(
+        enc_server.base_url + "/detokenize",
+        json={"model": ENCODER, "tokens": case["ids"][1:-1]},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    # WordPiece text: lowercased, pieces joined by spaces (no clean-up around punctuation).
+    assert r.json()["content"].replace(" ", "") == case["text"].lower().replace(" ", "")
+    chat = httpx.post(enc_server.base_url + "/tokenize", json={"content": case["text"]}, timeout=60)
+    assert chat.json()["tokens"] != case["ids"][1:-1]
+    r = httpx.post(enc_server.base_url + "/tokenize", json={"model": "nope", "content": "hi"})
+    assert_error(r, 404)
+
+
+@MODEL_INDEPENDENT
 def test_encoder_requests_take_a_slot_queue_and_are_counted():
     """An encoder's requests go through `--parallel` and `--max-queue` as generations do (all
     were taken, however many), and count in `/metrics` (they did not)."""
