@@ -432,7 +432,9 @@ fn embed<'py>(
     };
     if pooling == weft::Pooling::None {
         return Err(ConfigError::new_err(
-            "pooling \"none\" gives a vector per token; use Context.forward with weft.Hidden()",
+            "pooling \"none\" gives a vector per token, which embed() does not return: for a \
+             decoder, use Context.forward with weft.Hidden(); for an encoder, the CLI's \
+             `weft embed --pooling none`",
         ));
     }
     // A str is one text (a lone surrogate raises UnicodeEncodeError, as encoding it would);
@@ -443,7 +445,14 @@ fn embed<'py>(
     };
     let list: Vec<String> = match &single {
         Some(s) => vec![s.clone()],
-        None => texts.extract()?,
+        None if texts.is_instance_of::<pyo3::types::PyBytes>() => {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "texts must be a str or a list of str, not bytes: decode them first",
+            ))
+        }
+        None => texts.extract().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err("texts must be a str or a list of str")
+        })?,
     };
     crate::callbacks::not_inside_a_callback()?;
     let opts = weft::EmbedOptions { pooling, normalize };

@@ -184,6 +184,13 @@ def test_minilm_embeddings_match_the_reference(reference):
     assert got.shape[1] == embedder.dimensions == 384
     for v, c in zip(got, cases):
         assert cosine(v, np.array(c["embedding"])) > 0.999
+    # Inputs embed() cannot take say what it takes.
+    with pytest.raises(TypeError, match="not bytes"):
+        embedder.embed(b"abc")
+    with pytest.raises(TypeError, match="a str or a list of str"):
+        embedder.embed([1, 2])
+    with pytest.raises(weft.ConfigError, match="weft embed --pooling none"):
+        embedder.embed("abc", pooling="none")
 
 
 def test_ctrl_c_stops_a_long_embedding_list(smollm2):
