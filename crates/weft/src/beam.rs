@@ -339,6 +339,22 @@ async fn search(root: Context, config: &BeamSearchConfig) -> Result<Vec<BeamHypo
         .collect();
     // Checks the options first (`max_new_tokens` ≥ 1 below).
     let mut scorer = BeamScorer::new(&prompt, &config)?;
+    // Every beam writes its next token into a page of its own (the prompt's last page copied
+    // on write): a width whose pages do not fit the cache at all fails now, not after the
+    // first steps have run.
+    let page = weft_core::kv::PAGE_SIZE;
+    let capacity = engine.config().kv_tokens / page;
+    let least = prompt.len() / page + config.num_beams;
+    if least > capacity {
+        return Err(Error::BeamSearch {
+            reason: format!(
+                "{} beams need at least {least} KV pages of {page} tokens (one each, and the \
+                 prompt's), and the cache has {capacity}: use fewer beams or a larger KV cache \
+                 (kv_tokens)",
+                config.num_beams
+            ),
+        });
+    }
     // The last pass runs every token but the final generated one.
     let needed = prompt.len().saturating_add(config.max_new_tokens - 1);
     if needed > engine.n_ctx() {

@@ -387,6 +387,16 @@ fn bad_requests_are_typed_errors_and_leave_no_pages() {
         Err(Error::ContextTooLong { .. })
     ));
     assert!(is_beam(run(&p, BeamSearchConfig::new(1 << 63))));
+    // More beams than the cache has pages for one token each: refused before any pass (it
+    // failed with KvCacheFull after seconds of work).
+    let pages = engine.config().kv_tokens / weft::kv::PAGE_SIZE;
+    let steps = engine.metrics().steps;
+    let wide = run(&p, BeamSearchConfig::new(pages + 1).max_new_tokens(3));
+    assert!(
+        matches!(&wide, Err(Error::BeamSearch { reason }) if reason.contains("KV pages")),
+        "{wide:?}"
+    );
+    assert_eq!(engine.metrics().steps, steps);
     let long = vec![p[p.len() - 1]; n_ctx + 1];
     assert!(matches!(
         run(&long, BeamSearchConfig::new(2).max_new_tokens(1)),
