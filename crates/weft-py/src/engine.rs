@@ -349,8 +349,9 @@ impl Engine {
 
     /// Embeddings of `texts` (pooled final-norm hidden states): a float32 array
     /// `[len(texts), n_embd]`, or `[n_embd]` for one string. `pooling`: mean, max, last, cls
-    /// (`None`: the model's own, mean for a decoder, as `Embedder.embed`).
-    #[pyo3(signature = (texts, pooling = Some("mean"), normalize = true))]
+    /// (`None`, the default: the model's own — the GGUF's `pooling_type`, else mean — as
+    /// `Embedder.embed`).
+    #[pyo3(signature = (texts, pooling = None, normalize = true))]
     fn embed<'py>(
         &self,
         py: Python<'py>,

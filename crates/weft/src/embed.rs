@@ -181,8 +181,15 @@ impl EmbeddingModel for Engine {
     fn dimensions(&self) -> usize {
         self.info().n_embd
     }
+    /// The file's `<arch>.pooling_type` (llama.cpp's: 1 mean, 2 cls, 3 last), as an embedding
+    /// GGUF names it; mean for a model that names none (or one weft does not compute).
     fn default_pooling(&self) -> Pooling {
-        Pooling::Mean
+        let key = format!("{}.pooling_type", self.info().arch);
+        match self.inner.file.opt_u64(&key) {
+            Ok(Some(2)) => Pooling::Cls,
+            Ok(Some(3)) => Pooling::Last,
+            _ => Pooling::Mean,
+        }
     }
     fn tokenizer(&self) -> &weft_core::tokenizer::Tokenizer {
         Engine::tokenizer(self)

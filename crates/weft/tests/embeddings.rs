@@ -181,3 +181,36 @@ fn threads_embedding_on_a_small_cache_take_turns() {
     });
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
+
+#[test]
+fn a_gguf_s_pooling_type_is_its_default_pooling() {
+    // An embedding GGUF names its pooling (`<arch>.pooling_type`, llama.cpp's key): SmolLM2
+    // rewritten with 3 (last token) pools the last token by default (it was mean-pooled).
+    use weft::gguf::{GgufFile, GgufWriter, Value};
+    use weft::EmbeddingModel;
+    let file = GgufFile::open(&common::model_path("smollm2-135m")).expect("open");
+    let mut w = GgufWriter::new();
+    for (key, value) in file.metadata() {
+        w.metadata(key, value.clone());
+    }
+    w.metadata("llama.pooling_type", Value::U32(3));
+    for t in file.tensors() {
+        w.tensor(&t.name, t.dtype, &t.shape, file.tensor_data(t).to_vec());
+    }
+    let dir = weft_testkit::target_dir().join("tmp");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let path = dir.join("smollm2-pooling-last.gguf");
+    std::fs::write(&path, w.into_bytes()).expect("write");
+    let last = Engine::open(&path, weft::EngineConfig::default()).expect("load");
+    assert_eq!(last.default_pooling(), Pooling::Last);
+    let text = "A man is eating food.";
+    let opts = EmbedOptions {
+        pooling: last.default_pooling(),
+        normalize: true,
+    };
+    let got = last.embed_texts(&[text], opts).expect("embed");
+    assert_eq!(got[0], last.embed_with(text, Pooling::Last).expect("last"));
+    // Without the key: mean.
+    assert_eq!(engine("smollm2-135m").default_pooling(), Pooling::Mean);
+    std::fs::remove_file(&path).ok();
+}

@@ -27,7 +27,8 @@ pub struct Args {
     threads: ThreadsArg,
     /// How token states become one vector: mean, max, last, cls, or none (every token's, as an
     /// array of arrays).
-    /// Default: the model's own (an encoder's pooling config), else mean.
+    /// Default: the model's own (an encoder's pooling config, a GGUF's `pooling_type`),
+    /// else mean.
     #[arg(long, value_parser = str::parse::<Pooling>)]
     pooling: Option<Pooling>,
     /// Print the vectors as pooled, without scaling them to unit length.
