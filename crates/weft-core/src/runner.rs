@@ -93,7 +93,10 @@ pub struct RunnerConfig {
 impl Default for RunnerConfig {
     fn default() -> Self {
         RunnerConfig {
-            n_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            // Every core, as far as a pool goes (a machine with more runs on the first 256).
+            n_threads: std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(crate::threadpool::MAX_THREADS),
             kv_tokens: 16384,
             n_ctx: None,
             max_ubatch: 512,

@@ -188,7 +188,7 @@ fn a_gguf_s_pooling_type_is_its_default_pooling() {
     // rewritten with 3 (last token) pools the last token by default (it was mean-pooled).
     use weft::gguf::{GgufFile, GgufWriter, Value};
     use weft::EmbeddingModel;
-    let file = GgufFile::open(&common::model_path("smollm2-135m")).expect("open");
+    let file = GgufFile::open(common::model_path("smollm2-135m")).expect("open");
     let mut w = GgufWriter::new();
     for (key, value) in file.metadata() {
         w.metadata(key, value.clone());

@@ -34,11 +34,11 @@ mod shares;
 pub use shares::Claim;
 use shares::Share;
 
-/// How long a waiting thread spins on the atomic before it starts yielding.
-/// Most threads a pool runs: far past any CPU this runs on, and short of what would only
-/// exhaust the system's threads.
+/// Most threads a pool runs: far past the cores a small model can use, and short of what
+/// would only exhaust the system's threads.
 pub const MAX_THREADS: usize = 256;
 
+/// How long a waiting thread spins on the atomic before it starts yielding.
 const SPIN_TIME: Duration = Duration::from_micros(50);
 /// How long (after spinning) a waiting thread calls `yield_now` before it parks.
 const YIELD_TIME: Duration = Duration::from_micros(500);
