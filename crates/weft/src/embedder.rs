@@ -219,6 +219,8 @@ impl Embedder {
         pooling: Option<&Value>,
         config: EmbedderConfig,
     ) -> Result<Embedder> {
+        // Threads first: a bad count is an error before the model loads.
+        let pool = ThreadPool::try_new(config.n_threads)?;
         let cfg = BertConfig::from_json(bert_config)?;
         let tokenizer = Tokenizer::from_json(tokenizer_json)?;
         if tokenizer.vocab_size() > cfg.vocab_size {
@@ -256,7 +258,7 @@ impl Embedder {
                 max_tokens,
                 pooling,
                 batch_tokens: config.batch_tokens.max(1),
-                run: Mutex::new(ThreadPool::try_new(config.n_threads)?),
+                run: Mutex::new(pool),
             }),
         })
     }
