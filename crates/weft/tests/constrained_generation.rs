@@ -388,6 +388,7 @@ fn min_tokens_gives_way_to_a_constraint_that_allows_only_a_stop_token() {
     // The grammar's language ends with the end of turn after "yes": min_tokens cannot ban
     // that token without leaving nothing to sample (the step failed with NothingAllowed).
     let engine = engine();
+    let yes = engine.tokenizer().encode("yes", false, false);
     for speculate in [false, true] {
         let mut ctx = engine.context();
         ctx.fill("Say yes:").expect("fill");
@@ -396,7 +397,13 @@ fn min_tokens_gives_way_to_a_constraint_that_allows_only_a_stop_token() {
             .max_tokens(10)
             .min_tokens(5)
             .constrain_with(Schema::Gbnf(r#"root ::= "yes" <|im_end|>"#.into()));
-        let mut g = if speculate { g.system_speculation() } else { g };
+        // A drafter that always guesses "yes": the position after its draft allows only the
+        // end of turn, which the step's bias bans (the step failed with NothingAllowed).
+        let mut g = if speculate {
+            g.speculator(Always(yes.clone()))
+        } else {
+            g
+        };
         while let Some(step) = g.next().expect("next") {
             block_on(step.execute()).expect("step");
         }
@@ -418,4 +425,13 @@ fn min_tokens_gives_way_to_a_constraint_that_allows_only_a_stop_token() {
         assert!(ids.len() >= 5, "{ids:?}");
     }
     assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
+/// A speculator that drafts the same tokens every step.
+struct Always(Vec<u32>);
+
+impl weft::Speculator for Always {
+    fn draft(&mut self, _tokens: &[u32], max: usize) -> Vec<u32> {
+        self.0.iter().copied().take(max).collect()
+    }
 }

@@ -324,14 +324,9 @@ impl<'c> Generator<'c> {
     /// nothing else (then `None`: the step bans nothing).
     fn step_bias(&self, mask: Option<&TokenMask>) -> Option<Vec<(u32, f32)>> {
         let mut bias = self.bias.clone();
-        let mut banned = self.stop.banned(self.generated.len(), &self.eos);
-        banned.sort_unstable();
-        banned.dedup();
-        if let Some(m) = mask {
-            let banned_allowed = banned.iter().filter(|&&t| m.is_allowed(t)).count();
-            if banned_allowed > 0 && banned_allowed == m.count() {
-                return None;
-            }
+        let banned = self.stop.banned(self.generated.len(), &self.eos);
+        if mask.is_some_and(|m| allows_only(m, &banned)) {
+            return None;
         }
         bias.extend(banned.into_iter().map(|t| (t, f32::NEG_INFINITY)));
         Some(bias)
@@ -744,6 +739,15 @@ impl<'c> Generator<'c> {
         self.streamed = visible;
         delta
     }
+}
+
+/// Whether `mask` allows some of `ids` and nothing else (`ids` may repeat).
+pub(super) fn allows_only(mask: &TokenMask, ids: &[u32]) -> bool {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    let allowed = ids.iter().filter(|&&t| mask.is_allowed(t)).count();
+    allowed > 0 && allowed == mask.count()
 }
 
 /// The AND of every constraint's mask after `accepted` (`None` without constraints).

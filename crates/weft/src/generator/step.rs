@@ -7,7 +7,7 @@ use crate::forward::Forward;
 use crate::output::ForwardOutput;
 use crate::probe::{Probe, ProbeHandle, ProbeKind};
 
-use super::{constraint_mask, Generator};
+use super::{allows_only, constraint_mask, Generator};
 
 /// One step of a [`Generator`]: add probes, optionally drop the automatic sampler, then
 /// [`Step::execute`].
@@ -202,6 +202,7 @@ fn draft(
     if masks.is_empty() {
         return Ok(draft);
     }
+    let banned = gen.stop.banned(gen.generated.len(), &gen.eos);
     let mut accepted = gen.generated.clone();
     let mut keep = 0;
     for &d in &draft {
@@ -220,6 +221,10 @@ fn draft(
             break;
         }
         match constraint_mask(&mut gen.constraints, &accepted, vocab)? {
+            // A mask that allows only the stop ids `min_tokens` bans: the step sampling there
+            // lifts the ban (see `step_bias`), which a draft position, under the step's bias,
+            // cannot. `d` is sampled at its own position instead.
+            Some(m) if allows_only(&m, &banned) => break,
             Some(m) if m.count() > 0 => masks.push(m),
             _ => {
                 keep += 1;
