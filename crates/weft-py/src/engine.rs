@@ -456,7 +456,11 @@ fn embed<'py>(
         })?,
     };
     crate::callbacks::not_inside_a_callback()?;
-    let opts = weft::EmbedOptions { pooling, normalize };
+    let opts = weft::EmbedOptions {
+        pooling,
+        normalize,
+        ..weft::EmbedOptions::default()
+    };
     // A few texts at a time (each group still one batch), so that a Ctrl-C during a long
     // list stops it between groups; the vectors do not depend on the grouping.
     let mut vectors = Vec::with_capacity(list.len());
@@ -592,6 +596,16 @@ impl Metrics {
 
     fn __eq__(&self, other: &Self) -> bool {
         self.fields() == other.fields()
+    }
+
+    /// Equal counters hash alike (a class with `__eq__` and no `__hash__` is unhashable).
+    fn __hash__(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let f = self.fields();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (f.0, f.1, f.2.to_bits(), f.3, f.4.to_bits(), f.5, f.6).hash(&mut h);
+        (f.7, f.8, f.9, f.10).hash(&mut h);
+        h.finish()
     }
 
     fn __repr__(&self) -> String {

@@ -128,6 +128,9 @@ pub async fn handle(
     let opts = EmbedOptions {
         pooling: model.default_pooling(),
         normalize: true,
+        // Admission and preemption below wait for pages (a wait inside would hold a blocking
+        // thread past the client's leaving, and let new requests take the pages meanwhile).
+        wait_for_pages: false,
     };
     let count = match &inputs {
         Inputs::Texts(t) => t.len(),
@@ -186,12 +189,16 @@ async fn run(
     // server): the work off the async workers stops at its next group of inputs.
     let gone = GoneOnDrop::default();
     let Some(engine) = kv else {
-        // An encoder holds no KV pages: only a slot of `--parallel` (or a place in the queue).
-        let _permit = state.admission.admit(None, 0).await?;
+        // An encoder holds no KV pages: only a slot of `--parallel` (or a place in the queue),
+        // held by the work itself, which may outlive this future by a group of inputs.
+        let permit = state.admission.admit(None, 0).await?;
         let flag = gone.flag();
-        return blocking(move || embed(&*model, &inputs, opts, &flag))
-            .await?
-            .map_err(api_error);
+        return blocking(move || {
+            let _permit = permit;
+            embed(&*model, &inputs, opts, &flag)
+        })
+        .await?
+        .map_err(api_error);
     };
     let ids = match inputs {
         Inputs::Ids(ids) => ids,
@@ -205,12 +212,17 @@ async fn run(
         .map(|i| i.len().next_multiple_of(PAGE_SIZE))
         .max();
     let need = need.unwrap_or(0);
-    let _permit = state.admission.admit(Some(&engine), need).await?;
+    let permit = Arc::new(state.admission.admit(Some(&engine), need).await?);
     let inputs = Arc::new(Inputs::Ids(ids));
     let mut _preempted = None;
     loop {
         let (model, inputs, flag) = (model.clone(), inputs.clone(), gone.flag());
-        match blocking(move || embed(&*model, &inputs, opts, &flag)).await? {
+        let permit = permit.clone();
+        let work = move || {
+            let _permit = permit;
+            embed(&*model, &inputs, opts, &flag)
+        };
+        match blocking(work).await? {
             Err(e) if e.is_kv_full() => _preempted = Some(state.preempted(&engine, need).await),
             done => return done.map_err(api_error),
         }

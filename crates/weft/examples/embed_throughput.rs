@@ -54,7 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{} sentences, {tokens} tokens", refs.len());
     let opts = EmbedOptions {
         pooling: embedder.default_pooling(),
-        normalize: true,
+        ..EmbedOptions::default()
     };
     let run = || embedder.embed_texts(&refs, opts);
     let mut rates = Vec::new();

@@ -8,7 +8,7 @@
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::probe::Hidden;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How the hidden states of a text's tokens become one vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,6 +51,11 @@ pub struct EmbedOptions {
     pub pooling: Pooling,
     /// Scale each vector (each token's, for [`Pooling::None`]) to unit L2 norm (default on).
     pub normalize: bool,
+    /// When a decoder's pass finds the KV cache full because other contexts of the engine
+    /// hold the pages (another thread's batch or generation), wait for them to give some
+    /// back — up to 30 s without progress — rather than fail at once with the cache-full
+    /// error (default on; a server with its own admission and preemption turns it off).
+    pub wait_for_pages: bool,
 }
 
 impl Default for EmbedOptions {
@@ -58,6 +63,7 @@ impl Default for EmbedOptions {
         EmbedOptions {
             pooling: Pooling::Mean,
             normalize: true,
+            wait_for_pages: true,
         }
     }
 }
@@ -95,7 +101,7 @@ impl Engine {
             texts,
             EmbedOptions {
                 pooling,
-                normalize: true,
+                ..EmbedOptions::default()
             },
         )
     }
@@ -291,18 +297,19 @@ fn embed_group(group: &mut Vec<crate::Context>, opts: EmbedOptions) -> Result<Ve
     result
 }
 
-/// How long a group waits, without any of its passes running, for KV pages that other
+/// How long a batch waits, without any of its passes running, for KV pages that other
 /// contexts of the engine hold before it reports the cache full.
-pub(crate) const KV_WAIT: Duration = Duration::from_secs(30);
-/// How often it looks again.
-pub(crate) const KV_POLL: Duration = Duration::from_millis(10);
+const KV_WAIT: Duration = Duration::from_secs(30);
+/// The first pause between two tries; each next pause doubles, up to [`KV_POLL_MAX`].
+const KV_POLL: Duration = Duration::from_millis(10);
+const KV_POLL_MAX: Duration = Duration::from_millis(160);
 
 /// What a batch does after some of its passes found the KV cache full.
 pub(crate) enum KvWait {
     /// Run them again now (some ran, or the pool is empty now).
     Retry,
-    /// Wait [`KV_POLL`] for other contexts to give pages back, then run them again.
-    Sleep,
+    /// Wait this long for other contexts to give pages back, then run them again.
+    Sleep(Duration),
     /// They cannot run: one needs more pages than the whole cache has, or nothing came back
     /// for [`KV_WAIT`].
     GiveUp,
@@ -311,8 +318,10 @@ pub(crate) enum KvWait {
 /// Decides [`KvWait`] for a batch, round after round.
 #[derive(Debug, Default)]
 pub(crate) struct KvWaiter {
-    /// Time spent waiting since the batch last made progress.
-    stalled: Duration,
+    /// When the batch last made progress (`None`: it has not waited since).
+    since: Option<Instant>,
+    /// The next pause.
+    pause: Duration,
 }
 
 impl KvWaiter {
@@ -320,24 +329,28 @@ impl KvWaiter {
     /// of one; `progressed`: some others ran). The batch's failed passes hold no pages, so
     /// the pages they found taken are other contexts': another batch on another thread, a
     /// generation. Those give them back, often before this looks (the pool is empty then).
+    /// Reads only counters that never wait for the scheduler.
     pub(crate) fn next(&mut self, engine: &Engine, progressed: bool, full: &Error) -> KvWait {
         if progressed {
-            self.stalled = Duration::ZERO;
+            *self = KvWaiter::default();
             return KvWait::Retry;
         }
-        let capacity = engine.config().kv_tokens / weft_core::kv::PAGE_SIZE;
+        let since = *self.since.get_or_insert_with(Instant::now);
+        let capacity = engine.config().kv_tokens;
         let needed = match full {
-            Error::Core(weft_core::Error::KvCacheFull { needed_pages, .. }) => *needed_pages,
+            Error::Core(weft_core::Error::KvCacheFull { needed_pages, .. }) => {
+                needed_pages.saturating_mul(weft_core::kv::PAGE_SIZE)
+            }
             _ => 0,
         };
-        if needed > capacity || self.stalled > KV_WAIT {
+        if needed > capacity || since.elapsed() > KV_WAIT {
             return KvWait::GiveUp;
         }
-        self.stalled += KV_POLL;
-        match engine.metrics().kv_pages_used {
-            0 => KvWait::Retry,
-            _ => KvWait::Sleep,
+        if engine.kv_free_tokens() >= capacity {
+            return KvWait::Retry;
         }
+        self.pause = (self.pause * 2).clamp(KV_POLL, KV_POLL_MAX);
+        KvWait::Sleep(self.pause)
     }
 }
 
@@ -370,10 +383,13 @@ fn embed_group_waiting(group: &mut [crate::Context], opts: EmbedOptions) -> Resu
             }
         }
         if let Some(e) = full {
+            if !opts.wait_for_pages && !progressed {
+                return Err(e);
+            }
             match waiter.next(&engine, progressed, &e) {
                 KvWait::GiveUp => return Err(e),
                 KvWait::Retry => {}
-                KvWait::Sleep => std::thread::sleep(KV_POLL),
+                KvWait::Sleep(pause) => std::thread::sleep(pause),
             }
         }
     }

@@ -327,7 +327,7 @@ impl Embedder {
             texts,
             EmbedOptions {
                 pooling,
-                normalize: true,
+                ..EmbedOptions::default()
             },
         )
     }

@@ -10,7 +10,7 @@ use futures_util::future::join_all;
 
 use crate::adapter::{Adapter, PassAdapters};
 use crate::context::Context;
-use crate::embed::{KvWait, KvWaiter, KV_POLL};
+use crate::embed::{KvWait, KvWaiter};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::generator::{Generator, StopReason};
@@ -315,8 +315,8 @@ fn pad_rows(rows: &[(usize, Vec<u32>)], pad: u32) -> PaddedBatch {
 /// that finds the cache full all the same (another context of the engine took pages) waits for
 /// a later round, its KV recomputed, as the server preempts. When no rollout of a round could
 /// step, the batch waits for the other contexts to give pages back (another batch on other
-/// threads, say); the error comes when none holds any, or none was given back for 30 s. The
-/// results do not depend on how the batch was split.
+/// threads, say); the error comes when a rollout needs more pages than the whole cache has,
+/// or none were given back for 30 s. The results do not depend on how the batch was split.
 ///
 /// ```no_run
 /// use weft::rollout::{generate_batch, RolloutRequest};
@@ -491,7 +491,7 @@ pub async fn generate_batch_streaming(
             match waiter.next(engine, stepped, &e) {
                 KvWait::GiveUp => return Err(e),
                 KvWait::Retry => {}
-                KvWait::Sleep => crate::executor::sleep(KV_POLL).await,
+                KvWait::Sleep(pause) => crate::executor::sleep(pause).await,
             }
         }
         // A finished rollout's pages are free for the next (its tokens stay readable).

@@ -106,6 +106,7 @@ fn a_text_embeds_the_same_alone_or_in_a_batch() {
             EmbedOptions {
                 pooling: Pooling::None,
                 normalize: false,
+                ..EmbedOptions::default()
             },
         )
         .unwrap()
@@ -206,7 +207,7 @@ fn a_gguf_s_pooling_type_is_its_default_pooling() {
     let text = "A man is eating food.";
     let opts = EmbedOptions {
         pooling: last.default_pooling(),
-        normalize: true,
+        ..EmbedOptions::default()
     };
     let got = last.embed_texts(&[text], opts).expect("embed");
     assert_eq!(got[0], last.embed_with(text, Pooling::Last).expect("last"));

@@ -251,6 +251,7 @@ fn pooling_options() {
             EmbedOptions {
                 pooling: Pooling::None,
                 normalize: false,
+                ..EmbedOptions::default()
             },
         )
         .expect("embed")
@@ -268,6 +269,7 @@ fn pooling_options() {
             EmbedOptions {
                 pooling: Pooling::Mean,
                 normalize: false,
+                ..EmbedOptions::default()
             },
         )
         .expect("embed")

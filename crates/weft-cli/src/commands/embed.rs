@@ -79,6 +79,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = EmbedOptions {
         pooling: pooling.unwrap_or_else(|| model.default_pooling()),
         normalize: !args.no_normalize,
+        ..EmbedOptions::default()
     };
     let mut out = std::io::stdout().lock();
     // Grown as lines come: `--batch` may be any number.
