@@ -132,7 +132,7 @@ pub enum Error {
     #[error("cannot go back to {to} tokens: the model's sliding-window layers ({window} positions) have already released keys that point needs (a context can go back about one window behind its end; start a new context and fill it instead)")]
     RewindPastWindow { seq: u64, to: usize, window: usize },
     /// A token placed so far back that the sliding-window keys it would see were released.
-    #[error("position {pos} is too far behind sequence {seq}'s highest position: the sliding-window keys a token there would see were already released")]
+    #[error("position {pos} is too far behind the context's highest position: the model's sliding-window layers have already released keys a token there would see")]
     PositionBehindWindow { seq: u64, pos: u32 },
     /// A model file of an architecture weft does not implement.
     #[error("unsupported model architecture {arch:?} (weft runs: {supported})")]

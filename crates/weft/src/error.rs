@@ -136,7 +136,10 @@ impl Error {
     /// Whether a rewind ([`crate::Context::truncate`]) went further back than a
     /// sliding-window model's cache still holds keys for.
     pub fn is_rewind_past_window(&self) -> bool {
-        matches!(self, Error::Core(weft_core::Error::RewindPastWindow { .. }))
+        matches!(
+            self.cause(),
+            Error::Core(weft_core::Error::RewindPastWindow { .. })
+        )
     }
 }
 

@@ -702,7 +702,11 @@ fn a_token_placed_behind_released_window_pages_is_an_error() {
     let mut fwd = ctx.forward();
     fwd.input_at(&ids[701..702], &[700]);
     let e = block_on(fwd.execute()).unwrap_err();
-    assert!(e.to_string().contains("sliding-window keys"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("sliding-window layers have already released keys"),
+        "{e}"
+    );
     assert_eq!((ctx.len(), engine.metrics().kv_pages_used), (len, pages));
     drop(ctx);
     assert_pool_free(&engine);

@@ -35,7 +35,7 @@ def test_rollouts_beams_and_metrics_pickle_for_other_processes(smollm2):
         weft.BeamHypothesis([1, 2], 3, 0.0, 0.0)
     metrics = smollm2.metrics()
     back = pickle.loads(pickle.dumps(metrics))
-    assert type(back) is weft.Metrics and back == metrics
+    assert type(back) is weft.Metrics and back == metrics and hash(back) == hash(metrics)
     assert back.passes == metrics.passes > 0 and back.mean_batch_passes == metrics.mean_batch_passes
 
 
