@@ -465,17 +465,26 @@ pub async fn generate_batch_streaming(
         }
         let steps = gens[..started]
             .iter_mut()
-            .filter(|g| !g.is_done())
-            .map(|g| async move {
-                let stepped = match g.next()? {
-                    Some(step) => step.execute().await.map(|_| ()),
-                    None => Ok(()),
-                };
-                match stepped {
+            .enumerate()
+            .filter(|(_, g)| !g.is_done())
+            .map(|(index, g)| async move {
+                let stepped = async {
+                    match g.next()? {
+                        Some(step) => step.execute().await.map(|_| ()),
+                        None => Ok(()),
+                    }
+                }
+                .await;
+                let result = match stepped {
                     // Its pages go back; it recomputes them in a later round.
                     Err(e) if e.is_kv_full() => g.evict().map(|()| Err(e)),
                     other => other.map(Ok),
-                }
+                };
+                // A step's own failure names its request, as one found before the batch does.
+                result.map_err(|e| Error::InRequest {
+                    index,
+                    source: Box::new(e),
+                })
             });
         let mut full = None;
         let mut stepped = false;

@@ -612,6 +612,18 @@ fn rollouts_from_ids_padded_batches_and_max_length() {
     }
     assert_eq!(engine.metrics().steps, steps_before_refusals);
     assert_eq!(engine.metrics().kv_pages_used, 0);
+    // A request that fails only as it runs (a bias that leaves nothing to sample) is named
+    // too, and the others' pages go back.
+    let mut banned = from_ids.clone();
+    let vocab = engine.info().vocab_size as u32;
+    banned[1].logit_bias = (0..vocab).map(|t| (t, f32::NEG_INFINITY)).collect();
+    let e = block_on(generate_batch(&engine, &banned)).unwrap_err();
+    assert!(
+        matches!(e, Error::InRequest { index: 1, .. })
+            && matches!(e.cause(), Error::NothingAllowed),
+        "{e:?}"
+    );
+    assert_eq!(engine.metrics().kv_pages_used, 0);
     assert_eq!(c[0].tokens, a[0].tokens[..3]);
     assert_eq!(
         c[0].prompt_tokens.len() + c[0].tokens.len(),
