@@ -334,6 +334,37 @@ def kv_idle(base_url: str, timeout: float = 20) -> dict:
         time.sleep(0.2)
 
 
+def post_at_once(url: str, body: dict, n: int) -> tuple:
+    """POSTs `body` to `url` from `n` threads released together; returns (admitted, rejected
+    with 429), checking that every request got an answer and at least one was a 429 in
+    OpenAI's error shape, with a Retry-After."""
+    barrier = threading.Barrier(n)
+    results = [None] * n
+
+    def send(i: int):
+        barrier.wait(30)
+        try:
+            results[i] = httpx.post(url, json=body, timeout=180)
+        except Exception as e:  # recorded and reported below
+            results[i] = e
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    for i, r in enumerate(results):
+        assert isinstance(r, httpx.Response), f"request {i}: {r!r}"
+    rejected = [r for r in results if r.status_code == 429]
+    admitted = [r for r in results if r.status_code != 429]
+    assert rejected, f"no 429 among {[r.status_code for r in results]}"
+    for r in rejected:
+        assert_error(r, 429)
+        assert int(r.headers["retry-after"]) >= 1
+    assert admitted, "nothing was admitted"
+    return admitted, rejected
+
+
 def finite_logprob(x) -> bool:
     """A logprob as the server must send it: a finite number ≤ 0, never below the -9999 clamp."""
     return isinstance(x, (int, float)) and math.isfinite(x) and -9999.0 <= x <= 0.0

@@ -174,36 +174,13 @@ def test_tokenize_and_detokenize_take_the_model(enc_server):
 def test_encoder_requests_take_a_slot_queue_and_are_counted():
     """An encoder's requests go through `--parallel` and `--max-queue` as generations do (all
     were taken, however many), and count in `/metrics` (they did not)."""
-    import threading
-
-    from conftest import get_metrics
+    from conftest import get_metrics, post_at_once
 
     srv = start_server("--embedding-model", ENCODER, "--parallel", "1", "--max-queue", "1")
     try:
         body = {"model": ENCODER, "input": [f"sentence {i} about the sea" for i in range(300)]}
         n = 6
-        barrier = threading.Barrier(n)
-        results = [None] * n
-
-        def send(i: int):
-            barrier.wait(30)
-            try:
-                results[i] = httpx.post(srv.base_url + "/v1/embeddings", json=body, timeout=180)
-            except Exception as e:  # recorded and reported below
-                results[i] = e
-
-        threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(240)
-        for i, r in enumerate(results):
-            assert isinstance(r, httpx.Response), f"request {i}: {r!r}"
-        rejected = [r for r in results if r.status_code == 429]
-        admitted = [r for r in results if r.status_code != 429]
-        assert rejected, f"no 429 among {[r.status_code for r in results]}"
-        for r in rejected:
-            assert_error(r, 429)
+        admitted, _ = post_at_once(srv.base_url + "/v1/embeddings", body, n)
         assert admitted and all(r.status_code == 200 for r in admitted)
         tokens = sum(r.json()["usage"]["prompt_tokens"] for r in admitted)
         metrics = get_metrics(srv.base_url)
