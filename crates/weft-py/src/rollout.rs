@@ -287,8 +287,5 @@ pub fn generate_batch<'py>(
 /// Batches of neighbouring base seeds land far apart, so no two share a row's stream (with
 /// `base + i`, seed 101's row 0 was seed 100's row 1).
 fn row_seed(base: u64, i: usize) -> u64 {
-    let mut x = base.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (x ^ (x >> 31)).wrapping_add(i as u64)
+    weft::sampling::rng::splitmix64(base).wrapping_add(i as u64)
 }

@@ -21,13 +21,7 @@
 //! A Python trainer reproduces it with integer arithmetic modulo 2⁶⁴ (e.g. numpy `uint64`).
 //! Negative `sigma` gives the antithetic pair of the same `ε`.
 
-/// One step of SplitMix64.
-pub fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use crate::sampling::rng::splitmix64;
 
 /// `ε` for weight `j` of matrix `m` (0 = A, 1 = B) of projection `key`, under `seed`.
 pub fn epsilon(seed: u64, key: u32, m: u32, j: usize) -> f32 {

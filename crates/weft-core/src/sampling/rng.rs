@@ -1,5 +1,17 @@
 //! The seeded random generator behind every sampler.
 
+/// SplitMix64's increment (2⁶⁴ / φ).
+const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// One step of SplitMix64: the value after state `z` (which the step advances by
+/// [`GOLDEN_GAMMA`]). A good 64-bit mix: neighbouring inputs give unrelated outputs.
+pub fn splitmix64(z: u64) -> u64 {
+    let mut z = z.wrapping_add(GOLDEN_GAMMA);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// A small, fast, seedable random generator (xoshiro256**, seeded through SplitMix64).
 ///
 /// The whole output stream is determined by the seed and is the same on every platform and in
@@ -13,17 +25,10 @@ pub struct Rng {
 impl Rng {
     /// A generator whose whole stream is determined by `seed`.
     pub fn new(seed: u64) -> Rng {
-        let mut z = seed;
-        let mut next = || {
-            // SplitMix64 spreads the seed over the state.
-            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut x = z;
-            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            x ^ (x >> 31)
-        };
+        // SplitMix64's stream from the seed spreads it over the state.
+        let at = |k: u64| splitmix64(seed.wrapping_add(k.wrapping_mul(GOLDEN_GAMMA)));
         Rng {
-            s: [next(), next(), next(), next()],
+            s: [at(0), at(1), at(2), at(3)],
         }
     }
 

@@ -3,6 +3,8 @@
 //! `generation/utils.py`). Tokens: 0 is EOS, 1 = a, 2 = b, 3 = c; the prompt is `[9]`.
 
 use super::*;
+// The toy model's hash, as `scripts/beam_hf_reference.py` computes it.
+use weft_core::sampling::rng::splitmix64;
 
 const E: u32 = 0;
 const A: u32 = 1;
@@ -247,14 +249,6 @@ fn bad_options_and_steps_are_errors() {
         Err(Error::BeamSearch { .. })
     ));
     assert_eq!(s.finish().len(), 1);
-}
-
-/// splitmix64, as `scripts/beam_hf_reference.py` computes it.
-fn splitmix64(x: u64) -> u64 {
-    let mut x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
 }
 
 /// The script's toy model: logits from a hash of the sequence (exact f64 operations), EOS ids
