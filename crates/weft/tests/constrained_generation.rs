@@ -383,47 +383,50 @@ fn a_stop_string_completed_with_the_constraint_still_cuts_the_text() {
     );
 }
 
+/// Greedy output for "Say yes:" under the GBNF `grammar` with `min_tokens` 5 (and drafts
+/// of `draft` every step, if given): its text, why it stopped, its tokens.
+fn say_yes(
+    engine: &Engine,
+    grammar: &str,
+    draft: Option<Vec<u32>>,
+) -> (String, Option<StopReason>, Vec<u32>) {
+    let mut ctx = engine.context();
+    ctx.fill("Say yes:").expect("fill");
+    let g = ctx
+        .generate(Sampler::Argmax)
+        .max_tokens(10)
+        .min_tokens(5)
+        .constrain_with(Schema::Gbnf(grammar.into()));
+    let mut g = match draft {
+        Some(d) => g.speculator(Always(d)),
+        None => g,
+    };
+    while let Some(step) = g.next().expect("next") {
+        block_on(step.execute()).expect("step");
+    }
+    (
+        g.text().to_string(),
+        g.stop_reason().cloned(),
+        g.tokens().to_vec(),
+    )
+}
+
 #[test]
 fn min_tokens_gives_way_to_a_constraint_that_allows_only_a_stop_token() {
     // The grammar's language ends with the end of turn after "yes": min_tokens cannot ban
     // that token without leaving nothing to sample (the step failed with NothingAllowed).
     let engine = engine();
     let yes = engine.tokenizer().encode("yes", false, false);
-    for speculate in [false, true] {
-        let mut ctx = engine.context();
-        ctx.fill("Say yes:").expect("fill");
-        let g = ctx
-            .generate(Sampler::Argmax)
-            .max_tokens(10)
-            .min_tokens(5)
-            .constrain_with(Schema::Gbnf(r#"root ::= "yes" <|im_end|>"#.into()));
-        // A drafter that always guesses "yes": the position after its draft allows only the
-        // end of turn, which the step's bias bans (the step failed with NothingAllowed).
-        let mut g = if speculate {
-            g.speculator(Always(yes.clone()))
-        } else {
-            g
-        };
-        while let Some(step) = g.next().expect("next") {
-            block_on(step.execute()).expect("step");
-        }
-        assert_eq!(g.text(), "yes");
-        assert!(
-            matches!(g.stop_reason(), Some(StopReason::StopToken(_))),
-            "{:?}",
-            g.stop_reason()
-        );
-        // Where the constraint allows more than the stop ids, the ban holds.
-        let mut ctx = engine.context();
-        ctx.fill("Say yes:").expect("fill");
-        let g = ctx
-            .generate(Sampler::Argmax)
-            .max_tokens(10)
-            .min_tokens(5)
-            .constrain_with(Schema::Gbnf(r#"root ::= "yes" (<|im_end|> | "!"+)"#.into()));
-        let ids = block_on(g.collect_tokens()).expect("generate");
-        assert!(ids.len() >= 5, "{ids:?}");
+    // Also with a drafter that always guesses "yes": the position after its draft allows only
+    // the end of turn, which the step's bias bans (the step failed with NothingAllowed).
+    for draft in [None, Some(yes)] {
+        let (text, stop, _) = say_yes(&engine, r#"root ::= "yes" <|im_end|>"#, draft);
+        assert_eq!(text, "yes");
+        assert!(matches!(stop, Some(StopReason::StopToken(_))), "{stop:?}");
     }
+    // Where the constraint allows more than the stop ids, the ban holds.
+    let (_, _, ids) = say_yes(&engine, r#"root ::= "yes" (<|im_end|> | "!"+)"#, None);
+    assert!(ids.len() >= 5, "{ids:?}");
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
 
