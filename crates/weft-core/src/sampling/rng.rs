@@ -4,7 +4,7 @@
 const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// One step of SplitMix64: the value after state `z` (which the step advances by
-/// [`GOLDEN_GAMMA`]). A good 64-bit mix: neighbouring inputs give unrelated outputs.
+/// 2⁶⁴ / φ). A good 64-bit mix: neighbouring inputs give unrelated outputs.
 pub fn splitmix64(z: u64) -> u64 {
     let mut z = z.wrapping_add(GOLDEN_GAMMA);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
