@@ -416,9 +416,6 @@ impl Embedder {
     }
 }
 
-/// Texts embedded per call between checks for Ctrl-C.
-const EMBED_GROUP: usize = 32;
-
 /// One string → a 1-D array; a list of strings → a 2-D array (rows in order).
 fn embed<'py>(
     py: Python<'py>,
@@ -461,19 +458,26 @@ fn embed<'py>(
         normalize,
         ..weft::EmbedOptions::default()
     };
-    // A few texts at a time (each group still one batch), so that a Ctrl-C during a long
-    // list stops it between groups; the vectors do not depend on the grouping.
-    let mut vectors = Vec::with_capacity(list.len());
-    for group in list.chunks(EMBED_GROUP) {
-        let part = py
-            .detach(|| {
-                let refs: Vec<&str> = group.iter().map(String::as_str).collect();
-                model.embed_texts(&refs, opts)
+    // The library asks between its groups of inputs (and while a batch waits for KV pages)
+    // whether to go on: a Ctrl-C stops a long list there, and raises.
+    let mut interrupt = None;
+    let vectors =
+        py.detach(|| {
+            let ids: Vec<Vec<u32>> = list.iter().map(|t| model.input_ids(t)).collect();
+            model.embed_ids_watched(&ids, opts, &mut |_| match Python::attach(|py| {
+                py.check_signals()
+            }) {
+                Ok(()) => true,
+                Err(e) => {
+                    interrupt = Some(e);
+                    false
+                }
             })
-            .py()?;
-        vectors.extend(part);
-        py.check_signals()?;
+        });
+    if let Some(e) = interrupt {
+        return Err(e);
     }
+    let vectors = vectors.py()?;
     if single.is_some() {
         let v = vectors.into_iter().next().unwrap_or_default();
         return Ok(PyArray1::from_vec(py, v).into_any());

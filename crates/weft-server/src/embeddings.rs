@@ -305,10 +305,6 @@ impl Drop for GoneOnDrop {
     }
 }
 
-/// Tokens embedded per model call, at most (one input may be longer), between checks that
-/// the request is still wanted. Each input's vector does not depend on its group.
-const GROUP_TOKENS: usize = 4096;
-
 /// The vectors and the number of tokens the model read; a request dropped meanwhile (`gone`)
 /// stops between groups of inputs, with an error nobody reads.
 fn embed(
@@ -317,33 +313,16 @@ fn embed(
     opts: EmbedOptions,
     gone: &AtomicBool,
 ) -> weft::Result<(Vec<Vec<f32>>, usize)> {
-    let lens: Vec<usize> = match inputs {
-        Inputs::Texts(texts) => texts.iter().map(|t| model.input_ids(t).len()).collect(),
-        Inputs::Ids(ids) => ids.iter().map(Vec::len).collect(),
+    let tokenized: Vec<Vec<u32>>;
+    let ids = match inputs {
+        Inputs::Texts(texts) => {
+            tokenized = texts.iter().map(|t| model.input_ids(t)).collect();
+            &tokenized
+        }
+        Inputs::Ids(ids) => ids,
     };
-    let mut vectors = Vec::with_capacity(lens.len());
-    let mut start = 0;
-    while start < lens.len() {
-        if gone.load(Ordering::Relaxed) {
-            return Err(weft::Error::Config("the request was dropped".into()));
-        }
-        let mut end = start + 1;
-        let mut tokens = lens[start];
-        while end < lens.len() && tokens + lens[end] <= GROUP_TOKENS {
-            tokens += lens[end];
-            end += 1;
-        }
-        let part = match inputs {
-            Inputs::Texts(texts) => {
-                let refs: Vec<&str> = texts[start..end].iter().map(String::as_str).collect();
-                model.embed_texts(&refs, opts)?
-            }
-            Inputs::Ids(ids) => model.embed_ids(&ids[start..end], opts)?,
-        };
-        vectors.extend(part);
-        start = end;
-    }
-    Ok((vectors, lens.iter().sum()))
+    let vectors = model.embed_ids_watched(ids, opts, &mut |_| !gone.load(Ordering::Relaxed))?;
+    Ok((vectors, ids.iter().map(Vec::len).sum()))
 }
 
 /// An embedding's error, naming `input` where the input is at fault.

@@ -120,9 +120,38 @@ impl Engine {
 
     /// The embeddings of inputs given as token ids (used as they are: no BOS is added).
     pub fn embed_tokens(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+        self.embed_tokens_watched(inputs, opts, &mut |_| true)
+    }
+
+    /// [`Engine::embed_tokens`], asking `go_on` before each group of inputs (and while the
+    /// batch waits for KV pages) with the number of inputs done so far; `false` stops the
+    /// batch there with [`Error::Cancelled`] (its KV pages are given back). What a progress
+    /// bar, a server's check that its client is still there or Python's Ctrl-C hang on.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft::Result<()> {
+    /// let engine = weft::Engine::load("smollm2-135m")?;
+    /// let inputs: Vec<Vec<u32>> = (0..1000)
+    ///     .map(|i| engine.tokenize(&format!("sentence {i}")))
+    ///     .collect();
+    /// let opts = weft::EmbedOptions::default();
+    /// let vectors = engine.embed_tokens_watched(&inputs, opts, &mut |done| {
+    ///     eprintln!("{done} of {} done", inputs.len());
+    ///     true
+    /// })?;
+    /// assert_eq!(vectors.len(), 1000);
+    /// # Ok(()) }
+    /// ```
+    pub fn embed_tokens_watched(
+        &self,
+        inputs: &[Vec<u32>],
+        opts: EmbedOptions,
+        go_on: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<Vec<Vec<f32>>> {
         // Texts go in groups that fit in half the KV pages free now, so a long list never
-        // fills the pool (each text's pages are freed as soon as its group is done).
-        let budget = (self.kv_free_tokens() / 2).max(1);
+        // fills the pool (each text's pages are freed as soon as its group is done), and in
+        // at most GROUP_TOKENS tokens, so that `go_on` is asked often.
+        let budget = (self.kv_free_tokens() / 2).clamp(1, GROUP_TOKENS);
         let mut out = Vec::with_capacity(inputs.len());
         let mut group = Vec::new();
         let mut tokens = 0;
@@ -145,16 +174,23 @@ impl Engine {
             // Whole pages: a text holds its partial last page too.
             let pages = n.div_ceil(weft_core::kv::PAGE_SIZE) * weft_core::kv::PAGE_SIZE;
             if !group.is_empty() && tokens + pages > budget {
-                out.extend(embed_group(&mut group, opts)?);
+                let done = out.len();
+                out.extend(embed_group(&mut group, opts, done, go_on)?);
                 tokens = 0;
             }
             tokens += pages;
             group.push(ctx);
         }
-        out.extend(embed_group(&mut group, opts)?);
+        let done = out.len();
+        out.extend(embed_group(&mut group, opts, done, go_on)?);
         Ok(out)
     }
 }
+
+/// Tokens of the inputs one model call (an encoder's) or one group of passes (a decoder's)
+/// holds at most (an input longer than this goes alone): between two groups a batch asks its
+/// watcher whether to go on. Each input's vector does not depend on its group.
+pub(crate) const GROUP_TOKENS: usize = 4096;
 
 /// A model that turns texts (or token ids) into vectors: a decoder [`Engine`] (pooled
 /// final-norm hidden states) or an encoder [`Embedder`](crate::Embedder). What the CLI's
@@ -163,7 +199,18 @@ pub trait EmbeddingModel: Send + Sync {
     /// The vectors of `texts`.
     fn embed_texts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>>;
     /// The vectors of inputs given as token ids.
-    fn embed_ids(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>>;
+    fn embed_ids(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+        self.embed_ids_watched(inputs, opts, &mut |_| true)
+    }
+    /// [`EmbeddingModel::embed_ids`], asking `go_on` before each group of inputs (and while
+    /// a decoder's batch waits for KV pages) with the number of inputs done so far; `false`
+    /// stops there with [`Error::Cancelled`].
+    fn embed_ids_watched(
+        &self,
+        inputs: &[Vec<u32>],
+        opts: EmbedOptions,
+        go_on: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<Vec<Vec<f32>>>;
     /// The ids the model sees for `text` (what a request's token count is).
     fn input_ids(&self, text: &str) -> Vec<u32>;
     /// Length of the pooled vectors.
@@ -178,8 +225,13 @@ impl EmbeddingModel for Engine {
     fn embed_texts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
         self.embed_batch_opts(texts, opts)
     }
-    fn embed_ids(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
-        self.embed_tokens(inputs, opts)
+    fn embed_ids_watched(
+        &self,
+        inputs: &[Vec<u32>],
+        opts: EmbedOptions,
+        go_on: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<Vec<Vec<f32>>> {
+        self.embed_tokens_watched(inputs, opts, go_on)
     }
     fn input_ids(&self, text: &str) -> Vec<u32> {
         self.tokenizer().encode(text, true, true)
@@ -206,8 +258,13 @@ impl EmbeddingModel for crate::Embedder {
     fn embed_texts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
         self.embed_batch_opts(texts, opts)
     }
-    fn embed_ids(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
-        self.embed_tokens(inputs, opts)
+    fn embed_ids_watched(
+        &self,
+        inputs: &[Vec<u32>],
+        opts: EmbedOptions,
+        go_on: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<Vec<Vec<f32>>> {
+        self.embed_tokens_watched(inputs, opts, go_on)
     }
     fn input_ids(&self, text: &str) -> Vec<u32> {
         self.tokenize(text)
@@ -290,9 +347,19 @@ pub fn is_gguf(path: &std::path::Path) -> bool {
         && &magic == b"GGUF"
 }
 
-/// Runs one pass per context of `group` (all submitted together), pools, and frees them.
-fn embed_group(group: &mut Vec<crate::Context>, opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
-    let result = embed_group_waiting(group, opts);
+/// Runs one pass per context of `group` (all submitted together), pools, and frees them;
+/// first asks `go_on` with the `done` inputs before the group, as the group's waits for KV
+/// pages do.
+fn embed_group(
+    group: &mut Vec<crate::Context>,
+    opts: EmbedOptions,
+    done: usize,
+    go_on: &mut dyn FnMut(usize) -> bool,
+) -> Result<Vec<Vec<f32>>> {
+    let result = match go_on(done) {
+        true => embed_group_waiting(group, opts, &mut || go_on(done)),
+        false => Err(Error::Cancelled),
+    };
     group.clear();
     result
 }
@@ -356,8 +423,13 @@ impl KvWaiter {
 
 /// [`embed_group`]: runs every context's pass; those that find the cache full (other contexts
 /// of the engine, a generation or another batch, took the pages) run again once pages come
-/// back. Each context gives its pages back as soon as its vector is read.
-fn embed_group_waiting(group: &mut [crate::Context], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+/// back (`go_on` is asked before each wait). Each context gives its pages back as soon as its
+/// vector is read.
+fn embed_group_waiting(
+    group: &mut [crate::Context],
+    opts: EmbedOptions,
+    go_on: &mut dyn FnMut() -> bool,
+) -> Result<Vec<Vec<f32>>> {
     let mut out: Vec<Option<Vec<f32>>> = vec![None; group.len()];
     let mut waiter = KvWaiter::default();
     loop {
@@ -389,6 +461,7 @@ fn embed_group_waiting(group: &mut [crate::Context], opts: EmbedOptions) -> Resu
             match waiter.next(&engine, progressed, &e) {
                 KvWait::GiveUp => return Err(e),
                 KvWait::Retry => {}
+                KvWait::Sleep(_) if !go_on() => return Err(Error::Cancelled),
                 KvWait::Sleep(pause) => std::thread::sleep(pause),
             }
         }

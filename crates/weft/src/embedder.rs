@@ -34,7 +34,7 @@ impl Default for EmbedderConfig {
     fn default() -> Self {
         EmbedderConfig {
             n_threads: weft_core::runner::RunnerConfig::default().n_threads,
-            batch_tokens: 4096,
+            batch_tokens: crate::embed::GROUP_TOKENS,
         }
     }
 }
@@ -342,6 +342,18 @@ impl Embedder {
     /// special tokens included). An input longer than the model's positions is
     /// [`Error::ContextTooLong`]; an empty one [`Error::EmptyPass`].
     pub fn embed_tokens(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+        self.embed_tokens_watched(inputs, opts, &mut |_| true)
+    }
+
+    /// [`Embedder::embed_tokens`], asking `go_on` before each model call with the number of
+    /// inputs done so far; `false` stops there with [`Error::Cancelled`] (as
+    /// [`crate::Engine::embed_tokens_watched`]).
+    pub fn embed_tokens_watched(
+        &self,
+        inputs: &[Vec<u32>],
+        opts: EmbedOptions,
+        go_on: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<Vec<Vec<f32>>> {
         let cfg = self.inner.model.config();
         for ids in inputs {
             if ids.is_empty() {
@@ -359,6 +371,9 @@ impl Embedder {
         let mut out = Vec::with_capacity(inputs.len());
         let mut start = 0;
         while start < inputs.len() {
+            if !go_on(start) {
+                return Err(Error::Cancelled);
+            }
             // As many inputs as fit in one call's token budget (at least one).
             let mut end = start + 1;
             let mut tokens = inputs[start].len();

@@ -113,6 +113,10 @@ pub enum Error {
          make a new engine in this process)"
     )]
     EngineStopped,
+    /// The caller's watcher (the `go_on` of [`crate::Engine::embed_tokens_watched`]) said to
+    /// stop before the work was done; nothing of it is kept.
+    #[error("stopped by the caller before it finished")]
+    Cancelled,
 }
 
 impl Error {

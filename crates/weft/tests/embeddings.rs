@@ -149,6 +149,84 @@ fn a_batch_larger_than_the_kv_pool_is_embedded_in_groups() {
 }
 
 #[test]
+fn a_watched_batch_reports_its_progress_and_stops_when_told() {
+    // Groups of 4096 tokens at most, counted in whole 32-token pages: 400 texts of one page
+    // each go in groups of 128.
+    let engine = common::engine("smollm2-135m", 16384);
+    let inputs: Vec<Vec<u32>> = (0..400)
+        .map(|i| {
+            engine.tokenize(&format!(
+                "Sentence number {i} is about weaving, looms and thread."
+            ))
+        })
+        .collect();
+    let opts = weft::EmbedOptions::default();
+    let mut seen = Vec::new();
+    let all = engine
+        .embed_tokens_watched(&inputs, opts, &mut |done| {
+            seen.push(done);
+            true
+        })
+        .expect("embed");
+    assert_eq!(all, engine.embed_tokens(&inputs, opts).expect("plain"));
+    assert!(inputs.iter().all(|ids| ids.len() <= 32));
+    assert_eq!(seen, [0, 128, 256, 384]);
+    // Told to stop at the third group: Cancelled, fewer passes run, and no page kept.
+    let passes = engine.metrics().passes;
+    let mut asked = 0;
+    let stopped = engine.embed_tokens_watched(&inputs, opts, &mut |_| {
+        asked += 1;
+        asked < 3
+    });
+    assert!(
+        matches!(stopped, Err(weft::Error::Cancelled)),
+        "{stopped:?}"
+    );
+    let ran = engine.metrics().passes - passes;
+    assert_eq!(ran, 256);
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
+#[test]
+fn a_batch_waiting_for_kv_pages_asks_its_watcher() {
+    // A context holds most of a 16-page pool: a 11-page text waits for it (30 s at most),
+    // asking the watcher between tries; told to stop, it stops at once.
+    let engine = common::engine_with(
+        "smollm2-135m",
+        weft::EngineConfig {
+            n_threads: 2,
+            kv_tokens: 512,
+            n_ctx: Some(512),
+            prefix_cache: false,
+            ..weft::EngineConfig::default()
+        },
+    );
+    let mut holder = engine.context();
+    holder
+        .fill(&"A long text that holds pages. ".repeat(40))
+        .expect("fill");
+    weft::block_on(holder.forward().execute()).expect("prefill");
+    let text = (0..30)
+        .map(|i| format!("Sentence {i} of the text to embed."))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let inputs = vec![engine.tokenize(&text)];
+    let started = std::time::Instant::now();
+    let mut asked = 0;
+    let stopped = engine.embed_tokens_watched(&inputs, weft::EmbedOptions::default(), &mut |_| {
+        asked += 1;
+        asked < 4
+    });
+    assert!(
+        matches!(stopped, Err(weft::Error::Cancelled)),
+        "{stopped:?}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    drop(holder);
+    assert_eq!(engine.metrics().kv_pages_used, 0);
+}
+
+#[test]
 fn threads_embedding_on_a_small_cache_take_turns() {
     // Four threads whose texts (11 pages each) do not fit the 16-page pool together: each
     // waits for the pages the others give back (three of four failed with KvCacheFull).

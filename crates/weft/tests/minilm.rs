@@ -136,6 +136,40 @@ fn batch_invariance() {
     }
 }
 
+/// A watched batch is asked before each model call with the inputs done so far, and stops
+/// with `Cancelled` when told to.
+#[test]
+fn a_watched_batch_reports_its_progress_and_stops_when_told() {
+    let small_calls = Embedder::open(
+        &common::model_path("all-minilm-l6-v2"),
+        EmbedderConfig {
+            n_threads: 2,
+            batch_tokens: 16,
+        },
+    )
+    .expect("load");
+    let inputs: Vec<Vec<u32>> = (0..6)
+        .map(|i| small_calls.tokenize(&format!("sentence {i} about the sea")))
+        .collect();
+    let opts = EmbedOptions::default();
+    let mut seen = Vec::new();
+    let all = small_calls
+        .embed_tokens_watched(&inputs, opts, &mut |done| {
+            seen.push(done);
+            true
+        })
+        .expect("embed");
+    assert_eq!(all, embedder().embed_tokens(&inputs, opts).expect("plain"));
+    // Seven tokens each ([CLS] sentence i about the sea [SEP]): two inputs per 16-token call.
+    assert!(inputs.iter().all(|ids| ids.len() == 7), "{inputs:?}");
+    assert_eq!(seen, [0, 2, 4]);
+    let stopped = small_calls.embed_tokens_watched(&inputs, opts, &mut |done| done < 2);
+    assert!(
+        matches!(stopped, Err(weft::Error::Cancelled)),
+        "{stopped:?}"
+    );
+}
+
 /// Of 20 query/document pairs, each query's nearest document is its own.
 #[test]
 fn queries_find_their_documents() {

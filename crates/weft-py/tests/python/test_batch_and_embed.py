@@ -216,3 +216,31 @@ def test_ctrl_c_stops_a_long_embedding_list(smollm2):
     # Embedding in groups changes no bits, and the engine is free again.
     assert np.array_equal(smollm2.embed(texts[:40]), few)
     assert smollm2.metrics().kv_pages_used == 0
+
+
+def test_ctrl_c_stops_an_embedding_waiting_for_kv_pages():
+    """A context holds most of a 16-page cache: the text to embed waits (up to 30 s) for
+    pages; a Ctrl-C 0.3 s in stops the wait at once (it waited the 30 s, then failed)."""
+    import signal
+    import time
+
+    small = weft.Engine("smollm2-135m", threads=2, kv_tokens=512, n_ctx=512, prefix_cache=False)
+    holder = small.context()
+    holder.fill("A long text that holds pages. " * 40)
+    holder.forward().run()
+    text = " ".join(f"Sentence {i} of the text to embed." for i in range(30))
+    before = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    started = time.monotonic()
+    try:
+        small.embed(text)
+        raise AssertionError("the embedding did not wait for pages")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    assert time.monotonic() - started < 10
+    del holder
+    assert small.metrics().kv_pages_used == 0
+    assert small.embed(text).shape == (576,)
