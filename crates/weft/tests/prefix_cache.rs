@@ -163,3 +163,37 @@ fn a_prefix_across_gemmas_sliding_window_is_bit_identical() {
     assert!(on.metrics().prefix_hit_tokens >= 640, "{:?}", on.metrics());
     assert_eq!(on.metrics().kv_pages_used, 0);
 }
+
+#[test]
+fn a_batch_of_one_prompt_computes_its_pages_once() {
+    // Eight rollouts of one prompt, submitted together: the first computes the prompt's whole
+    // pages, the other seven wait a step and attach them (all eight computed them side by side
+    // in one model call). The rollouts are those of an engine without the cache.
+    use weft::rollout::{generate_batch, RolloutRequest};
+    let prompt = [PROMPT; 3].join(" ");
+    let on = engine("smollm2-135m", 8192, true);
+    let off = engine("smollm2-135m", 8192, false);
+    let n = on.tokenize(&prompt).len();
+    let pages = (n - 1) / weft::kv::PAGE_SIZE * weft::kv::PAGE_SIZE;
+    assert!(pages >= 4 * weft::kv::PAGE_SIZE, "{n} tokens");
+    let requests: Vec<RolloutRequest> = (0..8)
+        .map(|i| {
+            let sampler = Sampler::TopK {
+                k: 40,
+                temperature: 0.9,
+            };
+            let mut r = RolloutRequest::new(prompt.as_str(), sampler);
+            r.max_tokens = 16;
+            r.seed = 100 + i;
+            r
+        })
+        .collect();
+    let got = block_on(generate_batch(&on, &requests)).expect("batch");
+    let want = block_on(generate_batch(&off, &requests)).expect("batch");
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g.tokens, w.tokens);
+    }
+    let m = on.metrics();
+    assert_eq!(m.prefix_hit_tokens, 7 * pages as u64, "{m:?}");
+    assert_eq!(m.kv_pages_used, 0);
+}

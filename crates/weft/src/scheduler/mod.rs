@@ -38,6 +38,7 @@ use crate::error::{Error, Result};
 use crate::probe::{ProbeKind, ProbeValue};
 
 mod commands;
+mod prefix;
 mod sample;
 
 pub(crate) use commands::Command;
@@ -374,8 +375,8 @@ impl Shared {
     fn step(&self, active: &mut Vec<Active>) {
         // Only the oldest pass of each context may run (a context's passes run in order).
         let mut seen = HashSet::new();
-        let eligible: Vec<bool> = active.iter().map(|a| seen.insert(a.req.seq)).collect();
-        self.attach_prefixes(active, &eligible);
+        let mut eligible: Vec<bool> = active.iter().map(|a| seen.insert(a.req.seq)).collect();
+        self.attach_prefixes(active, &mut eligible);
         // Choose (pass, token range) triples: short passes first, then chunks in order.
         let mut chosen: Vec<(usize, usize, usize)> = Vec::new();
         let mut budget = self.step_tokens;
@@ -469,55 +470,6 @@ impl Shared {
         for (seq, reply, outcome) in answers {
             c.passes.fetch_add(1, Ordering::Relaxed);
             self.answer(seq, reply, outcome);
-        }
-    }
-}
-
-impl Shared {
-    /// Admission through the prefix cache: the first pass of a fresh context, causal at
-    /// positions 0.., starts with the cached pages that hold its longest whole-page prefix
-    /// (never past the first token whose logits the pass wants, and never its last token).
-    /// The pass then runs only the rest; a failure rolls the attached tokens back with it.
-    fn attach_prefixes(&self, active: &mut [Active], eligible: &[bool]) {
-        let fresh = |a: &Active| {
-            a.done == 0
-                && a.req.masks.is_none()
-                && a.req
-                    .positions
-                    .iter()
-                    .enumerate()
-                    .all(|(k, &p)| p as usize == k)
-        };
-        if !active
-            .iter()
-            .zip(eligible)
-            .any(|(a, &e)| e && !a.prefix_checked && fresh(a))
-        {
-            return;
-        }
-        let mut runner = self.runner();
-        for (a, &e) in active.iter_mut().zip(eligible) {
-            if !e || a.prefix_checked {
-                continue;
-            }
-            a.prefix_checked = true;
-            if !fresh(a) || runner.kv().len(a.req.seq).map_or(true, |n| n != 0) {
-                continue;
-            }
-            let n = a.req.tokens.len();
-            let first_out = a.wanted.first().into_iter().chain(a.wanted_hidden.first());
-            // Pages past a vector input are not a function of the ids: never attach them.
-            let first_vector = a.req.embeds.iter().position(Option::is_some);
-            let limit = first_out
-                .copied()
-                .chain(first_vector)
-                .min()
-                .unwrap_or(n)
-                .min(n - 1);
-            a.done = match &a.req.adapters {
-                Some(set) => runner.attach_prefix_with(a.req.seq, &a.req.tokens, limit, set),
-                None => runner.attach_prefix(a.req.seq, &a.req.tokens, limit),
-            };
         }
     }
 }
