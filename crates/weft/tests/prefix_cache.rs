@@ -166,16 +166,21 @@ fn a_prefix_across_gemmas_sliding_window_is_bit_identical() {
 
 #[test]
 fn a_batch_of_one_prompt_computes_its_pages_once() {
-    // Eight rollouts of one prompt, submitted together: the first computes the prompt's whole
-    // pages, the other seven wait a step and attach them (all eight computed them side by side
-    // in one model call). The rollouts are those of an engine without the cache.
+    // Eight rollouts of one prompt, queued together behind a 1536-token prefill (three full
+    // steps of 512 tokens): the first computes the prompt's whole pages, the other seven sit
+    // out that step and attach them (all eight computed them: each looked in the cache as
+    // the step began, before any had run). The rollouts are those of an engine without the
+    // cache.
     use weft::rollout::{generate_batch, RolloutRequest};
     let prompt = [PROMPT; 3].join(" ");
     let on = engine("smollm2-135m", 8192, true);
     let off = engine("smollm2-135m", 8192, false);
     let n = on.tokenize(&prompt).len();
     let pages = (n - 1) / weft::kv::PAGE_SIZE * weft::kv::PAGE_SIZE;
-    assert!(pages >= 4 * weft::kv::PAGE_SIZE, "{n} tokens");
+    assert!(
+        pages >= 4 * weft::kv::PAGE_SIZE && 2 * n <= 512,
+        "{n} tokens"
+    );
     let requests: Vec<RolloutRequest> = (0..8)
         .map(|i| {
             let sampler = Sampler::TopK {
@@ -188,12 +193,19 @@ fn a_batch_of_one_prompt_computes_its_pages_once() {
             r
         })
         .collect();
-    let got = block_on(generate_batch(&on, &requests)).expect("batch");
+    let mut blocker = on.context();
+    blocker.fill_tokens(&[1000; 1536]).expect("fill");
+    let (blocked, got) = block_on(futures_util::future::join(
+        blocker.forward().execute(),
+        generate_batch(&on, &requests),
+    ));
+    blocked.expect("the blocker's prefill");
     let want = block_on(generate_batch(&off, &requests)).expect("batch");
-    for (g, w) in got.iter().zip(&want) {
+    for (g, w) in got.expect("batch").iter().zip(&want) {
         assert_eq!(g.tokens, w.tokens);
     }
     let m = on.metrics();
     assert_eq!(m.prefix_hit_tokens, 7 * pages as u64, "{m:?}");
-    assert_eq!(m.kv_pages_used, 0);
+    drop(blocker);
+    assert_eq!(on.metrics().kv_pages_used, 0);
 }

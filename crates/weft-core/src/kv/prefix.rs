@@ -153,26 +153,21 @@ impl KvCache {
         if !self.prefix.enabled {
             return 0;
         }
-        let Some(s) = self.seqs.get_mut(&seq) else {
-            return 0;
-        };
-        if !s.positions.is_empty() || s.unshareable {
-            return 0;
+        match self.seqs.get(&seq) {
+            Some(s) if s.positions.is_empty() && !s.unshareable => {}
+            _ => return 0,
         }
+        let hashes = self.cached_pages(tokens, max, salt);
         self.prefix.stats.queried_tokens += max as u64;
         self.prefix.tick += 1;
         let tick = self.prefix.tick;
-        let mut parent = root(salt);
-        let mut k = 0;
-        while (k + 1) * PAGE_SIZE <= max {
-            let page_tokens = &tokens[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
-            let h = chain(parent, page_tokens);
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return 0;
+        };
+        for (k, &h) in hashes.iter().enumerate() {
             let Some(e) = self.prefix.entries.get_mut(&h) else {
                 break;
             };
-            if e.parent != parent || e.tokens != page_tokens {
-                break; // a hash collision: compute instead
-            }
             e.last_used = tick;
             for (g, &p) in e.pages.iter().enumerate() {
                 self.groups[g].pool.retain(p);
@@ -180,16 +175,48 @@ impl KvCache {
             }
             s.positions
                 .extend((k * PAGE_SIZE) as u32..((k + 1) * PAGE_SIZE) as u32);
-            s.tokens.extend_from_slice(page_tokens);
+            s.tokens.extend_from_slice(&e.tokens);
             s.hashes.push(h);
-            parent = h;
-            k += 1;
         }
-        let n = k * PAGE_SIZE;
+        let n = hashes.len() * PAGE_SIZE;
         s.max_pos = n.checked_sub(1).map(|p| p as u32);
         s.salt = salt;
         self.prefix.stats.hit_tokens += n as u64;
         n
+    }
+
+    /// How many tokens of `tokens` (at most `max`, in whole pages) [`KvCache::attach_prefix`]
+    /// would attach now, changing nothing.
+    pub fn cached_prefix_len(&self, tokens: &[u32], max: usize, salt: u64) -> usize {
+        match self.prefix.enabled {
+            true => self.cached_pages(tokens, max.min(tokens.len()), salt).len() * PAGE_SIZE,
+            false => 0,
+        }
+    }
+
+    /// Whether the pages `seq` completes from now on can be published (its slots so far were
+    /// all written by causal passes at positions equal to their slots, or attached).
+    pub fn is_shareable(&self, seq: SeqId) -> bool {
+        self.prefix.enabled && self.seqs.get(&seq).is_some_and(|s| !s.unshareable)
+    }
+
+    /// The hashes of the cached pages that hold the longest whole-page prefix of
+    /// `tokens[..max]`, in order.
+    fn cached_pages(&self, tokens: &[u32], max: usize, salt: u64) -> Vec<u64> {
+        let mut parent = root(salt);
+        let mut hashes = Vec::new();
+        while (hashes.len() + 1) * PAGE_SIZE <= max {
+            let k = hashes.len();
+            let page_tokens = &tokens[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
+            let h = chain(parent, page_tokens);
+            match self.prefix.entries.get(&h) {
+                // The same parent and ids: not a hash collision.
+                Some(e) if e.parent == parent && e.tokens == page_tokens => hashes.push(h),
+                _ => break,
+            }
+            parent = h;
+        }
+        hashes
     }
 
     /// Whether only the cache holds `e`'s pages (so evicting it frees them).
@@ -273,9 +300,15 @@ mod tests {
         let mut kv = cache(4);
         let a: Vec<u32> = (0..70).collect();
         let s = fill(&mut kv, &a, true);
+        assert!(kv.is_shareable(s));
         kv.free_sequence(s);
         // Two full pages stay cached but count as free.
         assert_eq!(kv.usage()[0].free, 4);
+        // What would attach, asked without attaching (nor counting a query).
+        assert_eq!(kv.cached_prefix_len(&a, 69, 0), 64);
+        assert_eq!(kv.cached_prefix_len(&a, 63, 0), 32);
+        assert_eq!(kv.cached_prefix_len(&a, 69, 7), 0, "another salt");
+        assert_eq!(kv.prefix_stats().queried_tokens, 0);
         let t = kv.new_sequence();
         assert_eq!(kv.attach_prefix(t, &a, 69, 0), 64);
         assert_eq!(kv.len(t).unwrap(), 64);
@@ -293,6 +326,7 @@ mod tests {
         // Filling the pool evicts the cached pages, oldest first.
         let big: Vec<u32> = (1000..1000 + 4 * PAGE_SIZE as u32).collect();
         let w = fill(&mut kv, &big, false);
+        assert!(!kv.is_shareable(w));
         assert_eq!(kv.prefix_stats().evictions, 2);
         assert_eq!(kv.usage()[0].free, 0);
         kv.free_sequence(w);

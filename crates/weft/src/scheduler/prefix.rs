@@ -11,11 +11,12 @@ impl Shared {
     /// (never past the first token whose logits the pass wants, and never its last token).
     /// The pass then runs only the rest; a failure rolls the attached tokens back with it.
     ///
-    /// A fresh pass whose next whole page an older pass is still computing (the same prompt
-    /// sent many times together: rollouts of one prompt, a request's `n` choices) sits out
-    /// the step (`eligible` false) and looks again at the next one, once the older pass has
-    /// published the page; it computed the same pages beside it. Outputs do not change:
-    /// attached pages hold the same bits as computed ones.
+    /// A fresh pass whose next whole page (the first the cache does not hold) an older pass
+    /// is computing in this step — the same prompt sent many times together: rollouts of one
+    /// prompt, a request's `n` choices — sits out the step (`eligible` false, not yet
+    /// checked) rather than compute the same page beside it, and looks again at the next
+    /// step, when the page is published. Outputs do not change: attached pages hold the bits
+    /// computed ones would.
     pub(super) fn attach_prefixes(&self, active: &mut [Active], eligible: &mut [bool]) {
         if !active
             .iter()
@@ -25,7 +26,6 @@ impl Shared {
             return;
         }
         let mut runner = self.runner();
-        let sharing = runner.kv().prefix_cache_enabled();
         for i in 0..active.len() {
             if !eligible[i] || active[i].prefix_checked {
                 continue;
@@ -36,11 +36,11 @@ impl Shared {
                 continue;
             }
             let limit = a.prefix_limit();
-            let older = active[..i].iter().zip(&eligible[..i]);
-            if sharing
-                && older
-                    .into_iter()
-                    .any(|(l, &e)| e && l.computes_page_of(a, limit))
+            let kv = runner.kv();
+            let cached = kv.cached_prefix_len(&a.req.tokens, limit, a.salt());
+            let mut older = active[..i].iter().zip(&eligible[..i]);
+            if older
+                .any(|(l, &e)| e && kv.is_shareable(l.req.seq) && l.computes_page(cached, a, limit))
             {
                 eligible[i] = false;
                 continue;
@@ -92,19 +92,24 @@ impl Active {
             .min(n.saturating_sub(1))
     }
 
-    /// Whether this (older, running) pass is computing the next whole page of its prompt and
-    /// the fresh pass `f` could take that page from the cache once it is published: the same
-    /// adapters and the same ids up to the page's end, within `f`'s `limit`.
-    fn computes_page_of(&self, f: &Active, limit: usize) -> bool {
-        let identity = |a: &Active| a.req.adapters.as_ref().map(|s| s.identity());
-        let page_end = (self.done / PAGE_SIZE + 1) * PAGE_SIZE;
-        let first_vector = self.req.embeds.iter().position(Option::is_some);
-        let published = first_vector
-            .unwrap_or(usize::MAX)
-            .min(self.req.tokens.len());
-        self.plain()
-            && page_end <= limit.min(published)
-            && identity(self) == identity(f)
-            && self.req.tokens[..page_end] == f.req.tokens[..page_end]
+    /// The prefix-cache salt of the pages the pass writes (its adapters'; 0 for the base
+    /// model, as a set of no-op adapters).
+    fn salt(&self) -> u64 {
+        self.req.adapters.as_ref().map_or(0, |s| s.identity())
+    }
+
+    /// Whether this (older, running) pass computes, now, the page that starts at `start` of
+    /// the fresh pass `f` and that `f` could take from the cache once it is published: it has
+    /// done less than the page's end, but not less than its start; it writes plain pages
+    /// without vector inputs, with the same adapters; and it has the same ids up to the
+    /// page's end, within `f`'s `limit`.
+    fn computes_page(&self, start: usize, f: &Active, limit: usize) -> bool {
+        let end = start + PAGE_SIZE;
+        self.done / PAGE_SIZE * PAGE_SIZE == start
+            && end <= limit.min(self.req.tokens.len())
+            && self.plain()
+            && self.req.embeds.iter().all(Option::is_none)
+            && self.salt() == f.salt()
+            && self.req.tokens[..end] == f.req.tokens[..end]
     }
 }
