@@ -123,10 +123,12 @@ impl Engine {
         self.embed_tokens_watched(inputs, opts, &mut |_| true)
     }
 
-    /// [`Engine::embed_tokens`], asking `go_on` before each group of inputs (and while the
-    /// batch waits for KV pages) with the number of inputs done so far; `false` stops the
-    /// batch there with [`Error::Cancelled`] (its KV pages are given back). What a progress
-    /// bar, a server's check that its client is still there or Python's Ctrl-C hang on.
+    /// [`Engine::embed_tokens`], asking `go_on` before each group of inputs with the number
+    /// of inputs done before the group (and again, with the same number, before each pause
+    /// while the group waits for KV pages, with [`EmbedOptions::wait_for_pages`]); `false`
+    /// stops the batch there with [`Error::Cancelled`] (its KV pages are given back). What a
+    /// progress bar, a server's check that its client is still there or Python's Ctrl-C hang
+    /// on.
     ///
     /// ```no_run
     /// # fn main() -> weft::Result<()> {
@@ -199,18 +201,22 @@ pub trait EmbeddingModel: Send + Sync {
     /// The vectors of `texts`.
     fn embed_texts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>>;
     /// The vectors of inputs given as token ids.
-    fn embed_ids(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
-        self.embed_ids_watched(inputs, opts, &mut |_| true)
-    }
+    fn embed_ids(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>>;
     /// [`EmbeddingModel::embed_ids`], asking `go_on` before each group of inputs (and while
-    /// a decoder's batch waits for KV pages) with the number of inputs done so far; `false`
-    /// stops there with [`Error::Cancelled`].
+    /// a decoder's batch waits for KV pages) with the number of inputs done before the group;
+    /// `false` stops there with [`Error::Cancelled`]. Weft's models ask between groups; the
+    /// default, for a model of one's own, asks once before all of them.
     fn embed_ids_watched(
         &self,
         inputs: &[Vec<u32>],
         opts: EmbedOptions,
         go_on: &mut dyn FnMut(usize) -> bool,
-    ) -> Result<Vec<Vec<f32>>>;
+    ) -> Result<Vec<Vec<f32>>> {
+        match go_on(0) {
+            true => self.embed_ids(inputs, opts),
+            false => Err(Error::Cancelled),
+        }
+    }
     /// The ids the model sees for `text` (what a request's token count is).
     fn input_ids(&self, text: &str) -> Vec<u32>;
     /// Length of the pooled vectors.
@@ -224,6 +230,9 @@ pub trait EmbeddingModel: Send + Sync {
 impl EmbeddingModel for Engine {
     fn embed_texts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
         self.embed_batch_opts(texts, opts)
+    }
+    fn embed_ids(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+        self.embed_tokens(inputs, opts)
     }
     fn embed_ids_watched(
         &self,
@@ -257,6 +266,9 @@ impl EmbeddingModel for Engine {
 impl EmbeddingModel for crate::Embedder {
     fn embed_texts(&self, texts: &[&str], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
         self.embed_batch_opts(texts, opts)
+    }
+    fn embed_ids(&self, inputs: &[Vec<u32>], opts: EmbedOptions) -> Result<Vec<Vec<f32>>> {
+        self.embed_tokens(inputs, opts)
     }
     fn embed_ids_watched(
         &self,
