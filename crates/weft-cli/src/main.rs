@@ -118,23 +118,39 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 /// The arguments, without llama.cpp's GPU offload flags (`-ngl N`, `--n-gpu-layers N`,
-/// `--gpu-layers N`), which a user coming from it may pass: weft runs on the CPU, so they are
-/// dropped with a note (clap would read `-ngl 99` as `-n gl` and fail on it).
+/// `--gpu-layers N`, `=N` too), which a user coming from it may pass: weft runs on the CPU, so
+/// they are dropped with a note (clap would read `-ngl 99` as `-n gl` and fail on it). Only
+/// with a number after them, and before a `--`: anything else is left for clap to judge (the
+/// text `-ngl` may be another option's value).
 fn args_without_gpu_flags() -> Vec<std::ffi::OsString> {
+    let number = |s: &str| s.parse::<i64>().is_ok();
     let mut out = Vec::new();
-    let mut args = std::env::args_os();
+    let mut args = std::env::args_os().peekable();
     while let Some(a) = args.next() {
-        let text = a.to_string_lossy();
-        let (flag, inline) = match text.split_once('=') {
-            Some((f, _)) => (f.to_string(), true),
-            None => (text.to_string(), false),
+        let text = a.to_string_lossy().to_string();
+        if text == "--" {
+            out.push(a);
+            out.extend(args);
+            break;
+        }
+        let (flag, value) = match text.split_once('=') {
+            Some((f, v)) => (f, Some(v.to_string())),
+            None => (text.as_str(), None),
         };
-        if ["-ngl", "--n-gpu-layers", "--gpu-layers"].contains(&flag.as_str()) {
-            if !inline {
-                args.next();
+        if ["-ngl", "--n-gpu-layers", "--gpu-layers"].contains(&flag) {
+            let next_is_number = args.peek().is_some_and(|n| number(&n.to_string_lossy()));
+            let dropped = match &value {
+                Some(v) => number(v),
+                None if next_is_number => {
+                    args.next();
+                    true
+                }
+                None => false,
+            };
+            if dropped {
+                errln!("note: {flag} is ignored: weft runs on the CPU");
+                continue;
             }
-            errln!("note: {flag} is ignored: weft runs on the CPU");
-            continue;
         }
         out.push(a);
     }

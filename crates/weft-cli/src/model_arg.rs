@@ -38,6 +38,19 @@ impl ModelArg {
         Ok(self.open_path_from(path)?.0)
     }
 
+    /// An engine (scheduler and all) with `config` over the model at an already resolved
+    /// `path`. Snapshots cache the model's fingerprint next to the file the weights are
+    /// mapped from (not next to `path` when `--weights` widened a GGUF file's: a session saved
+    /// under one weight type must not load under another).
+    pub fn engine(&self, path: &Path, config: weft::EngineConfig) -> anyhow::Result<weft::Engine> {
+        let (file, mapped) = self.open_path_from(path)?;
+        let file = std::sync::Arc::new(file);
+        Ok(match mapped {
+            Some(mapped) => weft::Engine::from_file_at(file, &mapped, config)?,
+            None => weft::Engine::from_file(file, config)?,
+        })
+    }
+
     /// Opens the model at an already resolved `path`, and names the file it is mapped from:
     /// `path` itself for a GGUF file, the cached conversion of a checkpoint folder, or `None`
     /// when the conversion is held in memory.
@@ -120,20 +133,6 @@ impl ThreadsArg {
         cfg.kv_type = self.kv_type;
         Ok(cfg)
     }
-
-    /// An engine (scheduler and all) with these options over a file opened from `path`
-    /// (snapshots cache the model's fingerprint next to it).
-    pub fn engine_at(
-        &self,
-        file: std::sync::Arc<GgufFile>,
-        path: &Path,
-    ) -> anyhow::Result<weft::Engine> {
-        Ok(weft::Engine::from_file_at(
-            file,
-            path,
-            self.engine_config()?,
-        )?)
-    }
 }
 
 /// `-c/--ctx-size`, for the commands that hold one conversation (`run`, `chat`).
@@ -147,18 +146,13 @@ pub struct ContextArg {
 }
 
 impl ContextArg {
-    /// [`ThreadsArg::engine_at`] with this context length (and KV capacity) when `--ctx-size`
-    /// was given.
-    pub fn engine_at(
-        &self,
-        threads: &ThreadsArg,
-        file: std::sync::Arc<GgufFile>,
-        path: &Path,
-    ) -> anyhow::Result<weft::Engine> {
+    /// [`ThreadsArg::engine_config`] with this context length (and KV capacity) when
+    /// `--ctx-size` was given.
+    pub fn engine_config(&self, threads: &ThreadsArg) -> anyhow::Result<weft::EngineConfig> {
         let mut cfg = threads.engine_config()?;
         self.check()?;
         cfg.n_ctx = self.ctx_size;
-        Ok(weft::Engine::from_file_at(file, path, cfg)?)
+        Ok(cfg)
     }
 
     /// Checks `--ctx-size`'s range (see [`ThreadsArg::check`]).

@@ -2,7 +2,9 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// Shows the hub's progress as an indicatif bar on stderr (hidden when stderr is not a terminal).
+/// Shows the hub's progress as an indicatif bar on stderr; when stderr is not a terminal (a
+/// script's log, a service's journal), as one line per step instead, so that a download of
+/// minutes does not pass in silence.
 #[derive(Default)]
 pub struct Bar {
     bar: Option<ProgressBar>,
@@ -10,6 +12,12 @@ pub struct Bar {
 
 impl weft::Progress for Bar {
     fn begin(&mut self, label: &str, total_bytes: Option<u64>) {
+        if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            match total_bytes {
+                Some(n) => errln!("weft: {label} ({:.1} MB)", n as f64 / 1e6),
+                None => errln!("weft: {label}"),
+            }
+        }
         let bar = match total_bytes {
             Some(n) => ProgressBar::new(n).with_style(
                 ProgressStyle::with_template(

@@ -201,6 +201,60 @@ fn serve_refuses_settings_that_would_lock_out_every_request() {
     }
 }
 
+#[cfg(unix)]
+#[test]
+fn serve_stops_at_ctrl_c_while_its_model_is_being_fetched() {
+    // The model's download hangs: pip asks an index (a socket here) that accepts and never
+    // answers. A Ctrl-C then ends the server at once (it waited for the download, minutes,
+    // and a second Ctrl-C did nothing).
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let index = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/simple", index.local_addr().expect("addr"));
+    let home = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "-m", "smollm2-135m", "--port", "0"])
+        .env("WEFT_HOME", home.path())
+        .env("PIP_INDEX_URL", &url)
+        .env("PIP_TIMEOUT", "300")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run weft serve");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("read");
+    assert!(line.contains("listening on"), "{line:?}");
+    // pip has connected to the silent index by now.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "serve ended early"
+    );
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("weft serve still runs 20 s after a Ctrl-C while its model was fetched");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).ok();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(status.code().is_some(), "{status}: {stderr}");
+    drop(index);
+}
+
 /// Runs `weft serve -m MODEL` on a free port and waits (at most a minute) for it to exit.
 fn serve_until_exit(model: &str) -> (std::process::ExitStatus, String) {
     use std::process::Stdio;
@@ -702,6 +756,14 @@ fn run_reads_llama_cpp_flags_as_llama_cpp_does() {
     let out = weft(&[&greedy[..], &["-ngl", "99", prompt]].concat(), "");
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("-ngl is ignored"));
+    // Not a flag without a number: `-p -ngl -m FILE` ran the default model on the prompt
+    // FILE (the filter took -ngl and the -m after it).
+    let out = weft(&["run", "-p", "-ngl", "-m", "/nonexistent/x.gguf"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && !stderr.contains("ignored"),
+        "{stderr}"
+    );
     let out = weft(&[&greedy[..], &["-p", prompt, prompt]].concat(), "");
     assert_eq!(out.status.code(), Some(1));
 
@@ -882,6 +944,41 @@ fn session_files_continue_and_reuse_a_run() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("checksum mismatch"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_session_saved_under_widened_weights_does_not_load_under_the_file_s_own() {
+    // `--weights f16` widens the GGUF file's matrices into another file: a session saved
+    // there holds other KV than the Q4_1 weights make. Its fingerprint was cached beside the
+    // GGUF file under the GGUF's size and time, and the session then loaded under either.
+    let home = tempfile::tempdir().expect("tempdir");
+    let gguf = weft::Hub::from_env()
+        .expect("hub")
+        .resolve("smollm2-135m", &mut weft::NoProgress)
+        .expect("fetch the model");
+    let model = home.path().join("smollm2.gguf");
+    std::fs::copy(&gguf, &model).expect("copy the model");
+    let session = home.path().join("s.weft");
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["run", "--temp", "0", "-n", "2", "-m"])
+            .arg(&model)
+            .args(extra)
+            .env("WEFT_HOME", home.path())
+            .output()
+            .expect("run weft");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let s = session.to_str().expect("path");
+    let (ok, stderr) = run(&["--weights", "f16", "--save-session", s, "Hello"]);
+    assert!(ok, "{stderr}");
+    let (ok, stderr) = run(&["--weights", "f16", "--load-session", s]);
+    assert!(ok, "{stderr}");
+    let (ok, stderr) = run(&["--load-session", s]);
+    assert!(!ok && stderr.contains("taken on another model"), "{stderr}");
 }
 
 #[test]
@@ -1717,6 +1814,10 @@ fn option_values_are_checked_before_the_model_is_loaded() {
             &["run", "-m", nowhere, "--resident-layers", "0", "Hi"][..],
             "--resident-layers must",
         ),
+        // An empty prompt (here an empty standard input): for a model with BOS, it generated
+        // from BOS alone; for one without, it said so once the model was fetched and loaded.
+        (&["run", "-m", nowhere][..], "the prompt is empty"),
+        (&["run", "-m", nowhere, "-"][..], "the prompt is empty"),
         (
             &["chat", "-m", nowhere, "-t", "999"][..],
             "--threads must be",

@@ -76,8 +76,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     args.threads.check()?;
     args.context.check()?;
     let path = args.model.path()?;
-    let file = Arc::new(args.model.open_path(&path)?);
-    let engine = args.context.engine_at(&args.threads, file, &path)?;
+    let engine = args
+        .model
+        .engine(&path, args.context.engine_config(&args.threads)?)?;
     if engine.chat_template()?.is_builtin() {
         // Such as gemma3-270m: a pretrained model, which answers a chat poorly.
         errln!(

@@ -57,8 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // anything else is read as an encoder (a sentence-transformers folder, its safetensors).
     let decoder = path.is_dir() && weft::ensure_decoder(&path).is_ok();
     let model: Arc<dyn EmbeddingModel> = if weft::is_gguf(&path) || decoder {
-        let file = Arc::new(args.model.open_path(&path)?);
-        Arc::new(args.threads.engine_at(file, &path)?)
+        Arc::new(args.model.engine(&path, args.threads.engine_config()?)?)
     } else {
         // An encoder is read as its safetensors hold it, has no KV cache, and stays whole.
         let ignored = [

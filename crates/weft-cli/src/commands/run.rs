@@ -4,7 +4,6 @@
 //! with session files (`--load-session`, `--save-session`: llama.cpp's `--prompt-cache`).
 
 use std::io::Write;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
@@ -244,7 +243,11 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         }
         args.prompt = text;
     }
-    // What can be refused without the model is refused before loading it.
+    // What can be refused without the model is refused before loading it (or fetching it).
+    anyhow::ensure!(
+        !args.prompt.is_empty() || args.load_session.is_some(),
+        "the prompt is empty (give it as an argument, or `-` to read it from standard input)"
+    );
     anyhow::ensure!(
         args.stop.iter().all(|s| !s.is_empty()),
         "--stop needs a string that is not empty"
@@ -255,8 +258,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     args.threads.check()?;
     args.context.check()?;
     let path = args.model.path()?;
-    let file = Arc::new(args.model.open_path(&path)?);
-    let engine = args.context.engine_at(&args.threads, file, &path)?;
+    let engine = args
+        .model
+        .engine(&path, args.context.engine_config(&args.threads)?)?;
     let seed = args.sampling.seed();
     let (mut ctx, reused) = match &args.load_session {
         Some(f) => load_session(&engine, f, &args.prompt)?,

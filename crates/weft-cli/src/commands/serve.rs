@@ -132,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
@@ -204,7 +204,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some(e) => Err(anyhow::anyhow!("{e}")),
             None => anyhow::Ok(()),
         }
-    })
+    });
+    // A model still being fetched or loaded when a signal stopped the server is not waited
+    // for (dropping the runtime would wait for its task: minutes of download, deaf to a
+    // second Ctrl-C); the process ends, and pip with it.
+    runtime.shutdown_background();
+    served
 }
 
 /// The id an embedding model is served under: a known model by its name, a model folder (or

@@ -88,8 +88,8 @@ pub struct Args {
     /// Parallel sequence counts for aggregate decode (`pp128+tgN xP`).
     #[arg(long, value_delimiter = ',')]
     parallel: Vec<usize>,
-    /// Repetitions of each test (after one warm-up); a row shows their median t/s and
-    /// standard deviation.
+    /// Repetitions of each test (after one short warm-up of the whole run); a row shows
+    /// their median t/s and standard deviation.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     repetitions: usize,
     /// Print one JSON object per test instead of a table.
