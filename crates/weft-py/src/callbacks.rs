@@ -109,6 +109,16 @@ pub type Callback = std::sync::Arc<Py<PyAny>>;
 
 impl PyConstraint {
     pub fn new(obj: &Bound<'_, PyAny>, raised: Raised) -> PyResult<PyConstraint> {
+        // A schema where an object was meant (seed 000's `constrain=schema`): say where it goes.
+        if obj.is_instance_of::<pyo3::types::PyDict>()
+            || obj.is_instance_of::<pyo3::types::PyBool>()
+        {
+            return Err(PyTypeError::new_err(format!(
+                "constrain= takes an object with a method allowed(); got {}: a JSON schema goes \
+                 to json_schema= (regex= and grammar= take the other built-in constraints)",
+                obj.get_type().name()?
+            )));
+        }
         let obj = callback(obj, "allowed", "a constraint")?;
         Ok(PyConstraint { obj, raised })
     }

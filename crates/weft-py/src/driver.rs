@@ -104,7 +104,7 @@ fn ended_with(raised: &Raised) -> Option<PyErr> {
 }
 
 /// What the generation produced so far, readable without the stream.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Progress {
     pub tokens: Vec<u32>,
     /// The text streamed so far; the whole output text once the stream ended.

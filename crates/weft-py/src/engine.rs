@@ -307,20 +307,21 @@ impl Engine {
     /// text (`<|im_start|>`) are parsed unless `parse_special` is false (then they are plain
     /// text, as `weft tokenize --no-parse-special`).
     #[pyo3(signature = (text, add_bos = false, parse_special = true))]
-    fn tokenize(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
-        self.inner.tokenizer().encode(text, add_bos, parse_special)
+    fn tokenize(&self, py: Python<'_>, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
+        // Without the GIL, as `Context.fill`: a long text takes a while.
+        py.detach(|| self.inner.tokenizer().encode(text, add_bos, parse_special))
     }
 
     /// The text of `ids`, control tokens (`<|im_end|>`, padding) rendered as their text
     /// unless `skip_special` is true (transformers' `skip_special_tokens`); a leading BOS the
     /// tokenizer adds is dropped either way.
     #[pyo3(signature = (ids, skip_special = false))]
-    fn detokenize(&self, ids: Vec<u32>, skip_special: bool) -> PyResult<String> {
-        if skip_special {
-            self.inner.detokenize_skip_special(&ids).py()
-        } else {
-            self.inner.detokenize(&ids).py()
-        }
+    fn detokenize(&self, py: Python<'_>, ids: Vec<u32>, skip_special: bool) -> PyResult<String> {
+        py.detach(|| match skip_special {
+            true => self.inner.detokenize_skip_special(&ids),
+            false => self.inner.detokenize(&ids),
+        })
+        .py()
     }
 
     /// The scheduler's counters now (once the scheduler has applied the commands before: it

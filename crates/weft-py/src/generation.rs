@@ -357,7 +357,9 @@ impl Generation {
                 slot = handle.stream.clone().lock_owned().await;
             }
             drop(slot);
-            let p = handle.progress();
+            // A copy, the lock released: `read` may take the GIL (`ajson`), and a thread
+            // holding the GIL may wait for this lock (the progress getters).
+            let p = handle.progress().clone();
             read(&p)
         })
     }
@@ -442,10 +444,17 @@ impl Generation {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<String>> {
-        let (handle, held) = (self.handle.clone(), self.held.clone());
-        let turn = Turn::Later(handle.stream.clone());
-        crate::wait(py, hold_next(handle, held, turn))?;
-        self.take_held().unwrap_or(Ok(None))
+        // Threads iterating one generation take turns: a delta another thread took before
+        // this one could is theirs, and this one waits for the next (it ended its loop as if
+        // the generation had, a StopIteration mid-way). An ended stream keeps answering None.
+        loop {
+            let (handle, held) = (self.handle.clone(), self.held.clone());
+            let turn = Turn::Later(handle.stream.clone());
+            crate::wait(py, hold_next(handle, held, turn))?;
+            if let Some(delta) = self.take_held() {
+                return delta;
+            }
+        }
     }
 
     fn __aiter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

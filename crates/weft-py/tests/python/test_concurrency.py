@@ -60,6 +60,32 @@ def test_a_second_consumer_of_one_stream_is_refused_not_ended(smollm2):
     assert first + "".join(rest) == text and n == 12
 
 
+def test_threads_iterating_one_generation_each_run_to_its_end(smollm2):
+    """Two threads in `for d in g` over one generation: each delta goes to one of them, and
+    neither loop ends before the generation does (the one that lost a race for a delta got
+    StopIteration mid-way)."""
+    for _ in range(3):
+        ctx = smollm2.context()
+        ctx.fill("Once upon a time")
+        g = ctx.generate(weft.Argmax(), max_tokens=96, ignore_eos=True)
+        got, ended_early = [], []
+
+        def consume():
+            for d in g:
+                got.append(d)
+            if not g.is_done:
+                ended_early.append(True)
+
+        threads = [threading.Thread(target=consume) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not ended_early
+        assert g.tokens_generated == 96
+        assert sum(map(len, got)) == len(g.text())
+
+
 def test_aclose_ends_a_generation_for_contextlib_aclosing(smollm2):
     import contextlib
 
@@ -369,13 +395,16 @@ def test_a_dropped_iterator_frees_its_kv_pages():
 
 
 def test_long_context_calls_let_other_threads_run(smollm2):
-    """Tokenizing a long text (`fill`, `fill_chat`) runs without the GIL: another Python thread
-    makes a thousand GIL hand-offs meanwhile. A call holding the GIL would not let it start
-    before the call returned, and main would see it unfinished right after."""
+    """Tokenizing a long text (`fill`, `fill_chat`, `Engine.tokenize`) runs without the GIL:
+    another Python thread makes a thousand GIL hand-offs meanwhile. A call holding the GIL would not let it start before the call
+    returned, and main would see it unfinished right after."""
     text = "The quick brown fox jumps over the lazy dog. " * 40000  # 1.8 MB, ~400k tokens
+    ids = smollm2.tokenize(text)
+    out = []
     calls = {
         "fill": lambda c: c.fill(text),
         "fill_chat": lambda c: c.fill_chat([{"role": "user", "content": text}]),
+        "tokenize": lambda c: out.append(smollm2.tokenize(text)),
     }
     for name, call in calls.items():
         ctx = smollm2.context()
@@ -394,7 +423,9 @@ def test_long_context_calls_let_other_threads_run(smollm2):
         finished = done.is_set()
         t.join()
         assert finished, f"{name} held the GIL while it tokenized"
-        assert len(ctx.pending) > 100_000
+        if name.startswith("fill"):
+            assert len(ctx.pending) > 100_000
+    assert out == [ids]
 
 
 def test_batches_and_embeddings_on_threads_share_a_small_cache():

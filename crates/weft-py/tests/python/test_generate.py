@@ -245,6 +245,57 @@ def test_json_schema_output_parses_and_validates(smollm2):
         smollm2.context().generate(weft.Argmax(), json_schema=False)
 
 
+AJSON_BESIDE_GETTERS = """
+import asyncio, json, weft
+
+engine = weft.Engine("smollm2-135m", threads=2)
+schema = json.loads(%r)
+messages = [{"role": "user", "content": "Name a city and the year it was founded, as JSON."}]
+
+def start():
+    ctx = engine.context()
+    ctx.fill_chat(messages)
+    return ctx, ctx.generate(weft.Argmax(), max_tokens=48, json_schema=schema)
+
+async def main():
+    values = []
+    for _ in range(5):
+        ctx, g = start()
+        task = asyncio.ensure_future(g.ajson())
+        # The getters read the progress, with the GIL held, until ajson's value is in.
+        while not task.done():
+            g.is_done, g.text_so_far, g.tokens_generated
+            await asyncio.sleep(0)
+        values.append(task.result())
+    return values
+
+ctx, g = start()
+print(json.dumps({"json": g.json(), "ajson": asyncio.run(main())}))
+"""
+
+
+def test_ajson_parses_the_output_while_the_loop_reads_the_progress():
+    """`await g.ajson()` gives `json()`'s value while the event loop keeps reading
+    `is_done` and `text_so_far`: ajson parsed under the progress lock with the GIL, the getters
+    wait for that lock holding the GIL, and the two could deadlock (hence a subprocess)."""
+    import json
+    import subprocess
+    import sys
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}, "year": {"type": "integer"}},
+        "required": ["name", "year"],
+        "additionalProperties": False,
+    }
+    script = AJSON_BESIDE_GETTERS % json.dumps(schema)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    jsonschema.validate(got["json"], schema)
+    assert got["ajson"] == [got["json"]] * 5
+
+
 def test_regex_and_grammar_constrain_the_output(smollm2):
     ctx = smollm2.context()
     ctx.fill("The year the Eiffel Tower was finished:")

@@ -187,6 +187,9 @@ def test_exceptions_of_python_callbacks_reach_the_caller(smollm2):
         ctx.generate(weft.Argmax(), max_tokens=4, constrain=Wide()).text()
     with pytest.raises(TypeError, match="allowed"):
         ctx.generate(weft.Argmax(), constrain=object())
+    # A schema given as seed 000's `constrain=schema`: the error says where it goes.
+    with pytest.raises(TypeError, match="json_schema="):
+        ctx.generate(weft.Argmax(), constrain={"type": "object"})
 
     # Bools outside a list are refused, not read as the ids 0 and 1.
     class Tuple:
