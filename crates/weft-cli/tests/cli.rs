@@ -236,23 +236,31 @@ fn serve_stops_at_ctrl_c_while_its_model_is_being_fetched() {
         .status()
         .expect("kill -INT");
     assert!(killed.success());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("weft serve still runs 20 s after a Ctrl-C while its model was fetched");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    let Some(status) = exit_within(&mut child, 20) else {
+        panic!("weft serve still runs 20 s after a Ctrl-C while its model was fetched");
     };
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).ok();
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(status.code().is_some(), "{status}: {stderr}");
     drop(index);
+}
+
+/// `child`'s exit status once it exits, within `seconds`; `None` (and the child killed) if
+/// it still runs then.
+fn exit_within(child: &mut std::process::Child, seconds: u64) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            return Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().ok();
+            child.wait().ok();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// Runs `weft serve -m MODEL` on a free port and waits (at most a minute) for it to exit.
@@ -264,17 +272,8 @@ fn serve_until_exit(model: &str) -> (std::process::ExitStatus, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run weft serve");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for weft serve") {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("weft serve -m {model} still runs a minute after its model failed to load");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    let Some(status) = exit_within(&mut child, 60) else {
+        panic!("weft serve -m {model} still runs a minute after its model failed to load");
     };
     let mut stderr = String::new();
     use std::io::Read;

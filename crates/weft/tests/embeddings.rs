@@ -187,11 +187,9 @@ fn a_watched_batch_reports_its_progress_and_stops_when_told() {
     assert_eq!(engine.metrics().kv_pages_used, 0);
 }
 
-#[test]
-fn a_batch_waiting_for_kv_pages_asks_its_watcher() {
-    // A context holds most of a 16-page pool: a 11-page text waits for it (30 s at most),
-    // asking the watcher between tries; told to stop, it stops at once.
-    let engine = common::engine_with(
+/// SmolLM2 on a pool of 16 KV pages (512 tokens), without the prefix cache.
+fn sixteen_pages() -> weft::Engine {
+    common::engine_with(
         "smollm2-135m",
         weft::EngineConfig {
             n_threads: 2,
@@ -200,7 +198,14 @@ fn a_batch_waiting_for_kv_pages_asks_its_watcher() {
             prefix_cache: false,
             ..weft::EngineConfig::default()
         },
-    );
+    )
+}
+
+#[test]
+fn a_batch_waiting_for_kv_pages_asks_its_watcher() {
+    // A context holds most of a 16-page pool: a 11-page text waits for it (30 s at most),
+    // asking the watcher between tries; told to stop, it stops at once.
+    let engine = sixteen_pages();
     let mut holder = engine.context();
     holder
         .fill(&"A long text that holds pages. ".repeat(40))
@@ -230,16 +235,7 @@ fn a_batch_waiting_for_kv_pages_asks_its_watcher() {
 fn threads_embedding_on_a_small_cache_take_turns() {
     // Four threads whose texts (11 pages each) do not fit the 16-page pool together: each
     // waits for the pages the others give back (three of four failed with KvCacheFull).
-    let engine = common::engine_with(
-        "smollm2-135m",
-        weft::EngineConfig {
-            n_threads: 2,
-            kv_tokens: 512,
-            n_ctx: Some(512),
-            prefix_cache: false,
-            ..weft::EngineConfig::default()
-        },
-    );
+    let engine = sixteen_pages();
     let texts: Vec<String> = (0..4)
         .map(|j| {
             (0..30)
