@@ -154,6 +154,19 @@ fn chat_reads_a_pipe_one_message_a_line() {
         "{stderr}"
     );
 
+    // Sampling with a seed drawn from the clock: standard error names it, and --seed with
+    // it gives the same replies again (greedy names none).
+    let (sampled, stderr) = run(&["chat", "-n", "12"], "Tell me a story.\n");
+    let seed = stderr
+        .split("sampling with seed ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_else(|| panic!("no seed named: {stderr}"));
+    let (again, _) = run(&["chat", "-n", "12", "--seed", seed], "Tell me a story.\n");
+    assert_eq!(again, sampled);
+    let (_, greedy) = run(&["chat", "--temp", "0", "-n", "2"], "Hi\n");
+    assert!(!greedy.contains("seed"), "{greedy}");
+
     // A bad command in a pipe is an error (exit status 1), not a message to the model.
     let out = common::weft(&["chat", "--temp", "0", "-n", "4"], "/load\n");
     let stderr = String::from_utf8_lossy(&out.stderr);

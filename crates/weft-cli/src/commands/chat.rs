@@ -87,7 +87,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.model.model
         );
     }
-    let mut chat = Chat::new(engine, &args, sampler, penalties);
+    let seed = args.sampling.seed();
+    let mut chat = Chat::new(engine, &args, seed, sampler, penalties);
+    // A seed drawn from the clock is named, as `weft run` names it: the replies can be had
+    // again.
+    if !args.sampling.is_greedy() && args.sampling.seed.and_then(|s| s.0).is_none() {
+        errln!("(sampling with seed {seed}; --seed {seed} gives these replies again)");
+    }
     let interactive = std::io::stdin().is_terminal();
     let ctrl_c = if interactive {
         CtrlC::install()?
@@ -324,8 +330,13 @@ struct Chat {
 }
 
 impl Chat {
-    fn new(engine: Engine, args: &Args, sampler: Sampler, penalties: Option<Penalties>) -> Chat {
-        let seed = args.sampling.seed();
+    fn new(
+        engine: Engine,
+        args: &Args,
+        seed: u64,
+        sampler: Sampler,
+        penalties: Option<Penalties>,
+    ) -> Chat {
         let mut ctx = engine.context();
         ctx.set_seed(seed);
         let mut chat = Chat {
