@@ -174,6 +174,12 @@ fn serve_refuses_settings_that_would_lock_out_every_request() {
             &["--max-body-mib", "0"][..],
             "--max-body-mib must be at least 1",
         ),
+        // llama-server's -c / --ctx-size: the KV tokens its slots share, as --kv-tokens.
+        (&["-c", "16"][..], "--kv-tokens (-c) must be at least 32"),
+        (
+            &["--ctx-size", "16"][..],
+            "--kv-tokens (-c) must be at least 32",
+        ),
         // Names and paths are checked before the port opens.
         (
             &["-m", "no-such-model"][..],

@@ -32,8 +32,9 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     api_key_file: Option<PathBuf>,
     /// KV cache capacity in tokens, shared by all requests (default 16384). A request's
-    /// context is at most this long (and at most the model's training context).
-    #[arg(long, value_name = "N")]
+    /// context is at most this long (and at most the model's training context). `-c` and
+    /// `--ctx-size` as llama-server's, whose context is shared by its slots the same way.
+    #[arg(short = 'c', long, visible_alias = "ctx-size", value_name = "N")]
     kv_tokens: Option<usize>,
     /// Requests that may wait for admission; one more gets 429.
     #[arg(long, value_name = "N", default_value_t = 256)]
@@ -90,7 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .checked_mul(1 << 20)
         .context("--max-body-mib is larger than this machine can address")?;
     if let Some(k) = args.kv_tokens {
-        anyhow::ensure!(k >= 32, "--kv-tokens must be at least 32");
+        anyhow::ensure!(k >= 32, "--kv-tokens (-c) must be at least 32");
     }
     let mut engine_cfg = args.threads.engine_config()?;
     engine_cfg.checkpoint_weights = args.model.weights;
