@@ -120,10 +120,14 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 /// The arguments, without llama.cpp's GPU offload flags (`-ngl N`, `--n-gpu-layers N`,
 /// `--gpu-layers N`, `=N` too), which a user coming from it may pass: weft runs on the CPU, so
 /// they are dropped with a note (clap would read `-ngl 99` as `-n gl` and fail on it). Only
-/// with a number after them, and before a `--`: anything else is left for clap to judge (the
-/// text `-ngl` may be another option's value).
+/// with a count after them (a number, `auto`, `all`, a list such as `0,99`), and before a
+/// `--`: anything else is left for clap to judge (the text `-ngl` may be another option's
+/// value).
 fn args_without_gpu_flags() -> Vec<std::ffi::OsString> {
-    let number = |s: &str| s.parse::<i64>().is_ok();
+    // A layer count, llama.cpp's `auto` / `all`, or llama-bench's list (`0,99`).
+    let number = |s: &str| {
+        matches!(s, "auto" | "all") || s.split(',').all(|n| n.trim().parse::<i64>().is_ok())
+    };
     let mut out = Vec::new();
     let mut args = std::env::args_os().peekable();
     while let Some(a) = args.next() {

@@ -758,9 +758,19 @@ fn run_reads_llama_cpp_flags_as_llama_cpp_does() {
     std::fs::write(&file, prompt).expect("write");
     let (by_f, _) = run_json(&[&greedy[..], &["-f", file.to_str().expect("path")]].concat());
     assert_eq!(by_f, by_arg);
-    let out = weft(&[&greedy[..], &["-ngl", "99", prompt]].concat(), "");
-    assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("-ngl is ignored"));
+    for ngl in [
+        &["-ngl", "99"][..],
+        &["-ngl", "all"],
+        &["--n-gpu-layers=0,99"],
+    ] {
+        let out = weft(&[&greedy[..], ngl, &[prompt]].concat(), "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{ngl:?}: {stderr}");
+        assert!(
+            stderr.contains("is ignored: weft runs on the CPU"),
+            "{stderr}"
+        );
+    }
     // Not a flag without a number: `-p -ngl -m FILE` ran the default model on the prompt
     // FILE (the filter took -ngl and the -m after it).
     let out = weft(&["run", "-p", "-ngl", "-m", "/nonexistent/x.gguf"], "");

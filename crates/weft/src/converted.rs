@@ -133,11 +133,18 @@ fn store(file: &Path, bytes: &[u8], source: &Path) -> std::io::Result<()> {
             let other = e.file_name().to_string_lossy().into_owned();
             if other.starts_with(&prefix) && other.ends_with(".gguf") && other != name {
                 let _ = std::fs::remove_file(e.path());
-                let _ = std::fs::remove_file(sidecar(&e.path()));
+                remove_sidecars(&e.path());
             }
         }
     }
     Ok(())
+}
+
+/// Removes the files beside a removed conversion: the one naming its source, and the cached
+/// fingerprint sessions saved on it made.
+fn remove_sidecars(file: &Path) {
+    let _ = std::fs::remove_file(sidecar(file));
+    let _ = std::fs::remove_file(crate::session::fingerprint::cache_path(file));
 }
 
 /// The file beside conversion `file` that names its source.
@@ -210,7 +217,7 @@ pub fn prune_conversions(home: &Path) -> std::io::Result<Vec<Conversion>> {
     let mut removed = Vec::new();
     for c in conversions(home).into_iter().filter(|c| !c.current) {
         remove(&c.file)?;
-        let _ = std::fs::remove_file(sidecar(&c.file));
+        remove_sidecars(&c.file);
         removed.push(c);
     }
     // Temporary files of conversions whose writer is gone.
@@ -262,9 +269,12 @@ mod tests {
             source("c.gguf", "c"),
         );
         let mut files = Vec::new();
+        let fingerprint = crate::session::fingerprint::cache_path;
         for src in [&kept, &changed, &gone] {
             let file = cache_path(&cache, src, WeightType::F32).expect("path");
             store(&file, b"converted", src).expect("store");
+            // As a session saved on the conversion leaves it.
+            std::fs::write(fingerprint(&file), "v2 size=9 mtime=0.0 sha256:0").expect("fp");
             files.push(file);
         }
         // Made by an older weft: no record of its source.
@@ -282,7 +292,9 @@ mod tests {
         want.sort();
         assert_eq!(removed, want);
         assert!(files[0].is_file() && sidecar(&files[0]).is_file());
-        assert!(!sidecar(&files[1]).exists());
+        assert!(fingerprint(&files[0]).is_file());
+        assert!(!sidecar(&files[1]).exists() && !fingerprint(&files[1]).exists());
+        assert!(!fingerprint(&files[2]).exists());
         assert_eq!(conversions(&home).len(), 1);
         let _ = std::fs::remove_dir_all(&home);
     }

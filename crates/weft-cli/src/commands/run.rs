@@ -82,6 +82,7 @@ pub struct Args {
     /// The prompt, used as is (no chat template); `-` reads it from standard input, as does
     /// no prompt at all when standard input is a pipe or a file (one final newline dropped)
     /// — except with `--load-session`, where no prompt continues the session (give `-`).
+    /// An empty prompt is an error otherwise (llama.cpp samples from BOS alone there).
     #[arg(default_value = "")]
     prompt: String,
     /// The prompt, as llama.cpp's `-p` gives it (in place of the argument).

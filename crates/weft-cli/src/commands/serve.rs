@@ -208,8 +208,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     // A model still being fetched or loaded when a signal stopped the server is not waited
     // for (dropping the runtime would wait for its task: minutes of download, deaf to a
-    // second Ctrl-C); the process ends, and pip with it.
-    runtime.shutdown_background();
+    // second Ctrl-C); the process ends, and pip with it. A second lets the last requests'
+    // log lines and metrics be written.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     served
 }
 

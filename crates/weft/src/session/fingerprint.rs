@@ -46,18 +46,20 @@ fn hash(file: &GgufFile) -> String {
     format!("sha256:{hex}")
 }
 
-fn cache_path(model: &Path) -> PathBuf {
+pub(crate) fn cache_path(model: &Path) -> PathBuf {
     let mut name = model.as_os_str().to_owned();
     name.push(".weft-fingerprint");
     PathBuf::from(name)
 }
 
-/// The model file's size and modification time, as the cache's key.
+/// The model file's size and modification time, as the cache's key. `v2`: a cache written
+/// before the fingerprint was keyed to the file actually mapped may hold the hash of a
+/// `--weights f16` widening under the GGUF file's own stamp; it is not read.
 fn stamp(path: &Path) -> Option<String> {
     let meta = std::fs::metadata(path).ok()?;
     let mtime = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?;
     Some(format!(
-        "size={} mtime={}.{:09}",
+        "v2 size={} mtime={}.{:09}",
         meta.len(),
         mtime.as_secs(),
         mtime.subsec_nanos()
@@ -96,6 +98,14 @@ mod tests {
         std::fs::write(
             cache_path(&model),
             format!("size=1 mtime=0.0 sha256:{}\n", "0".repeat(64)),
+        )
+        .unwrap();
+        assert_eq!(fingerprint(&a, Some(&model)), fp);
+        // So is an entry of the first version's stamp (it may hold a widened file's hash).
+        let v1 = stamp(&model).unwrap().replace("v2 ", "");
+        std::fs::write(
+            cache_path(&model),
+            format!("{v1} sha256:{}\n", "0".repeat(64)),
         )
         .unwrap();
         assert_eq!(fingerprint(&a, Some(&model)), fp);

@@ -3,7 +3,7 @@
 //! any engine running the same model (llama.cpp's session files, seed 004's
 //! `snapshot` / `resume`).
 
-mod fingerprint;
+pub(crate) mod fingerprint;
 mod format;
 
 use std::io::{Read, Write};
