@@ -462,19 +462,17 @@ fn embed<'py>(
     // The library asks between its groups of inputs (and while a batch waits for KV pages)
     // whether to go on: a Ctrl-C stops a long list there, and raises.
     let mut interrupt = None;
-    let vectors =
-        py.detach(|| {
-            let ids: Vec<Vec<u32>> = list.iter().map(|t| model.input_ids(t)).collect();
-            model.embed_ids_watched(&ids, opts, &mut |_| match Python::attach(|py| {
-                py.check_signals()
-            }) {
-                Ok(()) => true,
-                Err(e) => {
-                    interrupt = Some(e);
-                    false
-                }
-            })
-        });
+    let mut go_on = |_done: usize| match Python::attach(|py| py.check_signals()) {
+        Ok(()) => true,
+        Err(e) => {
+            interrupt = Some(e);
+            false
+        }
+    };
+    let vectors = py.detach(|| {
+        let ids: Vec<Vec<u32>> = list.iter().map(|t| model.input_ids(t)).collect();
+        model.embed_ids_watched(&ids, opts, &mut go_on)
+    });
     if let Some(e) = interrupt {
         return Err(e);
     }
