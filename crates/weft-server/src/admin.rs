@@ -94,18 +94,23 @@ pub async fn metrics(Extract(state): Extract<Arc<State>>) -> Response {
         .into_response()
 }
 
+/// The model whose tokenizer `/tokenize` and `/detokenize` use: the served model the body's
+/// `model` names (the embedding model's, say), by default the chat model, as llama-server has
+/// one.
+fn tokenizer_model(state: &State, body: &Body) -> Result<Arc<dyn weft::EmbeddingModel>, ApiError> {
+    Ok(match body.string("model")? {
+        Some(m) => state.embedding_model(Some(&m))?.model,
+        None => Arc::new(state.engine()?.clone()),
+    })
+}
+
 /// `POST /tokenize`: `{"content", "add_special"?, "with_pieces"?}` → `{"tokens": [...]}`.
 pub async fn tokenize(
     Extract(state): Extract<Arc<State>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = Body::read(body)?;
-    // `model`, when given, names the served model whose tokenizer is used (the embedding
-    // model's, say); by default the chat model's, as llama-server has one.
-    let model = match body.string("model")? {
-        Some(m) => state.embedding_model(Some(&m))?.model,
-        None => Arc::new(state.engine()?.clone()),
-    };
+    let model = tokenizer_model(&state, &body)?;
     let tokenizer = model.tokenizer();
     let content = body
         .string("content")?
@@ -134,11 +139,7 @@ pub async fn detokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = Body::read(body)?;
-    // `model`, as for /tokenize.
-    let model = match body.string("model")? {
-        Some(m) => state.embedding_model(Some(&m))?.model,
-        None => Arc::new(state.engine()?.clone()),
-    };
+    let model = tokenizer_model(&state, &body)?;
     let tokenizer = model.tokenizer();
     let vocab = tokenizer.vocab_size();
     let ids = body

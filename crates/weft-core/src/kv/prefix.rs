@@ -81,11 +81,6 @@ impl KvCache {
         }
     }
 
-    /// Whether the automatic prefix cache is on.
-    pub fn prefix_cache_enabled(&self) -> bool {
-        self.prefix.enabled
-    }
-
     /// What the prefix cache did so far.
     pub fn prefix_stats(&self) -> PrefixStats {
         self.prefix.stats
