@@ -37,11 +37,20 @@ impl Shared {
             }
             let limit = a.prefix_limit();
             let kv = runner.kv();
-            let cached = kv.cached_prefix_len(&a.req.tokens, limit, a.salt());
-            let mut older = active[..i].iter().zip(&eligible[..i]);
-            if older
-                .any(|(l, &e)| e && kv.is_shareable(l.req.seq) && l.computes_page(cached, a, limit))
-            {
+            // Only an older pass that starts with the same page can be computing one of this
+            // pass's: the cache (a walk of the prompt's page hashes, which attaching walks
+            // again) is looked up only when there is one.
+            let first_page = a.req.tokens.get(..PAGE_SIZE);
+            let mut older = active[..i]
+                .iter()
+                .zip(&eligible[..i])
+                .filter(|&(l, &e)| e && l.req.tokens.get(..PAGE_SIZE) == first_page)
+                .peekable();
+            let wait = older.peek().is_some() && {
+                let cached = kv.cached_prefix_len(&a.req.tokens, limit, a.salt());
+                older.any(|(l, _)| kv.is_shareable(l.req.seq) && l.computes_page(cached, a, limit))
+            };
+            if wait {
                 eligible[i] = false;
                 continue;
             }
