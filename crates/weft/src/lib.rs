@@ -40,6 +40,7 @@ mod error;
 mod executor;
 mod forward;
 mod generator;
+mod kv_wait;
 mod output;
 mod probe;
 mod rewind;

@@ -10,10 +10,10 @@ use futures_util::future::join_all;
 
 use crate::adapter::{Adapter, PassAdapters};
 use crate::context::Context;
-use crate::embed::{KvWait, KvWaiter};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::generator::{Generator, StopReason};
+use crate::kv_wait::{KvWait, KvWaiter};
 use weft_core::kv::PAGE_SIZE;
 use weft_core::sampling::{validate_logit_bias, Penalties, Sampler};
 
