@@ -2,9 +2,11 @@
 reference outputs (llama.cpp's, in ../shared/reference, and the Rust API's, written by the
 cargo test that runs this suite)."""
 
+import contextlib
 import json
 import os
 import pathlib
+import signal
 
 import pytest
 
@@ -51,3 +53,19 @@ def engine_for(model: str) -> weft.Engine:
 @pytest.fixture(scope="session")
 def smollm2() -> weft.Engine:
     return engine_for("smollm2")
+
+
+@contextlib.contextmanager
+def ctrl_c_after(seconds: float):
+    """Ctrl-C as the kernel delivers it, `seconds` into the block: a signal whose Python
+    handler raises KeyboardInterrupt (an alarm, not a thread that sends SIGINT: on 2 busy
+    cores such a thread could wait seconds for its turn). The block must end in that
+    KeyboardInterrupt; the alarm and the handler are put back after it."""
+    before = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import weft
+from conftest import ctrl_c_after
 from test_concurrency import PROMPTS, greedy
 
 
@@ -194,22 +195,11 @@ def test_minilm_embeddings_match_the_reference(reference):
 
 
 def test_ctrl_c_stops_a_long_embedding_list(smollm2):
-    import signal
-
     texts = [f"sentence number {i} about the sea and a lighthouse" for i in range(3000)]
     few = smollm2.embed(texts[:40])
-    # Ctrl-C as the kernel delivers it, 0.3 s in (see test_concurrency's collector case).
-    before = signal.signal(signal.SIGALRM, signal.default_int_handler)
-    signal.setitimer(signal.ITIMER_REAL, 0.3)
     passes = smollm2.metrics().passes
-    try:
+    with ctrl_c_after(0.3):
         smollm2.embed(texts)
-        raise AssertionError("the interrupt did not reach the embedding")
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
     # The interrupt stopped the list part-way (one pass per text).
     ran = smollm2.metrics().passes - passes
     assert 0 < ran < len(texts) // 2, ran
@@ -221,7 +211,6 @@ def test_ctrl_c_stops_a_long_embedding_list(smollm2):
 def test_ctrl_c_stops_an_embedding_waiting_for_kv_pages():
     """A context holds most of a 16-page cache: the text to embed waits (up to 30 s) for
     pages; a Ctrl-C 0.3 s in stops the wait at once (it waited the 30 s, then failed)."""
-    import signal
     import time
 
     small = weft.Engine("smollm2-135m", threads=2, kv_tokens=512, n_ctx=512, prefix_cache=False)
@@ -229,17 +218,9 @@ def test_ctrl_c_stops_an_embedding_waiting_for_kv_pages():
     holder.fill("A long text that holds pages. " * 40)
     holder.forward().run()
     text = " ".join(f"Sentence {i} of the text to embed." for i in range(30))
-    before = signal.signal(signal.SIGALRM, signal.default_int_handler)
-    signal.setitimer(signal.ITIMER_REAL, 0.3)
     started = time.monotonic()
-    try:
+    with ctrl_c_after(0.3):
         small.embed(text)
-        raise AssertionError("the embedding did not wait for pages")
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
     assert time.monotonic() - started < 10
     del holder
     assert small.metrics().kv_pages_used == 0

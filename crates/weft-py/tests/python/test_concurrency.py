@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 import weft
+from conftest import ctrl_c_after
 
 PROMPTS = [
     "The capital of France is",
@@ -221,25 +222,12 @@ def test_aclose_of_more_streams_than_runtime_threads_returns(smollm2):
 
 
 def test_ctrl_c_stops_a_blocking_collector_between_deltas(smollm2):
-    import signal
-
     ctx = smollm2.context()
     ctx.fill("Once upon a time")
     g = ctx.generate(weft.Argmax(), max_tokens=3000, ignore_eos=True)
     next(g)  # the prompt has run
-    # Ctrl-C as the kernel delivers it: a signal whose Python handler raises KeyboardInterrupt,
-    # 0.2 s from now (an alarm, not a thread that sends SIGINT: on 2 busy cores such a thread
-    # could wait seconds for its turn).
-    before = signal.signal(signal.SIGALRM, signal.default_int_handler)
-    signal.setitimer(signal.ITIMER_REAL, 0.2)
-    try:
+    with ctrl_c_after(0.2):
         g.text()
-        raise AssertionError("the interrupt did not reach the collector")
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
     # It stopped long before the 3000 tokens it was asked for; the context is free again.
     assert len(g.text_so_far) > 0
     assert g.stop_reason is None
