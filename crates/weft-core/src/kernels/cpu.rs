@@ -71,9 +71,11 @@ fn cpu_is_amd() -> bool {
 /// against 37.5 on two; `weft bench` (tg64, alternating processes, 6 pairs a model) decoded SmolLM2
 /// 12–19% and Gemma 3 5–29% faster without them, every pair, and at depth 4,096 11–37%. The
 /// AVX-512 pair tiles keep their hints there (without them Gemma's 16 parallel decodes lost
-/// 7–13%). So the hints are off on Zen 4 (AMD family 25 with AVX-512; Zen 3, the same family,
-/// has no AVX-512; neither it nor Zen 5, family 26, was measured) and on elsewhere; `WEFT_WEIGHT_PREFETCH=0` or `1`
-/// decides instead.
+/// 7–13%). So the hints are off on Zen 4 (AMD family 25 with AVX-512) and on elsewhere;
+/// `WEFT_WEIGHT_PREFETCH=0` or `1` decides instead. Zen 3, the same family without AVX-512,
+/// streams faster with them (the same micro-benchmark on a family 25 model 1: Q4_1 13.6
+/// against 11.4 GB/s on one thread, 19.9 against 17.4 on two; Gemma 3's LM head 27.4 against
+/// 25.4 on two). Zen 5 (family 26) was not measured.
 pub fn weight_prefetch() -> bool {
     #[cfg(test)]
     match PREFETCH_OVERRIDE.load(Ordering::Relaxed) {
