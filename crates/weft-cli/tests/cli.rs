@@ -1809,6 +1809,18 @@ fn embed_refuses_decoder_options_for_an_encoder() {
             "{stderr}"
         );
     }
+    // A file that is neither a GGUF nor safetensors is not called an encoder.
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("model.bin");
+    std::fs::write(&junk, b"not a model at all").unwrap();
+    let out = weft(
+        &["embed", "-m", junk.to_str().unwrap(), "--kv-type", "q8_0"],
+        "hello\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("is an encoder"), "{stderr}");
+    assert!(stderr.contains("not a valid safetensors file"), "{stderr}");
 }
 
 /// A bad option value is an error before any model is fetched, loaded or converted (for a

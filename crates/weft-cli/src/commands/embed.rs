@@ -59,6 +59,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model: Arc<dyn EmbeddingModel> = if weft::is_gguf(&path) || decoder {
         Arc::new(args.model.engine(&path, args.threads.engine_config()?)?)
     } else {
+        let config = args.threads.engine_config()?;
+        // Opened first: a file that is neither a GGUF nor an encoder's safetensors is named as
+        // such, not called an encoder by the check below.
+        let encoder = weft::open_embedding_model(&path, config)
+            .with_context(|| format!("cannot load model {}", path.display()))?;
         // An encoder is read as its safetensors hold it, has no KV cache, and stays whole.
         let ignored = [
             (args.model.weights != Default::default(), "--weights"),
@@ -71,9 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.model.model
             );
         }
-        let config = args.threads.engine_config()?;
-        weft::open_embedding_model(&path, config)
-            .with_context(|| format!("cannot load model {}", path.display()))?
+        encoder
     };
     let opts = EmbedOptions {
         pooling: pooling.unwrap_or_else(|| model.default_pooling()),
