@@ -8,7 +8,7 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::context::{Lease, Slot};
-use crate::errors::{to_py, ContextBusy};
+use crate::errors::{to_py, StalePass};
 use crate::probes::{attach, ProbeKind, Value};
 use crate::sampling::{Probe, Sampler};
 
@@ -164,7 +164,7 @@ impl Forward {
         if now != self.base {
             // What Rust's borrow of the context rules out: the pass's indices would point
             // at other tokens than the ones they were written for.
-            return Err(ContextBusy::new_err(format!(
+            return Err(StalePass::new_err(format!(
                 "the context changed after forward() made this pass ({} run + {} pending \
                  tokens then, {} + {} now): make the pass again",
                 self.base.0, self.base.1, now.0, now.1

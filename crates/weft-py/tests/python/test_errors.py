@@ -12,13 +12,14 @@ def test_every_exception_is_a_weft_error():
         "InputEmbeds", "AttentionBias", "PaddedBatch", "ContextTooLong", "EmptyPass",
         "NothingAllowed", "TruncateTooLong", "ConfigError", "GrammarError", "JsonError",
         "SnapshotCorrupt", "SnapshotVersion", "ModelFingerprintMismatch", "BeamSearchError",
-        "IoError", "EngineStopped", "ContextBusy", "NanLogits", "RewindPastWindow",
+        "IoError", "EngineStopped", "ContextBusy", "NanLogits", "RewindPastWindow", "StalePass",
     ]
     for name in names:
         assert issubclass(getattr(weft, name), weft.WeftError), name
     assert issubclass(weft.KvCacheFull, weft.ModelError)
     assert issubclass(weft.NanLogits, weft.ModelError)
     assert issubclass(weft.RewindPastWindow, weft.ModelError)
+    assert issubclass(weft.StalePass, weft.ContextBusy)
     assert issubclass(weft.WeftError, Exception)
 
 
@@ -88,7 +89,7 @@ def test_a_pass_made_before_the_context_changed_refuses_to_run(smollm2):
     fwd = ctx.forward()
     fwd.sample([len(fwd) - 1], weft.Argmax())
     ctx.fill(" is")  # its indices no longer point where they were written for
-    with pytest.raises(weft.ContextBusy, match="changed after forward"):
+    with pytest.raises(weft.StalePass, match="changed after forward"):
         fwd.run()
     fresh = ctx.forward()
     h = fresh.sample([len(fresh) - 1], weft.Argmax())
