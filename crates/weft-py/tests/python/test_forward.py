@@ -190,3 +190,55 @@ def test_each_sampled_index_may_take_its_own_mask(smollm2):
     fwd.sample([0], weft.Argmax(), masks=[[smollm2.vocab_size]])
     with pytest.raises(weft.TokenOutOfVocab):
         fwd.run()
+
+
+def test_input_at_packs_two_documents_into_one_pass(smollm2):
+    """Two documents at positions 0.. each in one pass, each token seeing only its own
+    document (seed 003's packed rows): each document's last logits are those of the document
+    run alone. Positions and tokens of different lengths are `PositionCount`."""
+    a = smollm2.tokenize("The cat sat on the mat because it was tired")
+    b = smollm2.tokenize("Interest rates rose again in March")
+
+    def alone(ids):
+        fwd = smollm2.context().forward().input(ids)
+        h = fwd.probe(len(ids) - 1, weft.Logits())
+        return fwd.run()[h]
+
+    fwd = smollm2.context().forward()
+    fwd.input_at(a, list(range(len(a)))).input_at(b, list(range(len(b))))
+    assert len(fwd) == len(a) + len(b)
+    rows = [[True] * (i + 1) for i in range(len(a))]
+    rows += [[False] * len(a) + [True] * (j + 1) for j in range(len(b))]
+    fwd.attention_mask(rows)
+    ha = fwd.probe(len(a) - 1, weft.Logits())
+    hb = fwd.probe(len(a) + len(b) - 1, weft.Logits())
+    out = fwd.run()
+    for got, want in [(out[ha], alone(a)), (out[hb], alone(b))]:
+        # The same keys and values; only the order the pages are visited in differs.
+        assert np.abs(got - want).max() < 1e-3
+    # Without the mask, b's tokens see a's: its logits move.
+    fwd = smollm2.context().forward()
+    fwd.input_at(a, list(range(len(a)))).input_at(b, list(range(len(b))))
+    hb = fwd.probe(len(a) + len(b) - 1, weft.Logits())
+    assert np.abs(fwd.run()[hb] - alone(b)).max() > 0.1
+    with pytest.raises(weft.PositionCount):
+        smollm2.context().forward().input_at([1, 2], [0]).run()
+
+
+def test_horizon_announces_passes_without_changing_them(smollm2):
+    """`horizon(n)` only tells the scheduler that n more passes follow: a greedy walk that
+    announces its next step each time picks the tokens `generate` picks."""
+    ctx = smollm2.context()
+    ctx.fill("The capital of France is")
+    tokens = []
+    for left in range(5, 0, -1):
+        fwd = ctx.forward().horizon(left - 1)
+        h = fwd.sample([len(fwd) - 1], weft.Argmax())
+        token = fwd.run().token(h)
+        tokens.append(token)
+        ctx.fill_tokens([token])
+    ref = smollm2.context()
+    ref.fill("The capital of France is")
+    want = ref.generate(weft.Argmax(), max_tokens=5).tokens()
+    # (generate would stop early at an end-of-text token; this prompt runs on past five)
+    assert len(want) == 5 and tokens == want
