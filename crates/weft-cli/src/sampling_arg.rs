@@ -1,6 +1,8 @@
 //! The sampling options shared by `weft run` and `weft chat`: `--temp`, `--seed`, `--top-k`,
-//! `--top-p`, `--min-p`, `--repeat-penalty`. Every filter defaults to off, so the default is
-//! plain sampling at temperature 0.8. A negative value given as its own argument (`--temp -1`)
+//! `--top-p`, `--min-p`, the penalties (`--repeat-penalty`, `--presence-penalty`,
+//! `--frequency-penalty` over `--repeat-last-n` tokens) and `--logit-bias`, spelled and read as
+//! llama.cpp's. Every filter, penalty and bias defaults to off, so the default is plain
+//! sampling at temperature 0.8. A negative value given as its own argument (`--temp -1`)
 //! reaches the range checks, which say what is wrong, instead of being taken for an option.
 
 use weft::{Penalties, Sampler};
@@ -50,6 +52,36 @@ pub struct SamplingArg {
         allow_negative_numbers = true
     )]
     pub repeat_penalty: f32,
+    /// Subtract P from the logit of every token among the last --repeat-last-n (0: off).
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub presence_penalty: f32,
+    /// Subtract P from a token's logit for each time it is among the last --repeat-last-n
+    /// (0: off).
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub frequency_penalty: f32,
+    /// How many of the last tokens (the prompt's included) the penalties look at; 0 turns
+    /// them off and -1 takes the whole context, as llama.cpp's.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 64,
+        allow_negative_numbers = true
+    )]
+    pub repeat_last_n: i64,
+    /// Add BIAS to a token's logit, as llama.cpp's `-l`: `ID+BIAS`, `ID-BIAS`, or `ID-inf` to
+    /// never pick that token (`weft tokenize` gives the ids). Repeatable.
+    #[arg(short = 'l', long, value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl SamplingArg {
@@ -84,18 +116,45 @@ impl SamplingArg {
         })
     }
 
-    /// The repetition penalty, if one is asked for.
+    /// The penalties asked for, if any (checked, whether or not `--repeat-last-n 0` turns
+    /// them off).
     pub fn penalties(&self) -> anyhow::Result<Option<Penalties>> {
-        if self.repeat_penalty == 1.0 {
-            return Ok(None);
-        }
+        let last_n = match self.repeat_last_n {
+            -1 => 0,
+            n => usize::try_from(n).map_err(|_| {
+                anyhow::anyhow!(
+                    "--repeat-last-n {n}: a count of tokens, 0 (penalties off) or -1 (the whole context)"
+                )
+            })?,
+        };
         let p = Penalties {
             repetition: self.repeat_penalty,
-            ..Penalties::default()
+            presence: self.presence_penalty,
+            frequency: self.frequency_penalty,
+            // The library's 0 is the whole context, llama.cpp's -1.
+            last_n,
         };
-        p.validate()
-            .map_err(|e| anyhow::anyhow!("{e} (--repeat-penalty)"))?;
-        Ok(Some(p))
+        p.validate().map_err(|e| {
+            use weft::sampling::SamplerError as E;
+            let flag = match e {
+                E::Penalty {
+                    name: "presence", ..
+                } => "--presence-penalty",
+                E::Penalty {
+                    name: "frequency", ..
+                } => "--frequency-penalty",
+                _ => "--repeat-penalty",
+            };
+            anyhow::anyhow!("{e} ({flag})")
+        })?;
+        Ok((!p.is_off() && self.repeat_last_n != 0).then_some(p))
+    }
+
+    /// `--logit-bias`, its ids checked against the model's vocabulary.
+    pub fn logit_bias(&self, engine: &weft::Engine) -> anyhow::Result<Vec<(u32, f32)>> {
+        weft::sampling::validate_logit_bias(&self.logit_bias, engine.tokenizer().vocab_size())
+            .map_err(|e| anyhow::anyhow!("{e} (--logit-bias)"))?;
+        Ok(self.logit_bias.clone())
     }
 
     /// `--seed`, or one from the clock.
@@ -124,6 +183,24 @@ fn parse_seed(s: &str) -> Result<Seed, String> {
     }
 }
 
+/// `--logit-bias`: `ID+BIAS`, `ID-BIAS` or `ID-inf`, as llama.cpp reads them.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let s = s.trim();
+    let split = s.find(['+', '-']).ok_or_else(|| {
+        format!("{s:?}: a logit bias is a token id, then + or - and the bias: 15043+1, 15043-inf")
+    })?;
+    let (id, bias) = s.split_at(split);
+    let id = id
+        .parse()
+        .map_err(|_| format!("{s:?}: {id:?} is not a token id"))?;
+    match bias.parse::<f32>() {
+        Ok(b) if b.is_finite() || b == f32::NEG_INFINITY => Ok((id, b)),
+        _ => Err(format!(
+            "{s:?}: a bias is a finite number, or -inf to never pick the token"
+        )),
+    }
+}
+
 /// `-n`: a count of tokens, or -1 (or -2) for no limit but the end of the text or of the
 /// context, as llama.cpp reads them (weft never shifts the context, so the two agree).
 pub fn parse_n_predict(s: &str) -> Result<usize, String> {
@@ -149,6 +226,10 @@ mod tests {
             top_p,
             min_p,
             repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repeat_last_n: 64,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -203,5 +284,42 @@ mod tests {
         assert!(a.penalties().is_err());
         a.repeat_penalty = 1.1;
         assert_eq!(a.penalties().unwrap().unwrap().repetition, 1.1);
+        a.presence_penalty = f32::INFINITY;
+        let e = a.penalties().unwrap_err().to_string();
+        assert!(e.contains("--presence-penalty"), "{e}");
+        a.presence_penalty = 0.0;
+        a.frequency_penalty = f32::NAN;
+        let e = a.penalties().unwrap_err().to_string();
+        assert!(e.contains("--frequency-penalty"), "{e}");
+        a.frequency_penalty = 0.0;
+        a.repeat_last_n = -2;
+        let e = a.penalties().unwrap_err().to_string();
+        assert!(e.contains("-1 (the whole context)"), "{e}");
+    }
+
+    /// llama.cpp's `--repeat-last-n`: 0 turns the penalties off, -1 is the whole context
+    /// (the library's 0); presence and frequency penalties alone are penalties too.
+    #[test]
+    fn penalties_read_as_llama_cpp_reads_them() {
+        let mut a = args(0.8, 0, 1.0, 0.0);
+        assert_eq!(a.penalties().unwrap(), None);
+        a.presence_penalty = 0.5;
+        a.frequency_penalty = 0.25;
+        let p = a.penalties().unwrap().unwrap();
+        assert_eq!((p.presence, p.frequency, p.last_n), (0.5, 0.25, 64));
+        a.repeat_last_n = -1;
+        assert_eq!(a.penalties().unwrap().unwrap().last_n, 0);
+        a.repeat_last_n = 0;
+        assert_eq!(a.penalties().unwrap(), None);
+    }
+
+    #[test]
+    fn logit_biases_parse_as_llama_cpp_writes_them() {
+        assert_eq!(parse_logit_bias("15043+1"), Ok((15043, 1.0)));
+        assert_eq!(parse_logit_bias("15043-0.5"), Ok((15043, -0.5)));
+        assert_eq!(parse_logit_bias("7-inf"), Ok((7, f32::NEG_INFINITY)));
+        for bad in ["15043", "x+1", "1+inf", "1+nan", "+1", "1+"] {
+            assert!(parse_logit_bias(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -1898,3 +1898,49 @@ fn models_lists_the_known_names_without_a_cache() {
     assert!(stdout.contains("not fetched yet"), "{stdout}");
     assert!(stderr.contains("set WEFT_HOME"), "{stderr}");
 }
+
+/// llama.cpp's `-l ID+BIAS` / `ID-inf`, and the presence penalty over `--repeat-last-n` (0
+/// turns the penalties off): each changes the greedy text as it should.
+#[test]
+fn run_takes_logit_biases_and_penalties_as_llama_cpp_spells_them() {
+    let out = weft(&["tokenize", "--no-add-special"], " Paris");
+    assert!(out.status.success());
+    let ids: Vec<u32> = serde_json::from_slice(&out.stdout).expect("ids");
+    let [paris] = ids[..] else {
+        panic!("\" Paris\" is one token: {ids:?}")
+    };
+    let run = |args: &[&str]| {
+        let args = [&["run", "--temp", "0"][..], args].concat();
+        let out = weft(&args, "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let prompt = "The capital of France is";
+    assert!(run(&["-n", "2", prompt]).contains("is Paris"));
+    let never = format!("{paris}-inf");
+    assert!(!run(&["-n", "4", "-l", &never, prompt]).contains("Paris"));
+    let always = format!("{paris}+100");
+    assert!(run(&["-n", "3", "--logit-bias", &always, "Hello"]).contains("Hello Paris Paris Paris"));
+    let plain = run(&["-n", "12", prompt]);
+    let penalized = run(&["-n", "12", "--presence-penalty", "5", prompt]);
+    assert_ne!(penalized, plain);
+    let off = [
+        "-n",
+        "12",
+        "--presence-penalty",
+        "5",
+        "--repeat-last-n",
+        "0",
+        prompt,
+    ];
+    assert_eq!(run(&off), plain);
+    // An id past the vocabulary is named before anything is generated.
+    let out = weft(&["run", "-n", "2", "-l", "999999+1", prompt], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("999999") && stderr.contains("--logit-bias"),
+        "{stderr}"
+    );
+}

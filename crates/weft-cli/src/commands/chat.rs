@@ -87,8 +87,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.model.model
         );
     }
+    let bias = args.sampling.logit_bias(&engine)?;
     let seed = args.sampling.seed();
-    let mut chat = Chat::new(engine, &args, seed, sampler, penalties);
+    let mut chat = Chat::new(engine, &args, seed, sampler, (penalties, bias));
     // A seed drawn from the clock is named, as `weft run` names it: the replies can be had
     // again.
     if !args.sampling.is_greedy() && args.sampling.seed.and_then(|s| s.0).is_none() {
@@ -326,6 +327,8 @@ struct Chat {
     messages: Vec<Message>,
     sampler: Sampler,
     penalties: Option<Penalties>,
+    /// `--logit-bias`, checked against the vocabulary.
+    bias: Vec<(u32, f32)>,
     n_predict: usize,
 }
 
@@ -335,7 +338,7 @@ impl Chat {
         args: &Args,
         seed: u64,
         sampler: Sampler,
-        penalties: Option<Penalties>,
+        (penalties, bias): (Option<Penalties>, Vec<(u32, f32)>),
     ) -> Chat {
         let mut ctx = engine.context();
         ctx.set_seed(seed);
@@ -347,6 +350,7 @@ impl Chat {
             messages: Vec::new(),
             sampler,
             penalties,
+            bias,
             n_predict: args.n_predict,
         };
         chat.reset();
@@ -506,6 +510,7 @@ impl Chat {
         if let Some(p) = &self.penalties {
             g = g.penalties(p.clone());
         }
+        g = g.logit_bias(&self.bias);
         loop {
             let delta = block_on(g.next_text())?;
             // Text of a step Ctrl-C came during is neither shown nor kept.

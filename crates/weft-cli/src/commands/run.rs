@@ -262,6 +262,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let engine = args
         .model
         .engine(&path, args.context.engine_config(&args.threads)?)?;
+    let bias = args.sampling.logit_bias(&engine)?;
     let seed = args.sampling.seed();
     let (mut ctx, reused) = match &args.load_session {
         Some(f) => load_session(&engine, f, &args.prompt)?,
@@ -308,6 +309,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     if let Some(p) = penalties {
         g = g.penalties(p);
     }
+    g = g.logit_bias(&bias);
     for (a, scale) in &adapters {
         g = g.adapter(a, *scale);
     }
