@@ -43,8 +43,8 @@ pub struct SamplingArg {
         allow_negative_numbers = true
     )]
     pub min_p: f32,
-    /// Penalize the tokens among the last 64 as llama.cpp's `--repeat-penalty` does (above 1
-    /// repeats less; 1: off).
+    /// Penalize the tokens among the last --repeat-last-n as llama.cpp's `--repeat-penalty`
+    /// does (above 1 repeats less; 1: off).
     #[arg(
         long,
         value_name = "PENALTY",
@@ -190,11 +190,20 @@ fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
         format!("{s:?}: a logit bias is a token id, then + or - and the bias: 15043+1, 15043-inf")
     })?;
     let (id, bias) = s.split_at(split);
-    let id = id
-        .parse()
-        .map_err(|_| format!("{s:?}: {id:?} is not a token id"))?;
+    let id = match id {
+        "" => {
+            return Err(format!(
+                "{s:?}: a logit bias begins with a token id, 0 or more"
+            ))
+        }
+        id => id
+            .parse()
+            .map_err(|_| format!("{s:?}: {id:?} is not a token id"))?,
+    };
+    // -inf only as written: a number too large for f32 (`1-1e40`) is refused, not a ban.
+    let never = ["-inf", "-infinity"].contains(&bias.to_ascii_lowercase().as_str());
     match bias.parse::<f32>() {
-        Ok(b) if b.is_finite() || b == f32::NEG_INFINITY => Ok((id, b)),
+        Ok(b) if b.is_finite() || never => Ok((id, b)),
         _ => Err(format!(
             "{s:?}: a bias is a finite number, or -inf to never pick the token"
         )),
@@ -318,7 +327,9 @@ mod tests {
         assert_eq!(parse_logit_bias("15043+1"), Ok((15043, 1.0)));
         assert_eq!(parse_logit_bias("15043-0.5"), Ok((15043, -0.5)));
         assert_eq!(parse_logit_bias("7-inf"), Ok((7, f32::NEG_INFINITY)));
-        for bad in ["15043", "x+1", "1+inf", "1+nan", "+1", "1+"] {
+        for bad in [
+            "15043", "x+1", "1+inf", "1+nan", "+1", "1+", "1-1e40", "-5+1",
+        ] {
             assert!(parse_logit_bias(bad).is_err(), "{bad}");
         }
     }

@@ -1935,6 +1935,35 @@ fn run_takes_logit_biases_and_penalties_as_llama_cpp_spells_them() {
         prompt,
     ];
     assert_eq!(run(&off), plain);
+    // Over the whole context (-1), a large penalty leaves no id of the prompt or the output to
+    // be picked again; the greedy text without it loops.
+    for flag in ["--presence-penalty", "--frequency-penalty"] {
+        let args = [
+            "-n",
+            "24",
+            "--json",
+            flag,
+            "100",
+            "--repeat-last-n",
+            "-1",
+            prompt,
+        ];
+        let v: serde_json::Value = serde_json::from_str(&run(&args)).expect("json");
+        let ids = |key: &str| -> Vec<u64> {
+            v[key]
+                .as_array()
+                .expect(key)
+                .iter()
+                .filter_map(|x| x.as_u64())
+                .collect()
+        };
+        let mut seen = ids("prompt_ids");
+        for id in ids("ids") {
+            assert!(!seen.contains(&id), "{flag}: {id} again in {v}");
+            seen.push(id);
+        }
+        assert_eq!(seen.len(), ids("prompt_ids").len() + 24, "{v}");
+    }
     // An id past the vocabulary is named before anything is generated.
     let out = weft(&["run", "-n", "2", "-l", "999999+1", prompt], "");
     let stderr = String::from_utf8_lossy(&out.stderr);
