@@ -58,7 +58,7 @@ exceptions! {
     IoError(WeftError): "Reading or writing a file failed.";
     EngineStopped(WeftError): "The engine's scheduler thread is gone.";
     ContextBusy(WeftError): "The context is in use by a generation or pass that has not finished (Python only: Rust's borrow rules prevent this).";
-    StalePass(ContextBusy): "A pass made before its context changed (tokens run or added since forward()), whose indices would point at other tokens: make the pass again (Python only: Rust's borrow rules prevent this).";
+    StalePass(ContextBusy): "A pass whose context has run or gained tokens since forward() made it, so that its indices would point at other tokens: make the pass again (Python only: Rust's borrow rules prevent this).";
 }
 
 /// The Python exception for `e`, with its message.
