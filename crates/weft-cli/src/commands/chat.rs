@@ -89,7 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let bias = args.sampling.logit_bias(&engine)?;
     let seed = args.sampling.seed();
-    let mut chat = Chat::new(engine, &args, seed, sampler, (penalties, bias));
+    let mut chat = Chat::new(engine, &args, seed, sampler, penalties, bias);
     // A seed drawn from the clock is named, as `weft run` names it: the replies can be had
     // again.
     if !args.sampling.is_greedy() && args.sampling.seed.and_then(|s| s.0).is_none() {
@@ -338,7 +338,8 @@ impl Chat {
         args: &Args,
         seed: u64,
         sampler: Sampler,
-        (penalties, bias): (Option<Penalties>, Vec<(u32, f32)>),
+        penalties: Option<Penalties>,
+        bias: Vec<(u32, f32)>,
     ) -> Chat {
         let mut ctx = engine.context();
         ctx.set_seed(seed);
